@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Full check: bootstrap, ruff, migrations check, pytest on SQLite and PostgreSQL.
+#
+#   scripts/test.sh [extra pytest args]     e.g. scripts/test.sh -x -k claim
+#
+# Every stage runs even if an earlier one failed; a summary is printed at the
+# end and the exit status is non-zero if any stage failed.  Extra arguments go
+# to both pytest runs.  Pytest exit code 5 (no tests collected) is a failure.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
+ROOT=$PWD
+
+if ! bash scripts/bootstrap.sh; then
+    echo "test.sh: bootstrap failed; nothing was tested" >&2
+    exit 1
+fi
+
+VENV="$ROOT/.venv"
+export PATH="$VENV/bin:$PATH"
+export PYTHONDONTWRITEBYTECODE=1
+PY="$VENV/bin/python"
+
+names=()
+results=()
+overall=0
+
+run_stage() {
+    # run_stage NAME CMD...
+    local name=$1 rc start note=""
+    shift
+    echo
+    echo "=== [$name] $*"
+    start=$SECONDS
+    "$@"
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+        note="ok"
+    else
+        overall=1
+        note="FAILED (exit $rc)"
+        [ "$rc" -eq 5 ] && [[ "$name" == pytest* ]] && note="FAILED (exit 5: no tests collected)"
+    fi
+    names+=("$name")
+    results+=("$(printf '%-16s %-36s %4ss' "$name" "$note" "$((SECONDS - start))")")
+    return 0
+}
+
+run_stage ruff "$VENV/bin/ruff" check .
+run_stage migrations env SQLQUEUE_TEST_DB=sqlite "$PY" manage.py makemigrations --check --dry-run
+run_stage pytest-sqlite env SQLQUEUE_TEST_DB=sqlite "$PY" -m pytest "$@"
+run_stage pytest-postgres env SQLQUEUE_TEST_DB=postgres "$PY" -m pytest "$@"
+
+echo
+echo "=== summary"
+for line in "${results[@]}"; do
+    echo "  $line"
+done
+if [ "$overall" -eq 0 ]; then
+    echo "ALL ${#names[@]} STAGES PASSED"
+else
+    echo "SOME STAGES FAILED"
+fi
+exit "$overall"
