@@ -1,0 +1,60 @@
+"""django-sqlqueue: a reliable, fast job queue in your own SQL tables (SQL Server, PostgreSQL, SQLite).
+
+Public API::
+
+    import django_sqlqueue as sqlqueue
+
+    @sqlqueue.handler("SendEmail")
+    def send_email(job): ...
+
+    sqlqueue.enqueue("SendEmail", {"to": "a@example.com"}, delay=30)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import (
+    IllegalTransition,
+    InvalidArgument,
+    InvalidPayload,
+    JobNotFound,
+    SqlQueueConfigError,
+    SqlQueueError,
+    StaleJob,
+    SubtypeMismatch,
+    UnknownJobType,
+    UnsupportedDatabase,
+)
+from .handlers import handler, registry
+from .states import Status
+
+if TYPE_CHECKING:
+    from .models import Job
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "IllegalTransition",
+    "InvalidArgument",
+    "InvalidPayload",
+    "JobNotFound",
+    "SqlQueueConfigError",
+    "SqlQueueError",
+    "StaleJob",
+    "Status",
+    "SubtypeMismatch",
+    "UnknownJobType",
+    "UnsupportedDatabase",
+    "__version__",
+    "enqueue",
+    "handler",
+    "registry",
+]
+
+
+def enqueue(job_type: str, payload: Any = None, **options: Any) -> Job:
+    """Shortcut for ``Job.objects.enqueue``; see :meth:`django_sqlqueue.managers.JobManager.enqueue`."""
+    from .models import Job
+
+    return Job.objects.enqueue(job_type, payload, **options)

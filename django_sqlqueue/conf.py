@@ -1,0 +1,71 @@
+"""Typed settings: ``SQLQUEUE = {...}`` in the Django settings, each key optional.
+
+Read through :func:`get_settings` (not cached at import) so tests and ``override_settings`` work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from django.conf import settings as django_settings
+
+from .exceptions import SqlQueueConfigError
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    #: Database alias holding the queue tables.
+    DATABASE: str = "default"
+    #: Attempts a job gets when neither the job nor its type says otherwise.
+    MAX_ATTEMPTS: int = 3
+    #: Retry backoff: base * 2 ** (attempt - 1) seconds, +/- JITTER share, capped at BACKOFF_MAX_SECONDS.
+    BACKOFF_BASE_SECONDS: float = 5.0
+    BACKOFF_MAX_SECONDS: float = 3600.0
+    BACKOFF_JITTER: float = 0.2
+    #: Default per-type run-time limit and lease length, for types that do not set their own.
+    TIMEOUT_SECONDS: int = 300
+    LEASE_SECONDS: int = 60
+    #: How often a worker renews its heartbeat and the leases of the jobs it holds.
+    HEARTBEAT_SECONDS: float = 10.0
+    #: A worker whose heartbeat is older than this is dead: the claim takes its jobs at once.
+    WORKER_DEAD_AFTER_SECONDS: float = 60.0
+    #: Largest serialised payload accepted at enqueue, in bytes.
+    MAX_PAYLOAD_BYTES: int = 1_000_000
+    #: Seconds a worker caches job-type settings before re-reading them.
+    TYPE_CACHE_SECONDS: float = 5.0
+    #: Idle polling: start at POLL_MIN_SECONDS, double up to POLL_MAX_SECONDS while there is no work.
+    POLL_MIN_SECONDS: float = 0.05
+    POLL_MAX_SECONDS: float = 2.0
+    #: PostgreSQL only: wake idle workers with LISTEN/NOTIFY on this channel ("" turns it off).
+    NOTIFY_CHANNEL: str = "sqlqueue"
+
+
+_NUMERIC_MINIMUMS = {
+    "MAX_ATTEMPTS": 1,
+    "BACKOFF_BASE_SECONDS": 0,
+    "BACKOFF_MAX_SECONDS": 0,
+    "BACKOFF_JITTER": 0,
+    "TIMEOUT_SECONDS": 1,
+    "LEASE_SECONDS": 1,
+    "HEARTBEAT_SECONDS": 0.01,
+    "WORKER_DEAD_AFTER_SECONDS": 1,
+    "MAX_PAYLOAD_BYTES": 1,
+    "TYPE_CACHE_SECONDS": 0,
+    "POLL_MIN_SECONDS": 0.001,
+    "POLL_MAX_SECONDS": 0.001,
+}
+
+
+def get_settings() -> QueueSettings:
+    """Return the effective settings, validating the user's ``SQLQUEUE`` dict."""
+    user = getattr(django_settings, "SQLQUEUE", {}) or {}
+    known = {f.name for f in fields(QueueSettings)}
+    unknown = set(user) - known
+    if unknown:
+        raise SqlQueueConfigError(f"unknown SQLQUEUE setting(s): {', '.join(sorted(unknown))}")
+    result = replace(QueueSettings(), **user)
+    for name, minimum in _NUMERIC_MINIMUMS.items():
+        value = getattr(result, name)
+        if not isinstance(value, int | float) or value < minimum:
+            raise SqlQueueConfigError(f"SQLQUEUE[{name!r}] must be a number >= {minimum}, got {value!r}")
+    return result

@@ -1,0 +1,271 @@
+"""The contract every vendor implements, and the SQL they share.
+
+A dialect renders statements; the manager executes them. Every dialect's ``claim`` returns rows in
+:data:`JOB_COLUMNS` order, whatever the vendor's way of returning them (``RETURNING`` or ``OUTPUT``).
+Table and column names come from model meta through ``connection.ops.quote_name``; values are always
+bound parameters, except status ids, which are code constants from :mod:`django_sqlqueue.states`
+rendered as literals so that filtered indexes match at compile time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..states import CLAIMABLE, Status, sql_list
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.utils import CursorWrapper
+
+#: Columns every claim/modify returns, in this order (attnames of ``Job``).
+JOB_COLUMNS: tuple[str, ...] = (
+    "id",
+    "queue",
+    "job_type_id",
+    "status_id",
+    "step",
+    "priority",
+    "attempt_num",
+    "max_attempts",
+    "payload",
+    "response",
+    "error",
+    "enqueued_at",
+    "scheduled_for",
+    "started_at",
+    "finished_at",
+    "duration_ms",
+    "version",
+    "updated_at",
+    "worker",
+    "lease_expires_at",
+    "dedupe_key",
+)
+#: Position of each of JOB_COLUMNS in a returned row.
+COL: dict[str, int] = {c: i for i, c in enumerate(JOB_COLUMNS)}
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What one claim asks for. Validated by the manager before a dialect sees it."""
+
+    worker: str
+    limit: int
+    queues: tuple[str, ...] = ()
+    types: tuple[int, ...] = ()  # job type ids
+    default_max_attempts: int = 3
+    default_lease_seconds: int = 60
+    worker_dead_after_seconds: float = 60.0
+
+
+class Names:
+    """Quoted table and column names, all taken from model meta."""
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        from ..models import Job, JobAttempt, JobType, Worker
+
+        qn = connection.ops.quote_name
+        self.job = qn(Job._meta.db_table)
+        self.attempt = qn(JobAttempt._meta.db_table)
+        self.jobtype = qn(JobType._meta.db_table)
+        self.worker_table = qn(Worker._meta.db_table)
+
+        def cols(model: Any) -> dict[str, str]:
+            return {f.attname: qn(f.column) for f in model._meta.concrete_fields}
+
+        self.j = cols(Job)
+        self.a = cols(JobAttempt)
+        self.t = cols(JobType)
+        self.w = cols(Worker)
+        self.job_columns = [self.j[c] for c in JOB_COLUMNS]
+
+
+class Dialect:
+    """Base class: shared statement shapes, with vendor fragments supplied by subclasses."""
+
+    vendor: str = ""
+    #: True when the vendor can wake idle workers without polling (PostgreSQL LISTEN/NOTIFY).
+    supports_notify: bool = False
+    #: Literal for boolean true in this vendor's SQL.
+    true_literal: str = "TRUE"
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self.connection = connection
+        self.n = Names(connection)
+
+    # ----- fragments each vendor provides -------------------------------------------------------
+    def now(self) -> str:
+        """The database clock, in the type the datetime columns use (UTC)."""
+        raise NotImplementedError
+
+    def now_plus(self, seconds_sql: str) -> str:
+        """The database clock plus ``seconds_sql`` seconds (an SQL expression; whole seconds suffice)."""
+        raise NotImplementedError
+
+    def ms_since(self, column_sql: str) -> str:
+        """Whole milliseconds from ``column_sql`` to now."""
+        raise NotImplementedError
+
+    def locked_read_hint(self) -> str:
+        """Table hint for a read that must see the current committed row, not a version."""
+        return ""
+
+    # ----- statements ---------------------------------------------------------------------------
+    def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
+        """Claim up to ``req.limit`` jobs in ONE statement (or one batch); return JOB_COLUMNS rows."""
+        raise NotImplementedError
+
+    def _effective(self, alias: str, attr: str, default_placeholder: str) -> str:
+        """COALESCE(job override, type setting, default) for max_attempts / lease_seconds."""
+        n = self.n
+        type_val = (
+            f"(SELECT t.{n.t[attr]} FROM {n.jobtype} t WHERE t.{n.t['id']} = {alias}.{n.j['job_type_id']})"
+        )
+        if attr == "max_attempts":
+            return f"COALESCE({alias}.{n.j['max_attempts']}, {type_val}, {default_placeholder})"
+        return f"COALESCE({type_val}, {default_placeholder})"
+
+    def candidate_branches(self, req: ClaimRequest, *, lock: str = "", hint: str = "", top: str = "",
+                           limit: str = "") -> tuple[list[str], list[Any]]:
+        """The two candidate sets of the claim, as SELECTs of (id, priority, scheduled_for).
+
+        Branch 1: claimable (Pending/Error), due, attempts left. Branch 2: Processing rows whose holder is
+        this worker name (a restart), whose lease expired, or whose worker's heartbeat is stale.
+        Both skip paused types and honour the queue/type filters. They are separate SELECTs (joined by
+        UNION ALL by the caller) so that each can seek its own partial index in claim order; one WHERE
+        with an OR would scan.
+        """
+        n, j = self.n, self.n.j
+        order = f"j.{j['priority']} DESC, j.{j['scheduled_for']}, j.{j['id']}"
+        filters: list[str] = [
+            f"NOT EXISTS (SELECT 1 FROM {n.jobtype} pt WHERE pt.{n.t['id']} = j.{j['job_type_id']} "
+            f"AND pt.{n.t['paused']} = {self.true_literal})",
+            f"j.{j['attempt_num']} < {self._effective('j', 'max_attempts', '%s')}",
+        ]
+        filter_params: list[Any] = [req.default_max_attempts]
+        if req.queues:
+            filters.append(f"j.{j['queue']} IN ({', '.join(['%s'] * len(req.queues))})")
+            filter_params.extend(req.queues)
+        if req.types:
+            filters.append(f"j.{j['job_type_id']} IN ({', '.join(['%s'] * len(req.types))})")
+            filter_params.extend(req.types)
+        common = " AND ".join(filters)
+        cols = f"{top}j.{j['id']} AS id, j.{j['priority']} AS priority, j.{j['scheduled_for']} AS scheduled_for"
+        due = (
+            f"SELECT {cols} FROM {n.job} j{hint} "
+            f"WHERE j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['scheduled_for']} <= {self.now()} "
+            f"AND {common} ORDER BY {order}{limit}{lock}"
+        )
+        dead_workers = (
+            f"SELECT w.{n.w['name']} FROM {n.worker_table} w WHERE w.{n.w['stopped_at']} IS NOT NULL "
+            f"OR w.{n.w['last_heartbeat']} < {self.now_plus('%s')}"
+        )
+        reclaim = (
+            f"SELECT {cols} FROM {n.job} j{hint} "
+            f"WHERE j.{j['status_id']} = {int(Status.PROCESSING)} "
+            f"AND (j.{j['worker']} = %s OR j.{j['lease_expires_at']} < {self.now()} "
+            f"OR j.{j['worker']} IN ({dead_workers})) "
+            f"AND {common} ORDER BY {order}{limit}{lock}"
+        )
+        params_due = [*self._top_params(req, top), *filter_params, *self._limit_params(req, limit)]
+        params_reclaim = [
+            *self._top_params(req, top),
+            req.worker,
+            -int(req.worker_dead_after_seconds),
+            *filter_params,
+            *self._limit_params(req, limit),
+        ]
+        return [due, reclaim], [*params_due, *params_reclaim]
+
+    @staticmethod
+    def _top_params(req: ClaimRequest, top: str) -> list[Any]:
+        return [req.limit] if "%s" in top else []
+
+    @staticmethod
+    def _limit_params(req: ClaimRequest, limit: str) -> list[Any]:
+        return [req.limit] if "%s" in limit else []
+
+    def claim_set_clause(self, req: ClaimRequest, alias: str = "") -> tuple[str, list[Any]]:
+        """SET list shared by every vendor's claim: Processing, attempt + 1, stamps, lease, token.
+
+        ``alias`` prefixes right-hand column references (``j`` on vendors whose UPDATE has a FROM).
+        """
+        j = self.n.j
+        a = f"{alias}." if alias else ""
+        lease = self.now_plus(self._effective(alias or self.n.job, "lease_seconds", "%s"))
+        sets = [
+            f"{j['status_id']} = {int(Status.PROCESSING)}",
+            f"{j['attempt_num']} = {a}{j['attempt_num']} + 1",
+            f"{j['started_at']} = {self.now()}",
+            f"{j['finished_at']} = NULL",
+            f"{j['duration_ms']} = NULL",
+            f"{j['worker']} = %s",
+            f"{j['lease_expires_at']} = {lease}",
+            f"{j['version']} = {a}{j['version']} + 1",
+            f"{j['updated_at']} = {self.now()}",
+        ]
+        return ", ".join(sets), [req.worker, int(req.default_lease_seconds)]
+
+    def attempt_insert_sql(self) -> str:
+        """INSERT of one history row per claimed job (job_id, attempt_num, worker, claimed_at)."""
+        a = self.n.a
+        return (
+            f"INSERT INTO {self.n.attempt} ({a['job_id']}, {a['attempt_num']}, {a['worker']}, "
+            f"{a['claimed_at']}, {a['error']}) VALUES (%s, %s, %s, %s, '')"
+        )
+
+    def returning(self, columns: list[str]) -> tuple[str, str]:
+        """(fragment after SET, fragment at the end) that make an UPDATE return ``columns``."""
+        return "", " RETURNING " + ", ".join(columns)
+
+    def update_returning(self, set_sql: str, where_sql: str) -> str:
+        """``UPDATE job SET ... WHERE ...`` returning JOB_COLUMNS (RETURNING or OUTPUT per vendor)."""
+        mid, end = self.returning(self.n.job_columns)
+        return f"UPDATE {self.n.job} SET {set_sql}{mid} WHERE {where_sql}{end}"
+
+    def select_job_sql(self, where_sql: str) -> str:
+        """A locked-read SELECT of JOB_COLUMNS (sees the current row even under row versioning)."""
+        return f"SELECT {', '.join(self.n.job_columns)} FROM {self.n.job}{self.locked_read_hint()} WHERE {where_sql}"
+
+    def insert_job(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]],
+                   dedupe: bool) -> list[tuple[Any, ...]]:
+        """Insert job rows; return JOB_COLUMNS rows of the inserted ones (skipping dedupe conflicts).
+
+        ``columns`` are attnames and each row's values are in database form; ``scheduled_for`` may be
+        ``None`` (meaning the database's now), and ``enqueued_at``/``updated_at`` are stamped by the
+        database clock, whatever the row holds for them.
+        """
+        raise NotImplementedError
+
+    def insert_values_sql(self, columns: list[str]) -> str:
+        """One ``(%s, ..., COALESCE(%s, now), now, now)`` values group for :meth:`insert_job`."""
+        parts = []
+        for c in columns:
+            if c == "scheduled_for":
+                parts.append(f"COALESCE(%s, {self.now()})")
+            elif c in ("enqueued_at", "updated_at"):
+                parts.append(self.now())
+            else:
+                parts.append("%s")
+        return "(" + ", ".join(parts) + ")"
+
+    @staticmethod
+    def values_params(columns: list[str], row: list[Any]) -> list[Any]:
+        return [v for c, v in zip(columns, row, strict=True) if c not in ("enqueued_at", "updated_at")]
+
+    def insert_columns_sql(self, columns: list[str]) -> str:
+        return ", ".join(self.n.j[c] for c in columns)
+
+    #: Most parameters one statement may carry (SQL Server allows 2100).
+    max_params: int = 30000
+
+    def is_retryable_error(self, exc: BaseException) -> bool:
+        """True for transient conflicts the caller should simply retry (deadlock victim, lock timeout)."""
+        return False
+
+    def listen(self, channel: str) -> None:  # pragma: no cover - overridden where supported
+        raise NotImplementedError
+
+    def notify_sql(self) -> str | None:
+        return None

@@ -1,0 +1,116 @@
+"""Job-type lookup with a short-lived cache, so the hot path does not query settings per job.
+
+The cache maps a type name to a frozen snapshot of its row plus the effective settings (the row's
+value, else the ``SQLQUEUE`` default). It expires after ``TYPE_CACHE_SECONDS`` and is cleared at once
+when a ``JobType`` is saved in this process (the admin), so an operator's change reaches every worker
+within that many seconds.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+
+from .conf import get_settings
+from .exceptions import InvalidArgument, UnknownJobType
+
+
+@dataclass(frozen=True)
+class TypeInfo:
+    id: int
+    name: str
+    max_attempts: int
+    backoff_base_seconds: float
+    backoff_max_seconds: float
+    timeout_seconds: int
+    lease_seconds: int
+    paused: bool
+
+
+_lock = threading.Lock()
+_by_name: dict[tuple[str, str], tuple[float, TypeInfo]] = {}
+_by_id: dict[tuple[str, int], tuple[float, TypeInfo]] = {}
+
+
+def clear_cache(*_args: object, **_kwargs: object) -> None:
+    """Forget every cached type (connected to JobType post_save/post_delete)."""
+    with _lock:
+        _by_name.clear()
+        _by_id.clear()
+
+
+def _info(row: object) -> TypeInfo:
+    s = get_settings()
+
+    def pick(value: object, default: float) -> float:
+        return default if value is None else value  # type: ignore[return-value]
+
+    return TypeInfo(
+        id=row.id,  # type: ignore[attr-defined]
+        name=row.name,  # type: ignore[attr-defined]
+        max_attempts=int(pick(row.max_attempts, s.MAX_ATTEMPTS)),  # type: ignore[attr-defined]
+        backoff_base_seconds=float(pick(row.backoff_base_seconds, s.BACKOFF_BASE_SECONDS)),  # type: ignore[attr-defined]
+        backoff_max_seconds=float(pick(row.backoff_max_seconds, s.BACKOFF_MAX_SECONDS)),  # type: ignore[attr-defined]
+        timeout_seconds=int(pick(row.timeout_seconds, s.TIMEOUT_SECONDS)),  # type: ignore[attr-defined]
+        lease_seconds=int(pick(row.lease_seconds, s.LEASE_SECONDS)),  # type: ignore[attr-defined]
+        paused=bool(row.paused),  # type: ignore[attr-defined]
+    )
+
+
+def _remember(using: str, info: TypeInfo) -> TypeInfo:
+    now = time.monotonic()
+    with _lock:
+        _by_name[(using, info.name)] = (now, info)
+        _by_id[(using, info.id)] = (now, info)
+    return info
+
+
+def _fresh(entry: tuple[float, TypeInfo] | None) -> TypeInfo | None:
+    if entry is None or time.monotonic() - entry[0] > get_settings().TYPE_CACHE_SECONDS:
+        return None
+    return entry[1]
+
+
+def validate_name(name: object) -> str:
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise InvalidArgument(f"a job type name must be a non-empty string of at most 200 characters, got {name!r}")
+    return name
+
+
+def get_type(name: str, *, using: str, create: bool = False) -> TypeInfo:
+    """The type called ``name``; create its row when ``create`` (a registered handler or task).
+
+    Raises :class:`UnknownJobType` for a name with no row that may not be created.
+    """
+    from .models import JobType
+
+    validate_name(name)
+    hit = _fresh(_by_name.get((using, name)))
+    if hit is not None:
+        return hit
+    row = JobType.objects.using(using).filter(name=name).first()
+    if row is None:
+        if not create:
+            raise UnknownJobType(
+                f"unknown job type {name!r}: register a handler for it (django_sqlqueue.handler) "
+                f"or create the JobType row"
+            )
+        try:
+            with transaction.atomic(using=using):
+                row = JobType.objects.using(using).create(name=name)
+        except IntegrityError:  # another process created it first
+            row = JobType.objects.using(using).get(name=name)
+    return _remember(using, _info(row))
+
+
+def get_type_by_id(type_id: int, *, using: str) -> TypeInfo:
+    from .models import JobType
+
+    hit = _fresh(_by_id.get((using, type_id)))
+    if hit is not None:
+        return hit
+    row = JobType.objects.using(using).get(pk=type_id)
+    return _remember(using, _info(row))

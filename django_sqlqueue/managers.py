@@ -1,0 +1,498 @@
+"""JobQuerySet (reads) and JobManager (enqueue, claim, modify): the only door to the queue's raw SQL.
+
+Every write to a job's lifecycle goes through :meth:`JobManager.claim` or :meth:`JobManager.modify`,
+so the transition table and the concurrency token are enforced in one place for the worker, the
+admin and the API alike.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, connections, models, router, transaction
+from django.utils import timezone
+
+from . import jobtypes
+from .conf import get_settings
+from .dialects import COL, JOB_COLUMNS, ClaimRequest, get_dialect
+from .exceptions import IllegalTransition, InvalidArgument, InvalidPayload, JobNotFound, StaleJob, SubtypeMismatch
+from .states import CLAIMABLE, FINISHED, TRANSITIONS, UNFINISHED, Status
+
+if TYPE_CHECKING:
+    from .models import Job, JobData
+
+#: Entering Processing is the claim's job (it bumps the attempt and writes history); modify refuses it
+#: except for a job already Processing (a step advance within the same attempt).
+CLAIM_ONLY = frozenset({(Status.PENDING, Status.PROCESSING), (Status.ERROR, Status.PROCESSING)})
+_UNSET: Any = object()
+MAX_ERROR_CHARS = 65_536
+CLAIM_RETRIES = 5
+
+
+@dataclass
+class JobSpec:
+    """One job for :meth:`JobManager.enqueue_many`; the same options as :meth:`JobManager.enqueue`."""
+
+    job_type: str
+    payload: Any = None
+    queue: str = "default"
+    priority: int = 0
+    scheduled_for: datetime | None = None
+    delay: float | timedelta | None = None
+    dedupe_key: str | None = None
+    max_attempts: int | None = None
+    subtypes: Sequence[JobData] = field(default_factory=tuple)
+
+
+def _encode_json(value: Any, what: str, limit: int | None = None) -> str:
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(f"{what} must be JSON-serialisable: {exc}") from exc
+    if limit is not None and len(text.encode()) > limit:
+        raise InvalidPayload(f"{what} is {len(text.encode())} bytes; the limit is {limit} (SQLQUEUE['MAX_PAYLOAD_BYTES'])")
+    return text
+
+
+class JobQuerySet(models.QuerySet):
+    """Read helpers used by the admin, the worker and tests."""
+
+    def with_status(self, *statuses: Status | int | str) -> JobQuerySet:
+        ids = [Status.from_label(s) if isinstance(s, str) else Status(s) for s in statuses]
+        return self.filter(status_id__in=ids)
+
+    def unfinished(self) -> JobQuerySet:
+        return self.filter(status_id__in=UNFINISHED)
+
+    def overdue(self) -> JobQuerySet:
+        return self.filter(status_id__in=CLAIMABLE, scheduled_for__lte=timezone.now())
+
+    def lease_expired(self) -> JobQuerySet:
+        return self.filter(status_id=Status.PROCESSING, lease_expires_at__lt=timezone.now())
+
+
+class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
+    """Enqueue, claim and modify jobs. ``using`` picks the database (default: SQLQUEUE['DATABASE'])."""
+
+    # ----- helpers ------------------------------------------------------------------------------
+    def _alias(self, using: str | None) -> str:
+        return using or self._db or get_settings().DATABASE or router.db_for_write(self.model)
+
+    def _rows_to_jobs(self, rows: Iterable[Sequence[Any]], using: str) -> list[Job]:
+        """Build Job objects from raw JOB_COLUMNS rows, applying the backend's value converters."""
+        connection = connections[using]
+        meta = self.model._meta
+        converters = []
+        for attname in JOB_COLUMNS:
+            f = next(x for x in meta.concrete_fields if x.attname == attname)
+            col = f.get_col(meta.db_table)
+            converters.append(connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+        jobs = []
+        for row in rows:
+            values = []
+            for value, convs in zip(row, converters, strict=True):
+                for conv in convs:
+                    value = conv(value, None, connection)
+                values.append(value)
+            jobs.append(self.model.from_db(using, list(JOB_COLUMNS), values))
+        return jobs
+
+    def _prep(self, attname: str, value: Any, using: str) -> Any:
+        return self.model._meta.get_field(attname.removesuffix("_id")).get_db_prep_save(value, connections[using])
+
+    # ----- enqueue ------------------------------------------------------------------------------
+    def enqueue(
+        self,
+        job_type: str,
+        payload: Any = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        scheduled_for: datetime | None = None,
+        delay: float | timedelta | None = None,
+        dedupe_key: str | None = None,
+        max_attempts: int | None = None,
+        subtypes: Sequence[JobData] = (),
+        using: str | None = None,
+    ) -> Job:
+        """Insert one job (and its subtype rows) in one transaction; return it.
+
+        With ``dedupe_key``, a second enqueue while a job with that key is unfinished returns the
+        existing job instead of inserting (race-safe: the database's unique index decides).
+        Commits with the caller's transaction when called inside ``transaction.atomic()``.
+        """
+        spec = JobSpec(job_type, payload, queue, priority, scheduled_for, delay, dedupe_key, max_attempts,
+                       tuple(subtypes))
+        return self.enqueue_many([spec], using=using)[0]
+
+    def enqueue_many(self, specs: Iterable[JobSpec], *, using: str | None = None) -> list[Job]:
+        """Insert many jobs in one transaction, in multi-row INSERTs; return them in input order."""
+        from .handlers import registry
+
+        alias = self._alias(using)
+        connection = connections[alias]
+        dialect = get_dialect(connection)
+        settings = get_settings()
+        specs = list(specs)
+        columns = ["queue", "job_type_id", "status_id", "step", "priority", "attempt_num", "max_attempts",
+                   "payload", "error", "enqueued_at", "scheduled_for", "version", "updated_at", "worker",
+                   "dedupe_key"]
+        rows: list[list[Any]] = []
+        for spec in specs:
+            info = jobtypes.get_type(spec.job_type, using=alias, create=registry.is_registered(spec.job_type))
+            rows.append(self._validated_row(spec, info, settings.MAX_PAYLOAD_BYTES, alias))
+        per_row = len(columns) - 2  # enqueued_at / updated_at are stamped by the database
+        chunk = max(1, min(1000, dialect.max_params // per_row))
+        jobs: list[Job | None] = [None] * len(specs)
+        new_ids: set[int] = set()
+        with transaction.atomic(using=alias), connection.cursor() as cursor:
+            for start in range(0, len(rows), chunk):
+                part = rows[start:start + chunk]
+                dedupe = any(r[-1] is not None for r in part)
+                inserted = self._rows_to_jobs(dialect.insert_job(cursor, columns, part, dedupe), alias)
+                new_ids.update(j.pk for j in inserted)
+                self._match_inserted(specs, jobs, start, part, inserted, alias)
+            for spec, job in zip(specs, jobs, strict=True):
+                assert job is not None
+                if job.pk in new_ids:  # a deduplicated enqueue returns the existing job, rows and all
+                    self._save_subtypes(spec, job, alias)
+            notify = dialect.notify_sql()
+            if notify and settings.NOTIFY_CHANNEL:
+                queues = sorted({s.queue for s in specs})
+                # Delivered only when the transaction commits: idle workers wake for committed jobs.
+                cursor.execute(notify, [settings.NOTIFY_CHANNEL, ",".join(queues)])
+        return jobs  # type: ignore[return-value]
+
+    def _validated_row(self, spec: JobSpec, info: jobtypes.TypeInfo, limit: int, alias: str) -> list[Any]:
+        if not isinstance(spec.queue, str) or not spec.queue or len(spec.queue) > 100:
+            raise InvalidArgument(f"queue must be a non-empty string of at most 100 characters, got {spec.queue!r}")
+        if not isinstance(spec.priority, int) or not -32768 <= spec.priority <= 32767:
+            raise InvalidArgument(f"priority must be an integer from -32768 to 32767, got {spec.priority!r}")
+        if spec.max_attempts is not None and (not isinstance(spec.max_attempts, int) or not 1 <= spec.max_attempts <= 32767):
+            raise InvalidArgument(f"max_attempts must be an integer from 1 to 32767, got {spec.max_attempts!r}")
+        if spec.dedupe_key is not None and (not isinstance(spec.dedupe_key, str) or not 0 < len(spec.dedupe_key) <= 200):
+            raise InvalidArgument("dedupe_key must be a non-empty string of at most 200 characters")
+        when = spec.scheduled_for
+        if spec.delay is not None:
+            if when is not None:
+                raise InvalidArgument("give scheduled_for or delay, not both")
+            seconds = spec.delay.total_seconds() if isinstance(spec.delay, timedelta) else spec.delay
+            if not isinstance(seconds, int | float) or seconds < 0:
+                raise InvalidArgument(f"delay must be a non-negative number of seconds, got {spec.delay!r}")
+            when = timezone.now() + timedelta(seconds=seconds) if seconds else None
+        if when is not None and timezone.is_naive(when):
+            raise InvalidArgument("scheduled_for must be timezone-aware")
+        _encode_json(spec.payload, "payload", limit)
+        payload = {} if spec.payload is None else spec.payload
+        return [
+            spec.queue, info.id, int(Status.PENDING), "", spec.priority, 0, spec.max_attempts,
+            self._prep("payload", payload, alias), "", None,
+            None if when is None else self._prep("scheduled_for", when, alias), 1, None, "", spec.dedupe_key,
+        ]
+
+    def _match_inserted(self, specs: list[JobSpec], jobs: list[Job | None], start: int, part: list[list[Any]],
+                        inserted: list[Job], alias: str) -> None:
+        """Pair inserted rows with their specs; a dedupe conflict returns the existing unfinished job."""
+        if len(inserted) == len(part):
+            # Every row went in; RETURNING/OUTPUT order is not promised, ids are: sort by id.
+            for i, job in enumerate(sorted(inserted, key=lambda j: j.pk)):
+                jobs[start + i] = job
+            return
+        by_key = {j.dedupe_key: j for j in inserted if j.dedupe_key is not None}
+        plain = sorted((j for j in inserted if j.dedupe_key is None), key=lambda j: j.pk)
+        plain_iter = iter(plain)
+        for i, row in enumerate(part):
+            key = row[-1]
+            if key is None:
+                jobs[start + i] = next(plain_iter)
+            elif key in by_key:
+                jobs[start + i] = by_key[key]
+            else:
+                existing = self.using(alias).filter(dedupe_key=key, status_id__in=UNFINISHED).first()
+                if existing is None:  # finished in between: enqueue afresh
+                    existing = self.enqueue_many([specs[start + i]], using=alias)[0]
+                jobs[start + i] = existing
+                by_key[key] = existing
+
+    def _save_subtypes(self, spec: JobSpec, job: Job, alias: str) -> None:
+        for row in spec.subtypes:
+            expected = getattr(row, "job_type_name", None)
+            if expected is not None and expected != spec.job_type:
+                raise SubtypeMismatch(
+                    f"{type(row).__name__} belongs to job type {expected!r}, not {spec.job_type!r}"
+                )
+            row.job = job
+            row.full_clean(exclude=["job"])
+            row.save(using=alias, force_insert=True)
+
+    # ----- claim --------------------------------------------------------------------------------
+    def claim(
+        self,
+        worker: str,
+        limit: int = 1,
+        *,
+        queues: Sequence[str] = (),
+        types: Sequence[str] = (),
+        using: str | None = None,
+    ) -> list[Job]:
+        """Claim up to ``limit`` jobs for ``worker`` in one statement; return them, claim order.
+
+        Takes, in priority (high first), scheduled_for, id order: Pending/Error jobs that are due with
+        attempts left and an unpaused type; Processing jobs held by this worker name (its own
+        unfinished work after a restart); Processing jobs whose lease expired or whose worker's
+        heartbeat is stale. Each becomes Processing with attempt + 1, a lease from the database clock,
+        a new token (``version``) and a history row. Never returns a job to two claimers.
+        """
+        if not isinstance(limit, int) or limit < 1 or limit > 10_000:
+            raise InvalidArgument(f"limit must be an integer from 1 to 10000, got {limit!r}")
+        if not isinstance(worker, str) or not worker or len(worker) > 200:
+            raise InvalidArgument("worker must be a non-empty string of at most 200 characters")
+        alias = self._alias(using)
+        settings = get_settings()
+        type_ids = tuple(jobtypes.get_type(t, using=alias).id for t in types)
+        req = ClaimRequest(
+            worker=worker,
+            limit=limit,
+            queues=tuple(queues),
+            types=type_ids,
+            default_max_attempts=settings.MAX_ATTEMPTS,
+            default_lease_seconds=settings.LEASE_SECONDS,
+            worker_dead_after_seconds=settings.WORKER_DEAD_AFTER_SECONDS,
+        )
+        connection = connections[alias]
+        dialect = get_dialect(connection)
+        for attempt in range(CLAIM_RETRIES):
+            try:
+                if connection.vendor == "sqlite":  # the dialect opens its own IMMEDIATE transaction
+                    with connection.cursor() as cursor:
+                        rows = dialect.claim(cursor, req)
+                else:
+                    with transaction.atomic(using=alias), connection.cursor() as cursor:
+                        rows = dialect.claim(cursor, req)
+                return self._rows_to_jobs(rows, alias)
+            except DatabaseError as exc:
+                if attempt == CLAIM_RETRIES - 1 or not dialect.is_retryable_error(exc):
+                    raise
+                time.sleep(0.01 * 2**attempt)
+        return []  # pragma: no cover
+
+    # ----- modify -------------------------------------------------------------------------------
+    def get_for_update(self, job_id: int, *, using: str | None = None) -> Job:
+        """Read the current row (a locking read on SQL Server, so row versioning cannot show a stale one)."""
+        alias = self._alias(using)
+        dialect = get_dialect(connections[alias])
+        with connections[alias].cursor() as cursor:
+            cursor.execute(dialect.select_job_sql(f"{dialect.n.j['id']} = %s"), [job_id])
+            rows = cursor.fetchall()
+        if not rows:
+            raise JobNotFound(f"no job with id {job_id}")
+        return self._rows_to_jobs(rows, alias)[0]
+
+    def modify(
+        self,
+        job: Job | int,
+        token: int | None,
+        status: Status | int,
+        *,
+        step: str | None = None,
+        response: Any = _UNSET,
+        error: str | None = None,
+        scheduled_for: datetime | None = None,
+        reset_attempts: bool = False,
+        using: str | None = None,
+    ) -> Job:
+        """Move a job to ``status`` if ``token`` still matches its ``version``; return the new row.
+
+        The seeds' Modify procedure: refuses transitions not in the table (:class:`IllegalTransition`)
+        and writes nothing when the token is stale (:class:`StaleJob`). An Error when attempts are
+        exhausted becomes Failed. Finishing an attempt stamps finished_at and duration and closes the
+        history row; handing a Processing job back to Pending gives its attempt back. ``step`` keeps
+        or advances the step. ``job`` may be a Job (its status and version are what the caller read) or
+        an id (the current row is read first; ``token=None`` then means "whatever it is now").
+        """
+        alias = self._alias(using)
+        new = Status(status)
+        if not isinstance(job, self.model):
+            job = self.get_for_update(int(job), using=alias)  # type: ignore[arg-type]
+        if token is None:
+            token = job.version
+        if job.version != token:
+            raise StaleJob(f"job {job.pk}: token {token} is stale (now {job.version}); nothing was changed")
+        current = job.state
+        if new not in TRANSITIONS[current] or (current, new) in CLAIM_ONLY:
+            raise IllegalTransition(f"job {job.pk}: {current.label} -> {new.label} is not allowed")
+        if scheduled_for is not None and timezone.is_naive(scheduled_for):
+            raise InvalidArgument("scheduled_for must be timezone-aware")
+        connection = connections[alias]
+        dialect = get_dialect(connection)
+        sets, params = self._modify_sets(dialect, job, current, new, step, response, error, scheduled_for,
+                                         reset_attempts, alias)
+        j = dialect.n.j
+        sql = dialect.update_returning(", ".join(sets), f"{j['id']} = %s AND {j['version']} = %s")
+        with transaction.atomic(using=alias), connection.cursor() as cursor:
+            cursor.execute(sql, [*params, job.pk, token])
+            rows = cursor.fetchall()
+            if not rows:
+                raise StaleJob(f"job {job.pk} changed since token {token} was read; nothing was changed")
+            updated = self._rows_to_jobs(rows, alias)[0]
+            if current == Status.PROCESSING and new != Status.PROCESSING:
+                self._close_attempt(cursor, dialect, job, updated, released=new == Status.PENDING)
+        return updated
+
+    def _modify_sets(self, dialect: Any, job: Job, current: Status, new: Status, step: str | None,
+                     response: Any, error: str | None, scheduled_for: datetime | None,
+                     reset_attempts: bool, alias: str) -> tuple[list[str], list[Any]]:
+        j = dialect.n.j
+        sets = [f"{j['version']} = {j['version']} + 1", f"{j['updated_at']} = {dialect.now()}"]
+        params: list[Any] = []
+        if new == Status.ERROR:
+            # Attempts exhausted: Error becomes Failed, decided by the row and the type, not the caller.
+            max_sql = dialect._effective(dialect.n.job, "max_attempts", "%s")
+            sets.append(
+                f"{j['status_id']} = CASE WHEN {j['attempt_num']} >= {max_sql} "
+                f"THEN {int(Status.FAILED)} ELSE {int(Status.ERROR)} END"
+            )
+            params.append(get_settings().MAX_ATTEMPTS)
+        else:
+            sets.append(f"{j['status_id']} = %s")
+            params.append(int(new))
+        if step is not None:
+            if not isinstance(step, str) or len(step) > 100:
+                raise InvalidArgument("step must be a string of at most 100 characters")
+            sets.append(f"{j['step']} = %s")
+            params.append(step)
+        if response is not _UNSET:
+            _encode_json(response, "response")
+            sets.append(f"{j['response']} = %s")
+            params.append(self._prep("response", response, alias))
+        if error is not None:
+            sets.append(f"{j['error']} = %s")
+            params.append(str(error)[:MAX_ERROR_CHARS])
+        if scheduled_for is not None:
+            sets.append(f"{j['scheduled_for']} = %s")
+            params.append(self._prep("scheduled_for", scheduled_for, alias))
+        if current == Status.PROCESSING and (new in FINISHED or new == Status.ERROR):
+            sets += [f"{j['finished_at']} = {dialect.now()}",
+                     f"{j['duration_ms']} = {dialect.ms_since(j['started_at'])}",
+                     f"{j['lease_expires_at']} = NULL"]
+        elif current == Status.PROCESSING and new == Status.PENDING:
+            # Handed back unstarted (graceful shutdown): the attempt was not spent.
+            sets += [f"{j['attempt_num']} = {j['attempt_num']} - 1", f"{j['worker']} = ''",
+                     f"{j['lease_expires_at']} = NULL", f"{j['started_at']} = NULL"]
+        elif new in FINISHED and current != Status.PROCESSING:
+            sets.append(f"{j['finished_at']} = {dialect.now()}")
+        elif new == Status.PENDING:
+            # An operator's retry: due now unless told otherwise, and at least one attempt left.
+            if scheduled_for is None:
+                sets.append(f"{j['scheduled_for']} = {dialect.now()}")
+            sets += [f"{j['finished_at']} = NULL", f"{j['lease_expires_at']} = NULL"]
+            if reset_attempts:
+                sets.append(f"{j['attempt_num']} = 0")
+            else:
+                max_sql = dialect._effective(dialect.n.job, "max_attempts", "%s")
+                sets.append(
+                    f"{j['max_attempts']} = CASE WHEN {j['attempt_num']} >= {max_sql} "
+                    f"THEN {j['attempt_num']} + 1 ELSE {j['max_attempts']} END"
+                )
+                params.append(get_settings().MAX_ATTEMPTS)
+        if reset_attempts and new != Status.PENDING:
+            sets.append(f"{j['attempt_num']} = 0")
+        return sets, params
+
+    def _close_attempt(self, cursor: Any, dialect: Any, before: Job, after: Job, *, released: bool) -> None:
+        a = dialect.n.a
+        where = f"{a['job_id']} = %s AND {a['attempt_num']} = %s AND {a['finished_at']} IS NULL"
+        if released:
+            cursor.execute(f"DELETE FROM {dialect.n.attempt} WHERE {where}", [before.pk, before.attempt_num])
+            return
+        cursor.execute(
+            f"UPDATE {dialect.n.attempt} SET {a['finished_at']} = {dialect.now()}, {a['outcome_id']} = %s, "
+            f"{a['error']} = %s, {a['duration_ms']} = %s WHERE {where}",
+            [after.status_id, after.error if after.status_id in (Status.ERROR, Status.FAILED) else "",
+             after.duration_ms, before.pk, before.attempt_num],
+        )
+
+    # ----- conveniences over modify ---------------------------------------------------------------
+    def complete(self, job: Job, response: Any = None, *, using: str | None = None) -> Job:
+        """Processing -> Completed with ``response`` stored."""
+        return self.modify(job, job.version, Status.COMPLETED, response=response, using=using or job._state.db)
+
+    def fail(self, job: Job, error: str, *, retry_in: float | None = None, using: str | None = None) -> Job:
+        """Processing -> Error, due again after ``retry_in`` seconds (default: the type's backoff).
+
+        Becomes Failed instead when the job has no attempts left.
+        """
+        if retry_in is None:
+            from .backoff import backoff_seconds
+
+            info = jobtypes.get_type_by_id(job.job_type_id, using=using or job._state.db or self._alias(None))
+            retry_in = backoff_seconds(job.attempt_num, info)
+        when = timezone.now() + timedelta(seconds=max(0.0, retry_in))
+        return self.modify(job, job.version, Status.ERROR, error=error, scheduled_for=when,
+                           using=using or job._state.db)
+
+    def advance_step(self, job: Job, step: str, *, response: Any = _UNSET, using: str | None = None) -> Job:
+        """Record that ``job`` reached ``step`` (still Processing, same attempt)."""
+        return self.modify(job, job.version, Status.PROCESSING, step=step, response=response,
+                           using=using or job._state.db)
+
+    def release(self, job: Job, *, using: str | None = None) -> Job:
+        """Hand a claimed, unstarted job back to Pending without spending its attempt."""
+        return self.modify(job, job.version, Status.PENDING, using=using or job._state.db)
+
+    # ----- leases and housekeeping --------------------------------------------------------------
+    def renew_leases(self, worker: str, job_ids: Sequence[int], lease_seconds: int, *,
+                     using: str | None = None) -> int:
+        """Push the lease of jobs ``worker`` still holds; return how many it still holds.
+
+        No token bump: a lease renewal is not a state change. A job someone else reclaimed has another
+        worker name and is left alone (fencing: the late worker's finish is refused by the token).
+        """
+        if not job_ids:
+            return 0
+        alias = self._alias(using)
+        dialect = get_dialect(connections[alias])
+        j = dialect.n.j
+        marks = ", ".join(["%s"] * len(job_ids))
+        with connections[alias].cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {dialect.n.job} SET {j['lease_expires_at']} = {dialect.now_plus('%s')} "
+                f"WHERE {j['id']} IN ({marks}) AND {j['worker']} = %s AND {j['status_id']} = {int(Status.PROCESSING)}",
+                [int(lease_seconds), *job_ids, worker],
+            )
+            return cursor.rowcount
+
+    def reap(self, *, using: str | None = None, limit: int = 500) -> int:
+        """Move Processing jobs with an expired lease and no attempts left to Failed; return how many.
+
+        These would never be claimed again (the claim requires attempts left), so without this they
+        would sit in Processing forever. Each goes through :meth:`modify`, so history is closed.
+        """
+        alias = self._alias(using)
+        dialect = get_dialect(connections[alias])
+        j = dialect.n.j
+        max_sql = dialect._effective(dialect.n.job, "max_attempts", "%s")
+        with connections[alias].cursor() as cursor:
+            cursor.execute(
+                f"SELECT {j['id']} FROM {dialect.n.job} WHERE {j['status_id']} = {int(Status.PROCESSING)} "
+                f"AND {j['lease_expires_at']} < {dialect.now()} AND {j['attempt_num']} >= {max_sql}",
+                [get_settings().MAX_ATTEMPTS],
+            )
+            ids = [r[0] for r in cursor.fetchmany(limit)]
+        done = 0
+        for job_id in ids:
+            try:
+                job = self.get_for_update(job_id, using=alias)
+                self.modify(job, job.version, Status.FAILED,
+                            error=(job.error + "\n" if job.error else "")
+                            + f"lease expired with no attempts left (last worker {job.worker!r})",
+                            using=alias)
+                done += 1
+            except (StaleJob, IllegalTransition, JobNotFound):
+                continue  # someone else moved it meanwhile
+        return done

@@ -1,0 +1,225 @@
+"""Queue tables: status vocabulary, job types, the base job table, attempt history, workers, subtypes.
+
+Jobs are written through :class:`~django_sqlqueue.managers.JobManager` (enqueue, claim, modify), which
+keeps the lifecycle columns consistent; the ORM is used freely for reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+from .managers import JobManager
+from .states import CLAIMABLE, UNFINISHED, Status
+
+
+class QueueStatus(models.Model):
+    """The status vocabulary (reference table seeded by a data migration from :class:`Status`)."""
+
+    id = models.PositiveSmallIntegerField(primary_key=True)
+    name = models.CharField(max_length=32, unique=True)
+
+    class Meta:
+        verbose_name = _("queue status")
+        verbose_name_plural = _("queue statuses")
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class JobType(models.Model):
+    """One row per job type, with the settings an operator may change while workers run.
+
+    Blank numeric settings fall back to the ``SQLQUEUE`` setting of the same meaning.
+    """
+
+    name = models.CharField(max_length=200, unique=True)
+    description = models.CharField(max_length=500, blank=True, default="")
+    max_attempts = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text=_("Blank: SQLQUEUE['MAX_ATTEMPTS'] (3 unless set).")
+    )
+    backoff_base_seconds = models.FloatField(null=True, blank=True)
+    backoff_max_seconds = models.FloatField(null=True, blank=True)
+    timeout_seconds = models.PositiveIntegerField(null=True, blank=True)
+    lease_seconds = models.PositiveIntegerField(null=True, blank=True)
+    paused = models.BooleanField(default=False, help_text=_("Workers do not claim jobs of a paused type."))
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = _("job type")
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Job(models.Model):
+    """The base queue table: one row per job of any type, carrying the lifecycle columns.
+
+    ``version`` is the optimistic-concurrency token: every write bumps it and every write by a worker
+    or an operator must present the value it read. An integer compares exactly on every vendor, which a
+    timestamp does not (SQL Server keeps 100 ns ticks, Python microseconds).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=100, default="default")
+    job_type = models.ForeignKey(JobType, on_delete=models.PROTECT, related_name="jobs", db_column="type_id")
+    status = models.ForeignKey(
+        QueueStatus, on_delete=models.PROTECT, related_name="+", db_column="status_id", default=Status.PENDING
+    )
+    step = models.CharField(max_length=100, blank=True, default="")
+    priority = models.SmallIntegerField(default=0, help_text=_("Higher runs first."))
+    attempt_num = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text=_("Blank: the job type's setting.")
+    )
+    payload = models.JSONField(default=dict, blank=True)
+    response = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    enqueued_at = models.DateTimeField()
+    scheduled_for = models.DateTimeField(help_text=_("Earliest time a worker may run it."))
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    duration_ms = models.BigIntegerField(null=True, blank=True)
+    version = models.PositiveIntegerField(default=1)
+    updated_at = models.DateTimeField()
+    worker = models.CharField(max_length=200, blank=True, default="")
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    dedupe_key = models.CharField(max_length=200, null=True, blank=True)
+
+    objects: ClassVar[JobManager] = JobManager()
+
+    class Meta:
+        verbose_name = _("job")
+        ordering = ["-id"]
+        indexes = [
+            # The claim: a seek over claimable rows in the order the claim takes them. Plain columns
+            # only (SQL Server skips expression indexes) and the same literal predicate the claim uses.
+            models.Index(
+                fields=["-priority", "scheduled_for", "id"],
+                name="sqlqueue_job_claim",
+                condition=Q(status_id__in=sorted(CLAIMABLE)),
+            ),
+            # Reclaim: the few Processing rows, by lease expiry (dead workers) and worker (restarts).
+            models.Index(
+                fields=["lease_expires_at", "worker"],
+                name="sqlqueue_job_processing",
+                condition=Q(status_id=Status.PROCESSING),
+            ),
+            # Operator screens and retention.
+            models.Index(fields=["status", "job_type", "queue"], name="sqlqueue_job_status_type"),
+            models.Index(fields=["finished_at"], name="sqlqueue_job_finished"),
+            models.Index(fields=["enqueued_at"], name="sqlqueue_job_enqueued"),
+        ]
+        constraints = [
+            # Dedupe: one unfinished job per key; enqueue turns a conflict into "return the existing job".
+            models.UniqueConstraint(
+                fields=["dedupe_key"],
+                name="sqlqueue_job_dedupe",
+                condition=Q(status_id__in=sorted(UNFINISHED)) & Q(dedupe_key__isnull=False),
+            ),
+        ]
+        permissions = [
+            ("retry_job", "Can retry jobs"),
+            ("cancel_job", "Can cancel or terminate jobs"),
+            ("reschedule_job", "Can reschedule jobs and reset attempts"),
+            ("pause_job", "Can pause and resume jobs"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_type_id}#{self.pk}"
+
+    @property
+    def state(self) -> Status:
+        return Status(self.status_id)
+
+    def refresh(self) -> Job:
+        """Re-read this job from the database (handy after a manager call)."""
+        self.refresh_from_db()
+        return self
+
+    # Convenience wrappers over JobManager.modify; each needs the token this object carries.
+    def complete(self, response: Any = None) -> Job:
+        return type(self).objects.complete(self, response=response)
+
+    def fail(self, error: str, *, retry_in: float | None = None) -> Job:
+        return type(self).objects.fail(self, error, retry_in=retry_in)
+
+    def advance_step(self, step: str, response: Any = None) -> Job:
+        return type(self).objects.advance_step(self, step, response=response)
+
+
+class JobAttempt(models.Model):
+    """History: one row per claim. A row with no ``finished_at`` whose job lease expired is a lost attempt."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempts")
+    attempt_num = models.PositiveIntegerField()
+    worker = models.CharField(max_length=200)
+    claimed_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.ForeignKey(
+        QueueStatus, on_delete=models.PROTECT, null=True, blank=True, related_name="+", db_column="outcome_id"
+    )
+    error = models.TextField(blank=True, default="")
+    duration_ms = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("job attempt")
+        ordering = ["job_id", "attempt_num"]
+        indexes = [models.Index(fields=["job", "attempt_num"], name="sqlqueue_attempt_job")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt_num}"
+
+
+class Worker(models.Model):
+    """A running (or stopped) worker slot, kept alive by its heartbeat."""
+
+    name = models.CharField(max_length=200, unique=True)
+    host = models.CharField(max_length=200, blank=True, default="")
+    pid = models.PositiveIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField()
+    last_heartbeat = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+    jobs_done = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        verbose_name = _("worker")
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class JobData(models.Model):
+    """Abstract base for typed subtype tables (base/subtype pattern).
+
+    Exclusive subtype: subclass and set ``job_type_name``; the primary key is the one-to-one link to the
+    base job, so a job has at most one row, and :meth:`JobManager.enqueue` checks the type matches.
+    Inclusive subtype (e.g. delivery channels): subclass :class:`InclusiveJobData`, which keys the row on
+    the job too, so each channel table holds at most one row per job but a job may have rows in several.
+    """
+
+    #: Exclusive subtypes name the job type they belong to; ``None`` means inclusive (any type).
+    job_type_name: ClassVar[str | None] = None
+
+    job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="+")
+
+    class Meta:
+        abstract = True
+
+
+class InclusiveJobData(JobData):
+    """Abstract base for inclusive subtypes: a job may have rows in several such tables."""
+
+    job_type_name: ClassVar[str | None] = None
+    response = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+
+    class Meta:
+        abstract = True

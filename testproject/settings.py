@@ -1,0 +1,124 @@
+"""Settings for the tests and the demo.
+
+The database comes from ``SQLQUEUE_DATABASE_URL``:
+- unset: an SQLite file ``db.sqlite3`` in the repository (the demo's embedded default);
+- ``sqlite:////abs/path.db``;
+- ``postgres://user:password@host:port/name``;
+- ``mssql://user:password@host:port/name`` (mssql-django with the mssql-python driver).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "insecure-test-key-not-for-production")
+DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
+ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_admin_listfilter_dropdown",
+    "django_sqlqueue",
+    "testproject.notifications",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "testproject.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+WSGI_APPLICATION = "testproject.wsgi.application"
+
+
+def database_from_url(url: str) -> dict:
+    """A DATABASES entry from a URL (see the module docstring)."""
+    if not url:
+        url = f"sqlite:///{BASE_DIR / 'db.sqlite3'}"
+    parsed = urlparse(url)
+    if parsed.scheme == "sqlite":
+        name = unquote(parsed.path)
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": name,
+            # WAL lets readers run beside the one writer; IMMEDIATE makes every atomic() take the write
+            # lock up front (no mid-transaction upgrade failures); timeout is how long a writer waits.
+            "OPTIONS": {
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+            },
+            "TEST": {"NAME": os.environ.get("SQLQUEUE_SQLITE_TEST_NAME", str(Path(name).with_suffix(".test.sqlite3")))},
+        }
+    common = {
+        "NAME": unquote(parsed.path.lstrip("/")),
+        "USER": unquote(parsed.username or ""),
+        "PASSWORD": unquote(parsed.password or ""),
+        "HOST": parsed.hostname or "",
+        "PORT": str(parsed.port or ""),
+    }
+    if parsed.scheme in ("postgres", "postgresql"):
+        return {"ENGINE": "django.db.backends.postgresql", "CONN_HEALTH_CHECKS": True, **common}
+    if parsed.scheme == "mssql":
+        return {
+            "ENGINE": "mssql",
+            **common,
+            "OPTIONS": {
+                "python_driver": "mssql_python",
+                "extra_params": os.environ.get("SQLQUEUE_MSSQL_EXTRA", "Encrypt=yes;TrustServerCertificate=yes"),
+            },
+        }
+    raise ValueError(f"unsupported SQLQUEUE_DATABASE_URL scheme {parsed.scheme!r}")
+
+
+DATABASES = {"default": database_from_url(os.environ.get("SQLQUEUE_DATABASE_URL", ""))}
+
+AUTH_PASSWORD_VALIDATORS: list = []
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+SQLQUEUE = {
+    # Fast retries keep the demo and the tests short; production keeps the defaults.
+    "BACKOFF_BASE_SECONDS": float(os.environ.get("SQLQUEUE_BACKOFF_BASE", "1")),
+    "BACKOFF_MAX_SECONDS": 60.0,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {"django_sqlqueue": {"handlers": ["console"], "level": os.environ.get("SQLQUEUE_LOG_LEVEL", "WARNING")}},
+}
