@@ -41,9 +41,28 @@ _TYPE_OPTIONS = {"max_attempts", "timeout_seconds", "lease_seconds", "backoff_ba
                  "backoff_max_seconds", "description"}
 
 
+Resolver = Callable[[str], "Handler | None"]
+
+
 class Registry:
+    """Name -> Handler. Resolvers supply handlers for names not declared up front (Django tasks)."""
+
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
+        self._resolvers: list[Resolver] = []
+
+    def add_resolver(self, resolver: Resolver) -> None:
+        """Ask ``resolver(name)`` for a Handler when ``name`` is not registered (first hit is kept)."""
+        if resolver not in self._resolvers:
+            self._resolvers.append(resolver)
+
+    def _resolve(self, name: str) -> Handler | None:
+        for resolver in self._resolvers:
+            found = resolver(name)
+            if found is not None:
+                self._handlers[name] = found
+                return found
+        return None
 
     def register(self, name: str, func: HandlerFunc, *, steps: Sequence[str] = (), **options: Any) -> Handler:
         validate_name(name)
@@ -65,13 +84,13 @@ class Registry:
         self._handlers.pop(name, None)
 
     def get(self, name: str) -> Handler:
-        try:
-            return self._handlers[name]
-        except KeyError:
-            raise UnknownJobType(f"no handler is registered for job type {name!r}") from None
+        found = self._handlers.get(name) or self._resolve(name)
+        if found is None:
+            raise UnknownJobType(f"no handler is registered for job type {name!r}")
+        return found
 
     def is_registered(self, name: str) -> bool:
-        return name in self._handlers
+        return name in self._handlers or self._resolve(name) is not None
 
     def all(self) -> list[Handler]:
         return list(self._handlers.values())

@@ -19,8 +19,15 @@ from django.utils import timezone
 
 from . import jobtypes
 from .conf import get_settings
-from .dialects import COL, JOB_COLUMNS, ClaimRequest, get_dialect
-from .exceptions import IllegalTransition, InvalidArgument, InvalidPayload, JobNotFound, StaleJob, SubtypeMismatch
+from .dialects import JOB_COLUMNS, ClaimRequest, get_dialect
+from .exceptions import (
+    IllegalTransition,
+    InvalidArgument,
+    InvalidPayload,
+    JobNotFound,
+    StaleJob,
+    SubtypeMismatch,
+)
 from .states import CLAIMABLE, FINISHED, TRANSITIONS, UNFINISHED, Status
 
 if TYPE_CHECKING:

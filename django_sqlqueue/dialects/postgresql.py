@@ -30,15 +30,17 @@ class PostgresDialect(Dialect):
         # FOR UPDATE OF j: lock only job rows (not the job-type rows the filters read).
         # SKIP LOCKED: a row another claimer holds is passed over, not waited for: concurrent
         # claimers each take different rows instead of queueing behind one another.
-        # Each branch locks inside its own parenthesised SELECT so its LIMIT counts only rows it got.
+        # Each branch is its own CTE (FOR UPDATE is not allowed beside UNION) and locks inside it, so
+        # its LIMIT counts only rows it actually got.
         branches, params = self.candidate_branches(
             req, lock=" FOR UPDATE OF j SKIP LOCKED", limit=" LIMIT %s"
         )
         set_sql, set_params = self.claim_set_clause(req, alias="j")
         returning = ", ".join(f"j.{c}" for c in n.job_columns)
         sql = (
-            f"WITH cand AS (({branches[0]}) UNION ALL ({branches[1]})), "
-            f"picked AS (SELECT id FROM cand ORDER BY priority DESC, scheduled_for, id LIMIT %s), "
+            f"WITH due AS ({branches[0]}), reclaim AS ({branches[1]}), "
+            f"picked AS (SELECT id FROM (SELECT * FROM due UNION ALL SELECT * FROM reclaim) c "
+            f"ORDER BY priority DESC, scheduled_for, id LIMIT %s), "
             f"claimed AS (UPDATE {n.job} j SET {set_sql} FROM picked WHERE j.{j['id']} = picked.id "
             f"RETURNING {returning}), "
             # The history row is written by the same statement: a claim without its history row

@@ -1,0 +1,34 @@
+"""Test-session database selection: ``SQLQUEUE_TEST_DB=sqlite`` (default) or ``postgres``.
+
+For PostgreSQL, a throwaway cluster is started on loopback (as the ``postgres`` OS user when run as
+root) before Django reads its settings, unless ``SQLQUEUE_DATABASE_URL`` already points at a server.
+The cluster object is available to tests through the ``pg_cluster`` fixture (restart tests use it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import tempfile
+
+_CLUSTER = None
+_TEST_DB = os.environ.get("SQLQUEUE_TEST_DB", "sqlite")
+
+if _TEST_DB == "postgres" and not os.environ.get("SQLQUEUE_DATABASE_URL"):
+    from tests.pgcluster import PgCluster
+
+    _CLUSTER = PgCluster().start()
+    atexit.register(_CLUSTER.destroy)
+    os.environ["SQLQUEUE_DATABASE_URL"] = _CLUSTER.url
+elif _TEST_DB == "sqlite" and not os.environ.get("SQLQUEUE_DATABASE_URL"):
+    # A file database (threads and worker processes need to share it), in a fresh temp dir.
+    _tmp = tempfile.mkdtemp(prefix="sqlqueue-test-")
+    os.environ["SQLQUEUE_DATABASE_URL"] = f"sqlite:///{_tmp}/db.sqlite3"
+    os.environ["SQLQUEUE_SQLITE_TEST_NAME"] = f"{_tmp}/test.sqlite3"
+elif _TEST_DB not in ("sqlite", "postgres", "mssql"):
+    raise SystemExit(f"SQLQUEUE_TEST_DB must be sqlite, postgres or mssql, not {_TEST_DB!r}")
+
+
+def get_cluster():
+    """The PgCluster this session started, or None."""
+    return _CLUSTER
