@@ -28,6 +28,7 @@ INSTALLED_APPS = [
     "django_admin_listfilter_dropdown",
     "django_sqlqueue",
     "testproject.notifications",
+    "testproject.testjobs",
 ]
 
 MIDDLEWARE = [

@@ -1,0 +1,1 @@
+"""Job types used by the test suite and the benchmarks (handlers live in jobs.py)."""
