@@ -128,9 +128,14 @@ have=$(cat "$STAMP" 2>/dev/null || true)
 if [ "$want" != "$have" ]; then
     log "pip install -e '.[$EXTRAS]' (pyproject.toml changed or first run)"
     rm -f "$STAMP"
-    if ! "$VENV/bin/python" -m pip install -q --progress-bar off -e ".[$EXTRAS]"; then
-        die "pip install failed"
-    fi
+    pip_log=$(mktemp /tmp/sqlqueue-pip.XXXXXX.log)
+    pip_rc=0
+    "$VENV/bin/python" -m pip install -q --progress-bar off -e ".[$EXTRAS]" >"$pip_log" 2>&1 \
+        || pip_rc=$?
+    # Show pip's warnings/errors, minus the noise about absent find-links dirs.
+    grep -v -E "^WARNING: Location '[^']*' is ignored" "$pip_log" >&2 || true
+    rm -f "$pip_log"
+    [ "$pip_rc" -eq 0 ] || die "pip install -e '.[$EXTRAS]' failed (exit $pip_rc)"
     echo "$want" >"$STAMP"
     log "Python dependencies installed"
 fi
