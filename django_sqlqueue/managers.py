@@ -310,6 +310,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         response: Any = _UNSET,
         error: str | None = None,
         scheduled_for: datetime | None = None,
+        run_in: float | None = None,
         reset_attempts: bool = False,
         using: str | None = None,
     ) -> Job:
@@ -319,7 +320,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         and writes nothing when the token is stale (:class:`StaleJob`). An Error when attempts are
         exhausted becomes Failed. Finishing an attempt stamps finished_at and duration and closes the
         history row; handing a Processing job back to Pending gives its attempt back. ``step`` keeps
-        or advances the step. ``job`` may be a Job (its status and version are what the caller read) or
+        or advances the step. ``run_in`` sets scheduled_for to the database clock plus that many
+        seconds (so a retry's due time does not depend on the worker host's clock). ``job`` may be a Job (its status and version are what the caller read) or
         an id (the current row is read first; ``token=None`` then means "whatever it is now").
         """
         alias = self._alias(using)
@@ -335,10 +337,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             raise IllegalTransition(f"job {job.pk}: {current.label} -> {new.label} is not allowed")
         if scheduled_for is not None and timezone.is_naive(scheduled_for):
             raise InvalidArgument("scheduled_for must be timezone-aware")
+        if run_in is not None and (scheduled_for is not None or not isinstance(run_in, int | float) or run_in < 0):
+            raise InvalidArgument("run_in must be a non-negative number of seconds, without scheduled_for")
         connection = connections[alias]
         dialect = get_dialect(connection)
         sets, params = self._modify_sets(dialect, job, current, new, step, response, error, scheduled_for,
-                                         reset_attempts, alias)
+                                         run_in, reset_attempts, alias)
         j = dialect.n.j
         sql = dialect.update_returning(", ".join(sets), f"{j['id']} = %s AND {j['version']} = %s")
         with transaction.atomic(using=alias), connection.cursor() as cursor:
@@ -353,7 +357,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
     def _modify_sets(self, dialect: Any, job: Job, current: Status, new: Status, step: str | None,
                      response: Any, error: str | None, scheduled_for: datetime | None,
-                     reset_attempts: bool, alias: str) -> tuple[list[str], list[Any]]:
+                     run_in: float | None, reset_attempts: bool, alias: str) -> tuple[list[str], list[Any]]:
         j = dialect.n.j
         sets = [f"{j['version']} = {j['version']} + 1", f"{j['updated_at']} = {dialect.now()}"]
         params: list[Any] = []
@@ -383,6 +387,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         if scheduled_for is not None:
             sets.append(f"{j['scheduled_for']} = %s")
             params.append(self._prep("scheduled_for", scheduled_for, alias))
+        elif run_in is not None:
+            sets.append(f"{j['scheduled_for']} = {dialect.now_plus('%s')}")
+            params.append(run_in)
         if current == Status.PROCESSING and (new in FINISHED or new == Status.ERROR):
             sets += [f"{j['finished_at']} = {dialect.now()}",
                      f"{j['duration_ms']} = {dialect.ms_since(j['started_at'])}",
@@ -395,7 +402,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             sets.append(f"{j['finished_at']} = {dialect.now()}")
         elif new == Status.PENDING:
             # An operator's retry: due now unless told otherwise, and at least one attempt left.
-            if scheduled_for is None:
+            if scheduled_for is None and run_in is None:
                 sets.append(f"{j['scheduled_for']} = {dialect.now()}")
             sets += [f"{j['finished_at']} = NULL", f"{j['lease_expires_at']} = NULL"]
             if reset_attempts:
@@ -439,8 +446,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
             info = jobtypes.get_type_by_id(job.job_type_id, using=using or job._state.db or self._alias(None))
             retry_in = backoff_seconds(job.attempt_num, info)
-        when = timezone.now() + timedelta(seconds=max(0.0, retry_in))
-        return self.modify(job, job.version, Status.ERROR, error=error, scheduled_for=when,
+        return self.modify(job, job.version, Status.ERROR, error=error, run_in=max(0.0, float(retry_in)),
                            using=using or job._state.db)
 
     def advance_step(self, job: Job, step: str, *, response: Any = _UNSET, using: str | None = None) -> Job:

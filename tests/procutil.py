@@ -1,0 +1,77 @@
+"""Run code in separate processes against the test database (no model imports at module level).
+
+Child processes are started with the ``spawn`` method, so they set Django up from scratch; the
+environment variable ``SQLQUEUE_DATABASE_URL`` tells them which database the test session uses.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Any
+
+
+def database_url(settings_dict: dict[str, Any]) -> str:
+    """A URL testproject.settings understands, for the database described by ``settings_dict``."""
+    engine = settings_dict["ENGINE"]
+    if engine.endswith("sqlite3"):
+        return f"sqlite:///{settings_dict['NAME']}"
+    if engine.endswith("postgresql"):
+        user = settings_dict.get("USER") or "postgres"
+        return f"postgres://{user}@{settings_dict['HOST']}:{settings_dict['PORT']}/{settings_dict['NAME']}"
+    raise ValueError(f"no URL form for {engine}")
+
+
+def test_db_env() -> dict[str, str]:
+    """os.environ plus the URL of the test database (call inside a test, after the DB exists)."""
+    from django.db import connection
+
+    env = dict(os.environ)
+    env["SQLQUEUE_DATABASE_URL"] = database_url(connection.settings_dict)
+    env["DJANGO_SETTINGS_MODULE"] = "testproject.settings"
+    return env
+
+
+@contextmanager
+def child_env():
+    """Point spawned children at the test database for the duration of the block."""
+    saved = dict(os.environ)
+    os.environ.update(test_db_env())
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def setup_django() -> None:
+    import django
+
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    django.setup()
+
+
+def enqueue_with_key(barrier: Any, out: Any, key: str) -> None:
+    """Child: wait for the others, then enqueue a Noop job with dedupe key ``key``."""
+    setup_django()
+    from django_sqlqueue.models import Job
+
+    barrier.wait()
+    out.put(Job.objects.enqueue("Noop", dedupe_key=key).pk)
+
+
+def claim_until_empty(barrier: Any, out: Any, worker: str, batch: int) -> None:
+    """Child: claim and complete jobs until none are left; report the ids claimed."""
+    setup_django()
+    from django_sqlqueue.models import Job
+
+    barrier.wait()
+    seen: list[int] = []
+    while True:
+        jobs = Job.objects.claim(worker, batch)
+        if not jobs:
+            break
+        for job in jobs:
+            job.complete()
+            seen.append(job.pk)
+    out.put(seen)

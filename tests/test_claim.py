@@ -1,0 +1,153 @@
+"""Claim semantics: what is picked, in which order, and what it stamps."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from django_sqlqueue import InvalidArgument, Status, UnknownJobType, enqueue
+from django_sqlqueue.managers import JobSpec
+from django_sqlqueue.models import Job, JobAttempt, JobType, Worker
+
+pytestmark = pytest.mark.django_db
+
+
+def expire_lease(job: Job) -> None:
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+
+
+def test_claim_marks_processing_and_writes_history(noop_type: JobType) -> None:
+    job = enqueue("Noop", {"x": 1})
+    [claimed] = Job.objects.claim("host:1/0", 10)
+    assert claimed.pk == job.pk and claimed.state is Status.PROCESSING
+    assert claimed.attempt_num == 1 and claimed.version == job.version + 1
+    assert claimed.worker == "host:1/0" and claimed.payload == {"x": 1}
+    lease_left = (claimed.lease_expires_at - claimed.started_at).total_seconds()
+    assert 59 <= lease_left <= 61  # SQLQUEUE LEASE_SECONDS default, from the database clock
+    attempt = JobAttempt.objects.get(job=job)
+    assert (attempt.attempt_num, attempt.worker, attempt.finished_at) == (1, "host:1/0", None)
+    assert Job.objects.claim("other", 10) == []
+
+
+def test_priority_then_schedule_then_id(noop_type: JobType) -> None:
+    now = timezone.now()
+    a = enqueue("Noop", scheduled_for=now - timedelta(minutes=2))
+    b = enqueue("Noop", priority=5)
+    c = enqueue("Noop", scheduled_for=now - timedelta(minutes=5))
+    d = enqueue("Noop", scheduled_for=now - timedelta(minutes=5))
+    order = [j.pk for j in Job.objects.claim("w", 10)]
+    assert order == [b.pk, c.pk, d.pk, a.pk]
+
+
+def test_future_jobs_paused_types_and_filters(make_type) -> None:
+    make_type("A")
+    make_type("B", paused=True)
+    future = enqueue("A", scheduled_for=timezone.now() + timedelta(minutes=10))
+    enqueue("B")
+    emails = enqueue("A", queue="emails")
+    other = enqueue("A", queue="other")
+    assert [j.pk for j in Job.objects.claim("w1", 10, queues=["emails"])] == [emails.pk]
+    assert [j.pk for j in Job.objects.claim("w2", 10, types=["B"])] == []  # paused
+    assert [j.pk for j in Job.objects.claim("w3", 10)] == [other.pk]
+    assert Job.objects.get(pk=future.pk).state is Status.PENDING
+    JobType.objects.filter(name="B").update(paused=False)
+    assert len(Job.objects.claim("w4", 10, types=["B"])) == 1
+
+
+def test_limit_and_bad_arguments(noop_type: JobType) -> None:
+    Job.objects.enqueue_many([JobSpec("Noop")] * 5)
+    assert len(Job.objects.claim("w", 2)) == 2
+    assert len(Job.objects.claim("v", 2)) == 2
+    for bad in (0, -1, "3", 10**6):
+        with pytest.raises(InvalidArgument, match="limit"):
+            Job.objects.claim("w", bad)
+    with pytest.raises(InvalidArgument, match="worker"):
+        Job.objects.claim("", 1)
+    with pytest.raises(UnknownJobType):
+        Job.objects.claim("w", 1, types=["Nope"])
+
+
+def test_own_unfinished_work_is_reclaimed_at_once(noop_type: JobType) -> None:
+    job = enqueue("Noop")
+    first = Job.objects.claim("app1/0", 1)[0]
+    assert Job.objects.claim("app2/0", 1) == []  # lease still valid: not someone else's
+    again = Job.objects.claim("app1/0", 1)[0]  # same name: a restarted slot takes it back
+    assert again.pk == job.pk and again.attempt_num == 2 and again.version > first.version
+    assert list(JobAttempt.objects.filter(job=job).values_list("attempt_num", "worker")) == [
+        (1, "app1/0"), (2, "app1/0")]
+
+
+def test_expired_lease_is_reclaimed_by_another_worker(noop_type: JobType) -> None:
+    job = enqueue("Noop")
+    first = Job.objects.claim("dead/0", 1)[0]
+    expire_lease(job)
+    taken = Job.objects.claim("alive/0", 1)[0]
+    assert taken.pk == job.pk and taken.worker == "alive/0" and taken.attempt_num == 2
+    # the dead worker's late finish is fenced off by the token
+    from django_sqlqueue import StaleJob
+
+    with pytest.raises(StaleJob):
+        first.complete()
+    assert Job.objects.get(pk=job.pk).state is Status.PROCESSING
+
+
+def test_worker_with_stale_heartbeat_is_dead_at_once(noop_type: JobType) -> None:
+    job = enqueue("Noop")
+    Job.objects.claim("gone/0", 1)
+    now = timezone.now()
+    Worker.objects.create(name="gone/0", started_at=now, last_heartbeat=now)
+    assert Job.objects.claim("alive/0", 1) == []  # heartbeat fresh, lease valid
+    Worker.objects.filter(name="gone/0").update(last_heartbeat=now - timedelta(minutes=5))
+    assert [j.pk for j in Job.objects.claim("alive/0", 1)] == [job.pk]
+
+
+def test_stopped_worker_jobs_are_reclaimed(noop_type: JobType) -> None:
+    job = enqueue("Noop")
+    Job.objects.claim("stopped/0", 1)
+    now = timezone.now()
+    Worker.objects.create(name="stopped/0", started_at=now, last_heartbeat=now, stopped_at=now)
+    assert [j.pk for j in Job.objects.claim("alive/0", 1)] == [job.pk]
+
+
+def test_exhausted_attempts_are_not_claimed_and_reaped_to_failed(noop_type: JobType) -> None:
+    job = enqueue("Noop", max_attempts=2)
+    for _ in range(2):
+        claimed = Job.objects.claim("w/0", 1)[0]
+        expire_lease(claimed)
+    assert claimed.attempt_num == 2
+    assert Job.objects.claim("w2/0", 1) == []  # no attempts left
+    assert Job.objects.claim("w/0", 1) == []  # not even for its own worker
+    assert Job.objects.reap() == 1
+    job.refresh_from_db()
+    assert job.state is Status.FAILED and "no attempts left" in job.error
+    last = JobAttempt.objects.get(job=job, attempt_num=2)
+    assert last.outcome_id == Status.FAILED and last.finished_at is not None
+
+
+def test_type_max_attempts_and_setting_default(make_type, settings) -> None:
+    make_type("Twice", max_attempts=2)
+    make_type("Default")
+    settings.SQLQUEUE = {"MAX_ATTEMPTS": 1}
+    a = enqueue("Twice")
+    b = enqueue("Default")
+    for job in Job.objects.claim("w", 10):
+        job.fail("boom", retry_in=0)
+    assert Job.objects.get(pk=a.pk).state is Status.ERROR
+    assert Job.objects.get(pk=b.pk).state is Status.FAILED
+    assert [j.pk for j in Job.objects.claim("w", 10)] == [a.pk]
+    # a type's setting changed at run time applies to queued jobs at once
+    JobType.objects.filter(name="Twice").update(max_attempts=1)
+    Job.objects.get(pk=a.pk).fail("again", retry_in=0)
+    assert Job.objects.get(pk=a.pk).state is Status.FAILED
+
+
+def test_error_jobs_wait_for_their_backoff(noop_type: JobType) -> None:
+    enqueue("Noop")
+    job = Job.objects.claim("w", 1)[0]
+    job.fail("transient", retry_in=3600)
+    assert Job.objects.claim("w", 1) == []
+    Job.objects.filter(pk=job.pk).update(scheduled_for=timezone.now() - timedelta(seconds=1))
+    again = Job.objects.claim("w", 1)[0]
+    assert again.attempt_num == 2 and again.error == "transient"
