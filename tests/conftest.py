@@ -16,9 +16,9 @@ VENDOR_DB = os.environ.get("SQLQUEUE_TEST_DB", "sqlite")
 @pytest.fixture
 def pg_cluster():
     """The throwaway PostgreSQL cluster (skips on other databases)."""
-    import conftest as root
+    from tests.sessiondb import get_cluster
 
-    cluster = root.get_cluster()
+    cluster = get_cluster()
     if cluster is None:
         pytest.skip("needs the test session's own PostgreSQL cluster (SQLQUEUE_TEST_DB=postgres)")
     return cluster

@@ -1,5 +1,8 @@
 """Test-session database selection: ``SQLQUEUE_TEST_DB=sqlite`` (default) or ``postgres``.
 
+Loaded as a pytest plugin (``-p tests.sessiondb`` in pyproject's addopts) so that it runs before
+pytest-django imports the settings: a conftest.py would run too late.
+
 For PostgreSQL, a throwaway cluster is started on loopback (as the ``postgres`` OS user when run as
 root) before Django reads its settings, unless ``SQLQUEUE_DATABASE_URL`` already points at a server.
 The cluster object is available to tests through the ``pg_cluster`` fixture (restart tests use it).
