@@ -25,6 +25,22 @@ def pg_cluster():
 
 
 @pytest.fixture(autouse=True)
+def _seeded_statuses(request):
+    """Re-seed the status vocabulary: transactional tests flush every table, the seed included."""
+    marker = request.node.get_closest_marker("django_db")
+    if marker is not None:
+        transactional = marker.kwargs.get("transaction") or (marker.args and marker.args[0])
+        request.getfixturevalue("transactional_db" if transactional else "db")
+        from django_sqlqueue.models import QueueStatus
+        from django_sqlqueue.states import Status
+
+        QueueStatus.objects.bulk_create(
+            [QueueStatus(id=int(s), name=s.label) for s in Status], ignore_conflicts=True
+        )
+    yield
+
+
+@pytest.fixture(autouse=True)
 def _fresh_type_cache():
     jobtypes.clear_cache()
     yield
