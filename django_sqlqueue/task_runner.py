@@ -1,0 +1,170 @@
+"""Run Django Tasks (``django.tasks``, Django >= 6.0) as queue jobs.
+
+A task enqueued through :class:`django_sqlqueue.tasks.SqlQueueBackend` is stored as a job whose type
+name is the task's import path (``Task.module_path``, e.g. ``myapp.tasks.send_welcome``) and whose
+payload holds the JSON-normalised arguments. No handler is declared for such a type up front: the
+resolver installed by :func:`install` recognises the name as a task, so the worker runs it the same
+way as any typed job (retries, leases, timeouts, history, admin).
+
+This module must import on Django versions without ``django.tasks`` (5.2): :func:`install` is safe to
+call from ``AppConfig.ready()`` everywhere, and the resolver simply declines every name there.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .handlers import Handler, registry
+
+if TYPE_CHECKING:
+    from .models import Job
+
+logger = logging.getLogger(__name__)
+
+#: A dotted Python path: ``package.module.function``. Anything else is not a task name.
+_TASK_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+
+#: Payload keys of a task job.
+ARGS, KWARGS, BACKEND, RUN_AFTER = "args", "kwargs", "backend", "run_after"
+
+
+def load_task(name: str) -> Any | None:
+    """The ``django.tasks.Task`` object at import path ``name``, or None when ``name`` is not one.
+
+    Import errors of a module that does exist propagate: a task module that fails to import is a bug
+    the operator must see (in the job's error), not an "unknown job type".
+    """
+    if not _TASK_PATH.match(name):
+        return None
+    try:
+        from django.tasks import Task
+    except ImportError:  # Django < 6.0: no tasks framework, so no task jobs
+        return None
+    from django.utils.module_loading import import_string
+
+    module_path = name.rpartition(".")[0]
+    try:
+        obj = import_string(name)
+    except ImportError as exc:
+        # "No module named X" for the path itself means: not a task. Anything else (a module that
+        # exists but raises ImportError inside) is a real error.
+        missing = getattr(exc, "name", None)
+        if missing is not None and (module_path == missing or module_path.startswith(missing + ".")):
+            return None
+        if "does not define" in str(exc):
+            return None
+        raise
+    return obj if isinstance(obj, Task) else None
+
+
+def resolve(name: str) -> Handler | None:
+    """Registry resolver: a Handler running the task at import path ``name``, or None."""
+    try:
+        task = load_task(name)
+    except Exception as exc:  # the module exists but cannot be imported: fail the job, loudly
+        logger.exception("task module import failed name=%s", name)
+        error = exc
+
+        def broken(job: Job) -> Any:
+            raise RuntimeError(f"task {name!r} cannot be imported: {error!r}") from error
+
+        return Handler(name, broken)
+    if task is None:
+        return None
+
+    def run(job: Job, *args: Any) -> Any:
+        return run_task_job(task, job)
+
+    run.__qualname__ = run.__name__ = f"run_task[{name}]"
+    return Handler(name, run, options={"description": f"Django task {name}"[:500]})
+
+
+def install() -> None:
+    """Register :func:`resolve` with the handler registry (idempotent).
+
+    Call it in every process that runs or enqueues tasks; ``django_sqlqueue``'s app config does so
+    in ``ready()``, and importing :mod:`django_sqlqueue.tasks` does too.
+    """
+    registry.add_resolver(resolve)
+
+
+def parse_run_after(value: Any) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromisoformat(value)
+
+
+def run_task_job(task: Any, job: Job) -> Any:
+    """Run ``task`` with the job's arguments; return the JSON-normalised return value.
+
+    ``takes_context`` tasks get a ``TaskContext`` whose ``task_result`` describes this job as it is
+    now (RUNNING, attempts counted from the history, this attempt included). ``task_started`` is sent
+    before the call and ``task_finished`` after it returns or raises, with the status that attempt
+    leads to (SUCCESSFUL; READY when the job will be retried; FAILED when it will not).
+    A return value that is not JSON-serialisable raises ``TypeError`` (the attempt fails, as with
+    Django's own backends).
+    """
+    from django.tasks import TaskContext, TaskResultStatus
+    from django.tasks.signals import task_finished, task_started
+    from django.utils.json import normalize_json
+
+    from .tasks import SqlQueueBackend, build_result
+
+    payload = job.payload if isinstance(job.payload, dict) else {}
+    args = list(payload.get(ARGS) or [])
+    kwargs = dict(payload.get(KWARGS) or {})
+    result = build_result(task, job, backend_alias=payload.get(BACKEND) or task.backend)
+    task_started.send(sender=SqlQueueBackend, task_result=result)
+    try:
+        if task.takes_context:
+            raw = task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            raw = task.call(*args, **kwargs)
+        value = normalize_json(raw)
+        _check_json(value)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        # SystemExit raised by a task is a task failure, not a request to stop the worker slot.
+        status = TaskResultStatus.READY if _will_retry(job) else TaskResultStatus.FAILED
+        _finish(result, status, None)
+        task_finished.send(sender=SqlQueueBackend, task_result=result)
+        if isinstance(exc, Exception):
+            raise
+        raise TaskExited(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}") from exc
+    _finish(result, TaskResultStatus.SUCCESSFUL, value)
+    task_finished.send(sender=SqlQueueBackend, task_result=result)
+    return value
+
+
+class TaskExited(Exception):
+    """The task raised SystemExit (or another BaseException that is not an Exception)."""
+
+
+def _check_json(value: Any) -> None:
+    import json
+
+    try:
+        json.dumps(value, allow_nan=False)
+    except ValueError as exc:
+        raise ValueError(f"task return value is not JSON-serialisable: {exc}") from exc
+
+
+def _finish(result: Any, status: Any, value: Any) -> None:
+    from django.utils import timezone
+
+    object.__setattr__(result, "status", status)
+    object.__setattr__(result, "finished_at", timezone.now())
+    object.__setattr__(result, "_return_value", value)
+
+
+def _will_retry(job: Job) -> bool:
+    from . import jobtypes
+
+    limit = job.max_attempts
+    if limit is None:
+        limit = jobtypes.get_type_by_id(job.job_type_id, using=job._state.db or "default").max_attempts
+    return job.attempt_num < limit

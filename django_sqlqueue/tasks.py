@@ -1,0 +1,308 @@
+"""A backend for Django's Tasks framework (``django.tasks``, Django >= 6.0) that runs on the SQL queue.
+
+Configure it in the settings::
+
+    TASKS = {
+        "default": {
+            "BACKEND": "django_sqlqueue.tasks.SqlQueueBackend",
+            "QUEUES": ["default", "emails"],          # the queue names tasks may use
+            "OPTIONS": {"max_attempts": 3},           # optional, see below
+        }
+    }
+
+Every ``@task`` function then runs under ``python manage.py run_queue_worker`` like any typed job:
+retried with backoff, leased, timed out, recorded in the attempt history and shown in the admin with
+the task's import path as its job type. How the framework's notions map onto the queue:
+
+======================  ============================================================================
+Framework               Queue
+======================  ============================================================================
+``TaskResult.id``       the job's id, as a string
+``task.module_path``    the job type name (created on first enqueue; an operator may pause it or
+                        change its attempts, backoff, timeout and lease in the admin)
+``args``, ``kwargs``    the job's payload ``{"args": [...], "kwargs": {...}}``, JSON-normalised
+``priority``            the job's priority (same direction: higher runs first)
+``queue_name``          the job's queue (must be in ``QUEUES``; ``run_queue_worker --queue``)
+``run_after``           the job's ``scheduled_for``
+``worker_ids``          the worker name of each attempt in the history (``attempts`` = their count)
+``errors``              one ``TaskError`` per failed attempt, parsed from the stored traceback
+``return_value``        the job's response
+======================  ============================================================================
+
+Status mapping (the framework has four statuses, the queue nine):
+
+* Pending, Error (will be retried), Paused -> ``READY``
+* Processing -> ``RUNNING``
+* Completed -> ``SUCCESSFUL``
+* Failed, Cancelled, Terminated, PartiallyCompleted -> ``FAILED``
+
+Transactions: the queue lives in the database, so ``enqueue`` inside ``transaction.atomic()`` on
+the queue's database commits or rolls back with the caller's data: a worker can never run a task for
+rows that were rolled back, and no ``on_commit`` is needed. When the data lives in another database
+than the queue, enqueue from ``transaction.on_commit(...)`` as the Django documentation shows.
+
+OPTIONS (all optional):
+
+* ``max_attempts`` (int): attempts each task job gets. Unset: the job type's setting (editable in the
+  admin per task), else ``SQLQUEUE['MAX_ATTEMPTS']``. Set it to 1 for the framework's own semantics
+  (a task that raises is FAILED at once).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from django.core import checks
+from django.tasks import TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils.json import normalize_json
+from django.utils.module_loading import import_string
+
+from . import jobtypes, task_runner
+from .conf import get_settings
+from .exceptions import InvalidPayload
+from .states import Status
+
+__all__ = ["STATUS_MAP", "SqlQueueBackend", "TaskArgumentsError", "build_result"]
+
+#: Queue status -> framework status. Documented in the module docstring and docs/tasks.md.
+STATUS_MAP: dict[Status, TaskResultStatus] = {
+    Status.PENDING: TaskResultStatus.READY,
+    Status.ERROR: TaskResultStatus.READY,
+    Status.PAUSED: TaskResultStatus.READY,
+    Status.PROCESSING: TaskResultStatus.RUNNING,
+    Status.COMPLETED: TaskResultStatus.SUCCESSFUL,
+    Status.FAILED: TaskResultStatus.FAILED,
+    Status.CANCELLED: TaskResultStatus.FAILED,
+    Status.TERMINATED: TaskResultStatus.FAILED,
+    Status.PARTIALLY_COMPLETED: TaskResultStatus.FAILED,
+}
+
+_KNOWN_OPTIONS = {"max_attempts"}
+_MAX_QUEUE_NAME = 100  # Job.queue max_length
+_MAX_TYPE_NAME = 200  # JobType.name max_length
+#: The last line of a Python traceback: ``package.module.ExceptionClass: message`` (or no message).
+_EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+_EXITED = f"{task_runner.TaskExited.__module__}.{task_runner.TaskExited.__qualname__}"
+#: Used when an attempt's error is not a traceback (timed out, lease expired, worker killed...).
+FALLBACK_EXCEPTION = "django_sqlqueue.exceptions.SqlQueueError"
+
+
+class TaskArgumentsError(InvalidPayload, TypeError):
+    """Task arguments must be JSON-serialisable (lists, dicts, strings, numbers, booleans, None)."""
+
+
+task_runner.install()
+
+
+class SqlQueueBackend(BaseTaskBackend):
+    """Django Tasks backend storing each task as a job in django-sqlqueue's tables."""
+
+    supports_defer = True  # run_after -> scheduled_for
+    supports_async_task = True  # coroutine functions are run with async_to_sync in the worker
+    supports_get_result = True  # results are rows: readable from any process
+    supports_priority = True  # priority -> the claim's ORDER BY priority DESC
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.max_attempts: int | None = self.options.get("max_attempts")
+
+    # ----- validation -----------------------------------------------------------------------------
+    def validate_task(self, task: Any) -> None:
+        super().validate_task(task)
+        if len(task.queue_name) > _MAX_QUEUE_NAME:
+            raise InvalidTask(f"Queue name {task.queue_name!r} is longer than {_MAX_QUEUE_NAME} characters.")
+        if len(task.module_path) > _MAX_TYPE_NAME:
+            raise InvalidTask(f"Task path {task.module_path!r} is longer than {_MAX_TYPE_NAME} characters.")
+        if task.func.__module__ == "__main__":
+            raise InvalidTask("Task function must be importable by a worker; it is defined in __main__.")
+
+    def _check_importable(self, task: Any) -> None:
+        """A worker finds the task by its import path: refuse one that does not lead back to it."""
+        try:
+            found = import_string(task.module_path)
+        except ImportError as exc:
+            raise InvalidTask(f"Task {task.module_path!r} cannot be imported by a worker: {exc}") from exc
+        if getattr(found, "func", None) is not task.func:
+            raise InvalidTask(
+                f"{task.module_path!r} does not lead back to this task: decorate the module-level "
+                f"function with @task and keep it under its own name"
+            )
+
+    @staticmethod
+    def _normalise_arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
+        """JSON round-trip of the arguments, exactly as a worker will see them."""
+        try:
+            norm_args = normalize_json(list(args))
+            norm_kwargs = normalize_json(dict(kwargs))
+            text = json.dumps({"args": norm_args, "kwargs": norm_kwargs}, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TaskArgumentsError(
+                f"Unsupported type in task arguments: {exc}. Task arguments must be JSON-serialisable "
+                f"(pass ids and strings, not model instances, datetimes or sets)."
+            ) from exc
+        data = json.loads(text)
+        return data["args"], data["kwargs"]
+
+    # ----- enqueue ----------------------------------------------------------------------------------
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> TaskResult:
+        """Insert the task as a job (committed with the caller's transaction); return its result.
+
+        Sends ``task_enqueued``. Raises ``InvalidTask`` for a task this backend cannot run and
+        :class:`TaskArgumentsError` (a ``TypeError``) for arguments that are not JSON-serialisable.
+        """
+        from .models import Job
+
+        self.validate_task(task)
+        self._check_importable(task)
+        norm_args, norm_kwargs = self._normalise_arguments(args, kwargs)
+        payload = {
+            task_runner.ARGS: norm_args,
+            task_runner.KWARGS: norm_kwargs,
+            task_runner.BACKEND: self.alias,
+            task_runner.RUN_AFTER: task.run_after.isoformat() if task.run_after else None,
+        }
+        using = get_settings().DATABASE
+        # The task's type row is created on first use, so an operator can tune it per task.
+        jobtypes.get_type(task.module_path, using=using, create=True)
+        job = Job.objects.enqueue(
+            task.module_path,
+            payload,
+            queue=task.queue_name,
+            priority=task.priority,
+            scheduled_for=task.run_after,
+            max_attempts=self.max_attempts,
+            using=using,
+        )
+        result = build_result(task, job, backend_alias=self.alias, history=[])
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    # ----- results ----------------------------------------------------------------------------------
+    def get_result(self, result_id: Any) -> TaskResult:
+        """The current state of task job ``result_id``; ``TaskResultDoesNotExist`` if there is none.
+
+        A job that is not a task job (a typed job, or a task that no longer imports) does not exist
+        as far as the framework is concerned.
+        """
+        from .models import Job
+
+        try:
+            pk = int(str(result_id))
+        except ValueError:
+            raise TaskResultDoesNotExist(result_id) from None
+        using = get_settings().DATABASE
+        job = Job.objects.using(using).select_related("job_type").filter(pk=pk).first()
+        if job is None:
+            raise TaskResultDoesNotExist(result_id)
+        try:
+            task = task_runner.load_task(job.job_type.name)
+        except Exception:
+            task = None
+        if task is None or not isinstance(job.payload, dict):
+            raise TaskResultDoesNotExist(result_id)
+        return build_result(task, job, backend_alias=self.alias)
+
+    # ----- checks -------------------------------------------------------------------------------------
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        from django.apps import apps
+
+        messages: list[checks.CheckMessage] = []
+        if not apps.is_installed("django_sqlqueue"):
+            messages.append(checks.Error(
+                "SqlQueueBackend needs 'django_sqlqueue' in INSTALLED_APPS",
+                obj=f"TASKS[{self.alias!r}]", id="sqlqueue.E101"))
+        unknown = set(self.options) - _KNOWN_OPTIONS
+        if unknown:
+            messages.append(checks.Error(
+                f"unknown OPTIONS for SqlQueueBackend: {', '.join(sorted(unknown))}",
+                hint=f"known options: {', '.join(sorted(_KNOWN_OPTIONS))}",
+                obj=f"TASKS[{self.alias!r}]", id="sqlqueue.E102"))
+        ma = self.max_attempts
+        if ma is not None and (not isinstance(ma, int) or isinstance(ma, bool) or not 1 <= ma <= 32767):
+            messages.append(checks.Error(
+                f"OPTIONS['max_attempts'] must be an integer from 1 to 32767, got {ma!r}",
+                obj=f"TASKS[{self.alias!r}]", id="sqlqueue.E103"))
+        for name in sorted(self.queues):
+            if not isinstance(name, str) or not name or len(name) > _MAX_QUEUE_NAME:
+                messages.append(checks.Error(
+                    f"queue name {name!r} must be a non-empty string of at most {_MAX_QUEUE_NAME} characters",
+                    obj=f"TASKS[{self.alias!r}]", id="sqlqueue.E104"))
+        return messages
+
+
+# ----- building results --------------------------------------------------------------------------------
+def build_result(task: Any, job: Any, *, backend_alias: str, history: list[Any] | None = None) -> TaskResult:
+    """A ``TaskResult`` describing ``job`` now. ``history``: its JobAttempt rows (read when None)."""
+    from .models import JobAttempt
+
+    if history is None:
+        history = list(
+            JobAttempt.objects.using(job._state.db or get_settings().DATABASE)
+            .filter(job_id=job.pk)
+            .order_by("attempt_num", "id")
+        )
+    status = STATUS_MAP[Status(job.status_id)]
+    payload = job.payload if isinstance(job.payload, dict) else {}
+    result_task = _task_as_enqueued(task, job, payload, backend_alias)
+    first, last = (history[0], history[-1]) if history else (None, None)
+    finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+    result = TaskResult(
+        task=result_task,
+        id=str(job.pk),
+        status=status,
+        enqueued_at=job.enqueued_at,
+        started_at=first.claimed_at if first else job.started_at,
+        finished_at=(job.finished_at or job.updated_at) if finished else None,
+        last_attempted_at=last.claimed_at if last else job.started_at,
+        args=list(payload.get(task_runner.ARGS) or []),
+        kwargs=dict(payload.get(task_runner.KWARGS) or {}),
+        backend=backend_alias,
+        errors=_errors(job, history),
+        worker_ids=[a.worker for a in history],
+    )
+    if status == TaskResultStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", job.response)
+    return result
+
+
+def _task_as_enqueued(task: Any, job: Any, payload: dict[str, Any], backend_alias: str) -> Any:
+    """The task with the priority, queue, run_after and backend this job was enqueued with."""
+    run_after = task_runner.parse_run_after(payload.get(task_runner.RUN_AFTER))
+    changes: dict[str, Any] = {"priority": job.priority, "queue_name": job.queue, "backend": backend_alias}
+    if run_after is not None:
+        changes["run_after"] = run_after
+    try:
+        return task.using(**changes)
+    except Exception:  # e.g. an operator set a priority outside the framework's range
+        return task
+
+
+def _errors(job: Any, history: list[Any]) -> list[TaskError]:
+    errors = [exception_entry(a.error) for a in history if a.error]
+    if job.error and Status(job.status_id) in (Status.CANCELLED, Status.TERMINATED, Status.FAILED):
+        if not history or history[-1].error != job.error:
+            errors.append(exception_entry(job.error))
+    return errors
+
+
+def exception_entry(text: str) -> TaskError:
+    """A ``TaskError`` from a stored error: the exception class is read from the traceback's last line."""
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    path = FALLBACK_EXCEPTION
+    if lines and "Traceback (most recent call last)" in text:
+        match = _EXC_LINE.match(lines[-1])
+        if match:
+            path = match.group(1)
+            if path == _EXITED:  # SystemExit & co. are wrapped by the runner: report the original class
+                inner = _EXC_LINE.match(lines[-1].split(": ", 1)[1]) if ": " in lines[-1] else None
+                path = inner.group(1) if inner else path
+            if "." not in path:
+                path = f"builtins.{path}"
+    traceback = text if text.endswith("\n") else text + "\n"
+    return TaskError(exception_class_path=path, traceback=traceback)
