@@ -17,6 +17,7 @@ import re
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from .exceptions import InvalidPayload
 from .handlers import Handler, registry
 
 if TYPE_CHECKING:
@@ -75,11 +76,19 @@ def resolve(name: str) -> Handler | None:
     if task is None:
         return None
 
-    def run(job: Job, *args: Any) -> Any:
+    def run(ctx: Any, *args: Any) -> Any:
+        # The worker passes a JobContext (the Job is its ``job``); tests may pass the Job itself.
+        job = ctx if isinstance(ctx, _job_model()) else ctx.job
         return run_task_job(task, job)
 
     run.__qualname__ = run.__name__ = f"run_task[{name}]"
     return Handler(name, run, options={"description": f"Django task {name}"[:500]})
+
+
+def _job_model() -> type:
+    from .models import Job
+
+    return Job
 
 
 def install() -> None:
@@ -105,11 +114,11 @@ def run_task_job(task: Any, job: Job) -> Any:
     before the call and ``task_finished`` after it returns or raises, with the status that attempt
     leads to (SUCCESSFUL; READY when the job will be retried; FAILED when it will not).
     A return value that is not JSON-serialisable raises ``TypeError`` (the attempt fails, as with
-    Django's own backends).
+    Django's own backends) wrapped in :class:`TaskReturnValueError`, which the worker treats as
+    not retryable: the task's work is done, running it again would not change its return value.
     """
     from django.tasks import TaskContext, TaskResultStatus
     from django.tasks.signals import task_finished, task_started
-    from django.utils.json import normalize_json
 
     from .tasks import SqlQueueBackend, build_result
 
@@ -123,13 +132,13 @@ def run_task_job(task: Any, job: Job) -> Any:
             raw = task.call(TaskContext(task_result=result), *args, **kwargs)
         else:
             raw = task.call(*args, **kwargs)
-        value = normalize_json(raw)
-        _check_json(value)
+        value = _normalised_return_value(raw)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
         # SystemExit raised by a task is a task failure, not a request to stop the worker slot.
-        status = TaskResultStatus.READY if _will_retry(job) else TaskResultStatus.FAILED
+        retry = _will_retry(job) and not isinstance(exc, TaskReturnValueError)
+        status = TaskResultStatus.READY if retry else TaskResultStatus.FAILED
         _finish(result, status, None)
         task_finished.send(sender=SqlQueueBackend, task_result=result)
         if isinstance(exc, Exception):
@@ -144,13 +153,27 @@ class TaskExited(Exception):
     """The task raised SystemExit (or another BaseException that is not an Exception)."""
 
 
-def _check_json(value: Any) -> None:
+class TaskReturnValueError(InvalidPayload, TypeError):
+    """The task's return value cannot be stored as JSON.
+
+    Its message is the formatted traceback of the underlying error, so that the job's stored error
+    (which the worker takes from this message, without a traceback, for a non-retryable failure) still
+    names the original exception class (``TypeError: Unsupported type ...``) for ``TaskResult.errors``.
+    """
+
+
+def _normalised_return_value(raw: Any) -> Any:
     import json
+    from traceback import format_exception
+
+    from django.utils.json import normalize_json
 
     try:
+        value = normalize_json(raw)
         json.dumps(value, allow_nan=False)
-    except ValueError as exc:
-        raise ValueError(f"task return value is not JSON-serialisable: {exc}") from exc
+    except (TypeError, ValueError) as exc:
+        raise TaskReturnValueError("".join(format_exception(exc))) from exc
+    return value
 
 
 def _finish(result: Any, status: Any, value: Any) -> None:

@@ -20,7 +20,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskRes
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils import timezone
 
-from django_sqlqueue import Status, enqueue
+from django_sqlqueue import InvalidPayload, Status, enqueue
 from django_sqlqueue.handlers import registry
 from django_sqlqueue.models import Job, JobType
 from django_sqlqueue.tasks import STATUS_MAP, SqlQueueBackend, TaskArgumentsError, exception_entry
@@ -50,6 +50,8 @@ def run_one(worker: str = "w1") -> Job | None:
     handler = registry.get(JobType.objects.get(pk=job.job_type_id).name)
     try:
         value = handler.func(job)
+    except InvalidPayload as exc:  # not retryable: Failed at once, the message is the error
+        return Job.objects.modify(job, job.version, Status.FAILED, error=str(exc))
     except Exception:
         return Job.objects.fail(job, traceback.format_exc(), retry_in=0)
     return Job.objects.complete(job, value)
@@ -258,7 +260,7 @@ def test_failing_run(t, exception, message) -> None:
 
 def test_complex_exception_and_complex_return_value() -> None:
     exc_result = defs.complex_exception.using(backend="once").enqueue()
-    ret_result = defs.complex_return_value.using(backend="once").enqueue()
+    ret_result = defs.complex_return_value.enqueue()  # not retried even with attempts left
     run_one()
     run_one()
     exc_result.refresh()
@@ -267,7 +269,7 @@ def test_complex_exception_and_complex_return_value() -> None:
     assert exc_result.errors[0].exception_class is ValueError
     assert 'ValueError(ValueError("This task failed"))' in exc_result.errors[0].traceback
     assert ret_result.errors[0].exception_class is TypeError
-    assert "Unsupported type" in ret_result.errors[0].traceback
+    assert "Unsupported type" in ret_result.errors[0].traceback and ret_result.attempts == 1
 
 
 def test_takes_context() -> None:
