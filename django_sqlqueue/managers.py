@@ -343,8 +343,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         dialect = get_dialect(connection)
         sets, params = self._modify_sets(dialect, job, current, new, step, response, error, scheduled_for,
                                          run_in, reset_attempts, alias)
-        j = dialect.n.j
-        sql = dialect.update_returning(", ".join(sets), f"{j['id']} = %s AND {j['version']} = %s")
+        sql = dialect.modify_sql(sets)
         with transaction.atomic(using=alias), connection.cursor() as cursor:
             cursor.execute(sql, [*params, job.pk, token])
             rows = cursor.fetchall()
@@ -419,17 +418,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         return sets, params
 
     def _close_attempt(self, cursor: Any, dialect: Any, before: Job, after: Job, *, released: bool) -> None:
-        a = dialect.n.a
-        where = f"{a['job_id']} = %s AND {a['attempt_num']} = %s AND {a['finished_at']} IS NULL"
         if released:
-            cursor.execute(f"DELETE FROM {dialect.n.attempt} WHERE {where}", [before.pk, before.attempt_num])
+            cursor.execute(dialect.delete_attempt_sql(), [before.pk, before.attempt_num])
             return
-        cursor.execute(
-            f"UPDATE {dialect.n.attempt} SET {a['finished_at']} = {dialect.now()}, {a['outcome_id']} = %s, "
-            f"{a['error']} = %s, {a['duration_ms']} = %s WHERE {where}",
-            [after.status_id, after.error if after.status_id in (Status.ERROR, Status.FAILED) else "",
-             after.duration_ms, before.pk, before.attempt_num],
-        )
+        error = after.error if after.status_id in (Status.ERROR, Status.FAILED) else ""
+        cursor.execute(dialect.close_attempt_sql(),
+                       [after.status_id, error, after.duration_ms, before.pk, before.attempt_num])
 
     # ----- conveniences over modify ---------------------------------------------------------------
     def complete(self, job: Job, response: Any = None, *, using: str | None = None) -> Job:
@@ -470,14 +464,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             return 0
         alias = self._alias(using)
         dialect = get_dialect(connections[alias])
-        j = dialect.n.j
-        marks = ", ".join(["%s"] * len(job_ids))
         with connections[alias].cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {dialect.n.job} SET {j['lease_expires_at']} = {dialect.now_plus('%s')} "
-                f"WHERE {j['id']} IN ({marks}) AND {j['worker']} = %s AND {j['status_id']} = {int(Status.PROCESSING)}",
-                [int(lease_seconds), *job_ids, worker],
-            )
+            cursor.execute(dialect.renew_leases_sql(len(job_ids)), [int(lease_seconds), *job_ids, worker])
             return cursor.rowcount
 
     def reap(self, *, using: str | None = None, limit: int = 500) -> int:
@@ -488,14 +476,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         """
         alias = self._alias(using)
         dialect = get_dialect(connections[alias])
-        j = dialect.n.j
-        max_sql = dialect._effective(dialect.n.job, "max_attempts", "%s")
         with connections[alias].cursor() as cursor:
-            cursor.execute(
-                f"SELECT {j['id']} FROM {dialect.n.job} WHERE {j['status_id']} = {int(Status.PROCESSING)} "
-                f"AND {j['lease_expires_at']} < {dialect.now()} AND {j['attempt_num']} >= {max_sql}",
-                [get_settings().MAX_ATTEMPTS],
-            )
+            cursor.execute(dialect.reap_candidates_sql(), [get_settings().MAX_ATTEMPTS])
             ids = [r[0] for r in cursor.fetchmany(limit)]
         done = 0
         for job_id in ids:

@@ -224,9 +224,67 @@ class Dialect:
         mid, end = self.returning(self.n.job_columns)
         return f"UPDATE {self.n.job} SET {set_sql}{mid} WHERE {where_sql}{end}"
 
+    def modify_sql(self, sets: list[str]) -> str:
+        """The token-checked UPDATE of modify: params are the SET params, then id and token."""
+        j = self.n.j
+        return self.update_returning(", ".join(sets), f"{j['id']} = %s AND {j['version']} = %s")
+
+    def close_attempt_sql(self) -> str:
+        """Close the open history row of an attempt. Params: outcome, error, duration, job id, attempt."""
+        a = self.n.a
+        return (
+            f"UPDATE {self.n.attempt} SET {a['finished_at']} = {self.now()}, {a['outcome_id']} = %s, "
+            f"{a['error']} = %s, {a['duration_ms']} = %s WHERE {self._open_attempt()}"
+        )
+
+    def delete_attempt_sql(self) -> str:
+        """Drop the history row of an attempt handed back unstarted. Params: job id, attempt."""
+        return f"DELETE FROM {self.n.attempt} WHERE {self._open_attempt()}"
+
+    def _open_attempt(self) -> str:
+        a = self.n.a
+        return f"{a['job_id']} = %s AND {a['attempt_num']} = %s AND {a['finished_at']} IS NULL"
+
+    def renew_leases_sql(self, count: int) -> str:
+        """Extend the leases a worker still holds. Params: lease seconds, ``count`` ids, worker name."""
+        j = self.n.j
+        marks = ", ".join(["%s"] * count)
+        return (
+            f"UPDATE {self.n.job} SET {j['lease_expires_at']} = {self.now_plus('%s')} "
+            f"WHERE {j['id']} IN ({marks}) AND {j['worker']} = %s AND {j['status_id']} = {int(Status.PROCESSING)}"
+        )
+
+    def reap_candidates_sql(self) -> str:
+        """Processing jobs whose lease expired with no attempts left. Params: default max attempts."""
+        j = self.n.j
+        return (
+            f"SELECT {j['id']} FROM {self.n.job} WHERE {j['status_id']} = {int(Status.PROCESSING)} "
+            f"AND {j['lease_expires_at']} < {self.now()} "
+            f"AND {j['attempt_num']} >= {self._effective(self.n.job, 'max_attempts', '%s')}"
+        )
+
     def select_job_sql(self, where_sql: str) -> str:
         """A locked-read SELECT of JOB_COLUMNS (sees the current row even under row versioning)."""
         return f"SELECT {', '.join(self.n.job_columns)} FROM {self.n.job}{self.locked_read_hint()} WHERE {where_sql}"
+
+    #: False where a dedupe insert must go one row per statement (SQL Server's NOT EXISTS guard).
+    multi_row_dedupe: bool = True
+
+    def insert_sql(self, columns: list[str], nrows: int, dedupe: bool) -> str:
+        """INSERT of ``nrows`` job rows returning JOB_COLUMNS; with ``dedupe`` a key conflict inserts nothing.
+
+        PostgreSQL and SQLite: ``ON CONFLICT DO NOTHING`` against the partial unique dedupe index (a
+        racing second enqueue waits for the first to commit, then inserts nothing).
+        """
+        values = ", ".join([self.insert_values_sql(columns)] * nrows)
+        conflict = " ON CONFLICT DO NOTHING" if dedupe else ""
+        return (
+            f"INSERT INTO {self.n.job} ({self.insert_columns_sql(columns)}) VALUES {values}{conflict} "
+            f"RETURNING {', '.join(self.n.job_columns)}"
+        )
+
+    def insert_params(self, columns: list[str], row: list[Any], dedupe: bool) -> list[Any]:
+        return self.values_params(columns, row)
 
     def insert_job(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]],
                    dedupe: bool) -> list[tuple[Any, ...]]:
@@ -236,7 +294,16 @@ class Dialect:
         ``None`` (meaning the database's now), and ``enqueued_at``/``updated_at`` are stamped by the
         database clock, whatever the row holds for them.
         """
-        raise NotImplementedError
+        if dedupe and not self.multi_row_dedupe:
+            out: list[tuple[Any, ...]] = []
+            sql = self.insert_sql(columns, 1, True)
+            for row in rows:
+                cursor.execute(sql, self.insert_params(columns, row, True))
+                out.extend(cursor.fetchall())
+            return out
+        params = [p for row in rows for p in self.insert_params(columns, row, dedupe)]
+        cursor.execute(self.insert_sql(columns, len(rows), dedupe), params)
+        return cursor.fetchall()
 
     def insert_values_sql(self, columns: list[str]) -> str:
         """One ``(%s, ..., COALESCE(%s, now), now, now)`` values group for :meth:`insert_job`."""

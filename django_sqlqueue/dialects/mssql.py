@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..states import UNFINISHED, sql_list
 from .base import COL, JOB_COLUMNS, ClaimRequest, Dialect
 
 if TYPE_CHECKING:
@@ -92,7 +93,8 @@ class MssqlDialect(Dialect):
             f"WITH picked AS (SELECT TOP (%s) c.id FROM ("
             f"SELECT * FROM ({branches[0]}) AS due UNION ALL SELECT * FROM ({branches[1]}) AS reclaim"
             f") AS c ORDER BY c.priority DESC, c.scheduled_for, c.id) "
-            f"UPDATE j SET {set_sql} OUTPUT {output} INTO @claimed ({cols}) "
+            # INTO without a column list: @claimed is declared in exactly the OUTPUT order.
+            f"UPDATE j SET {set_sql} OUTPUT {output} INTO @claimed "
             f"FROM {n.job} AS j INNER JOIN picked ON picked.id = j.{j['id']}; "
             f"INSERT INTO {n.attempt} ({a['job_id']}, {a['attempt_num']}, {a['worker']}, {a['claimed_at']}, "
             f"{a['error']}) SELECT {j['id']}, {j['attempt_num']}, {j['worker']}, {j['started_at']}, N'' "
@@ -106,43 +108,33 @@ class MssqlDialect(Dialect):
         cursor.execute(sql, params)
         return cursor.fetchall()
 
-    def insert_job(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]],
-                   dedupe: bool) -> list[tuple[Any, ...]]:
+    multi_row_dedupe = False
+
+    def insert_sql(self, columns: list[str], nrows: int, dedupe: bool) -> str:
         output = ", ".join(f"inserted.{c}" for c in self.n.job_columns)
         cols = self.insert_columns_sql(columns)
         if not dedupe:
-            values = ", ".join([self.insert_values_sql(columns)] * len(rows))
-            params = [p for row in rows for p in self.values_params(columns, row)]
-            cursor.execute(f"INSERT INTO {self.n.job} ({cols}) OUTPUT {output} VALUES {values}", params)
-            return cursor.fetchall()
-        # Dedupe: insert only if no unfinished job holds the key. UPDLOCK + HOLDLOCK take a key-range
-        # lock on the (absent) key, so a racing second enqueue waits here and then sees the first row;
-        # the filtered unique index stays as the backstop.
-        key_i = columns.index("dedupe_key")
+            values = ", ".join([self.insert_values_sql(columns)] * nrows)
+            return f"INSERT INTO {self.n.job} ({cols}) OUTPUT {output} VALUES {values}"
+        # Dedupe, one row per statement: insert only if no unfinished job holds the key. UPDLOCK +
+        # HOLDLOCK take a key-range lock on the (possibly absent) key, so a racing second enqueue waits
+        # here, then sees the first row and inserts nothing; the filtered unique index is the backstop.
         j = self.n.j
-        out: list[tuple[Any, ...]] = []
         select_values = self.insert_values_sql(columns)[1:-1]
-        sql = (
+        return (
             f"INSERT INTO {self.n.job} ({cols}) OUTPUT {output} SELECT {select_values} "
             f"WHERE NOT EXISTS (SELECT 1 FROM {self.n.job} WITH (UPDLOCK, HOLDLOCK) "
-            f"WHERE {j['dedupe_key']} = %s AND {j['status_id']} IN ({_unfinished()}))"
+            f"WHERE {j['dedupe_key']} = %s AND {j['status_id']} IN ({sql_list(UNFINISHED)}))"
         )
-        for row in rows:
-            params = [*self.values_params(columns, row), row[key_i]]
-            cursor.execute(sql, params)
-            out.extend(cursor.fetchall())
-        return out
+
+    def insert_params(self, columns: list[str], row: list[Any], dedupe: bool) -> list[Any]:
+        params = self.values_params(columns, row)
+        return [*params, row[columns.index("dedupe_key")]] if dedupe else params
 
     def is_retryable_error(self, exc: BaseException) -> bool:
         # 1205: chosen as deadlock victim; 1222: lock request timeout. Both are safe to retry.
         text = str(exc)
         return "1205" in text or "1222" in text or "deadlock" in text.lower()
-
-
-def _unfinished() -> str:
-    from ..states import UNFINISHED, sql_list
-
-    return sql_list(UNFINISHED)
 
 
 __all__ = ["MssqlDialect", "CLAIM_HINTS", "LOCKED_READ_HINT", "COL"]

@@ -57,20 +57,6 @@ class PostgresDialect(Dialect):
         cursor.execute(sql, params)
         return cursor.fetchall()
 
-    def insert_job(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]],
-                   dedupe: bool) -> list[tuple[Any, ...]]:
-        values = ", ".join([self.insert_values_sql(columns)] * len(rows))
-        params = [p for row in rows for p in self.values_params(columns, row)]
-        # ON CONFLICT DO NOTHING on the partial unique dedupe index: a racing second enqueue waits for
-        # the first to commit, then inserts nothing; the manager then returns the existing job.
-        conflict = " ON CONFLICT DO NOTHING" if dedupe else ""
-        sql = (
-            f"INSERT INTO {self.n.job} ({self.insert_columns_sql(columns)}) VALUES {values}{conflict} "
-            f"RETURNING {', '.join(self.n.job_columns)}"
-        )
-        cursor.execute(sql, params)
-        return cursor.fetchall()
-
     def is_retryable_error(self, exc: BaseException) -> bool:
         # 40P01 deadlock_detected, 40001 serialization_failure, 55P03 lock_not_available
         code = getattr(getattr(exc, "__cause__", None), "sqlstate", None) or getattr(exc, "sqlstate", None)

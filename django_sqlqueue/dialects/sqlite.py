@@ -67,19 +67,6 @@ class SqliteDialect(Dialect):
         rows.sort(key=lambda r: (-r[COL["priority"]], r[COL["scheduled_for"]], r[COL["id"]]))
         return rows
 
-    def insert_job(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]],
-                   dedupe: bool) -> list[tuple[Any, ...]]:
-        values = ", ".join([self.insert_values_sql(columns)] * len(rows))
-        params = [p for row in rows for p in self.values_params(columns, row)]
-        # DO NOTHING without a target skips a row that would break the partial unique dedupe index.
-        conflict = " ON CONFLICT DO NOTHING" if dedupe else ""
-        sql = (
-            f"INSERT INTO {self.n.job} ({self.insert_columns_sql(columns)}) VALUES {values}{conflict} "
-            f"RETURNING {', '.join(self.n.job_columns)}"
-        )
-        cursor.execute(sql, params)
-        return cursor.fetchall()
-
     max_params = 30000  # SQLite >= 3.32 allows 32766 host parameters
 
     def is_retryable_error(self, exc: BaseException) -> bool:

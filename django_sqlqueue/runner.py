@@ -1,0 +1,218 @@
+"""Running one job's handler: the context a handler receives, and what it may raise.
+
+A handler is called with a :class:`JobContext` (and, for a multi-step handler, the step name)::
+
+    @sqlqueue.handler("SendEmail")
+    def send_email(job):                      # job is a JobContext
+        row = job.subtype(EmailChannel)       # a subtype row of this job, or None
+        if not mail_server_up():
+            raise sqlqueue.Retry(delay=60, reason="mail server down")
+        if row.email_to.endswith(".invalid"):
+            raise sqlqueue.Cancel("bad address")
+        return {"sent": True}                 # stored as the job's response (must be JSON)
+
+The context reads through to the :class:`~django_sqlqueue.models.Job` row (``job.payload``,
+``job.pk``, ``job.attempt_num`` ...). This module decides the :class:`Outcome` of one run and never
+writes to the queue itself, except :meth:`JobContext` step advances of multi-step handlers, which
+must be persisted before the next step starts. The worker records the outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+from functools import cache
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from django.utils import timezone
+
+from .exceptions import InvalidPayload, SqlQueueError
+
+if TYPE_CHECKING:
+    from .handlers import Handler
+    from .models import Job, JobData
+
+
+class Retry(SqlQueueError):
+    """The handler asked for this job to be retried later."""
+
+    def __init__(self, reason: str = "", *, delay: float | timedelta | None = None,
+                 at: datetime | None = None) -> None:
+        """Retry after ``delay`` seconds, or at ``at`` (timezone-aware); neither: the type's backoff.
+
+        The attempt counts: when the job has no attempts left it becomes Failed instead.
+        """
+        if delay is not None and at is not None:
+            raise ValueError("give delay or at, not both")
+        if at is not None and timezone.is_naive(at):
+            raise ValueError("at must be timezone-aware")
+        if isinstance(delay, timedelta):
+            delay = delay.total_seconds()
+        if delay is not None and (not isinstance(delay, int | float) or delay < 0):
+            raise ValueError(f"delay must be a non-negative number of seconds, got {delay!r}")
+        self.reason = reason
+        self.delay = delay
+        self.at = at
+        super().__init__(f"retry requested{': ' + reason if reason else ''}")
+
+    def retry_in(self) -> float | None:
+        """Seconds from now, or None for the type's backoff."""
+        if self.at is not None:
+            return max(0.0, (self.at - timezone.now()).total_seconds())
+        return self.delay
+
+
+class Cancel(SqlQueueError):
+    """The handler cancelled this job; it will not be retried."""
+
+    def __init__(self, reason: str = "") -> None:
+        self.reason = reason
+        super().__init__(f"cancelled{': ' + reason if reason else ''}")
+
+
+class Kind(Enum):
+    SUCCESS = "success"
+    ERROR = "error"  # an exception: Error (retried with backoff) or Failed when attempts are exhausted
+    RETRY = "retry"  # explicit Retry: like ERROR, at the time the handler asked for
+    CANCEL = "cancel"
+    FATAL = "fatal"  # cannot succeed by retrying (bad return value, unknown step): Failed at once
+
+
+@dataclass
+class Outcome:
+    kind: Kind
+    job: Job  # the row as last written (a step advance bumps its token)
+    response: Any = None
+    error: str = ""
+    retry_in: float | None = None
+    duration: float = 0.0
+
+
+@cache
+def _subtype_models() -> tuple[type[JobData], ...]:
+    from django.apps import apps
+
+    from .models import JobData
+
+    return tuple(m for m in apps.get_models() if issubclass(m, JobData))
+
+
+class JobContext:
+    """What a handler receives: the job row plus helpers. Unknown attributes read through to the Job."""
+
+    def __init__(self, job: Job, handler: Handler, worker: str,
+                 stop_requested: Callable[[], bool] | None = None) -> None:
+        self.job = job
+        self.handler = handler
+        self.worker = worker
+        #: The step being run ("" for a handler without steps).
+        self.step = ""
+        #: Multi-step handlers: each finished step's return value, by step name (kept across retries).
+        self.results: dict[str, Any] = {}
+        self._stop_requested = stop_requested
+        self._subtypes: list[JobData] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names not found on the context: payload, pk, attempt_num, queue, ...
+        return getattr(self.__dict__["job"], name)
+
+    def __repr__(self) -> str:
+        return f"<JobContext {self.handler.name}#{self.job.pk} attempt {self.job.attempt_num}>"
+
+    @property
+    def type_name(self) -> str:
+        return self.handler.name
+
+    @property
+    def subtypes(self) -> list[JobData]:
+        """Every subtype row of this job (exclusive ones of its type, inclusive ones), read once."""
+        if self._subtypes is None:
+            rows: list[JobData] = []
+            db = self.job._state.db
+            for model in _subtype_models():
+                if model.job_type_name not in (None, self.handler.name):
+                    continue
+                rows.extend(model._default_manager.using(db).filter(job_id=self.job.pk))
+            self._subtypes = rows
+        return self._subtypes
+
+    def subtype(self, model: type[JobData]) -> JobData | None:
+        """This job's row in subtype table ``model``, or None."""
+        return next((r for r in self.subtypes if isinstance(r, model)), None)
+
+    def should_stop(self) -> bool:
+        """True once the worker is shutting down: a long handler may stop early (and Retry)."""
+        return self._stop_requested is not None and self._stop_requested()
+
+    def retry(self, reason: str = "", *, delay: float | timedelta | None = None,
+              at: datetime | None = None) -> NoReturn:
+        raise Retry(reason, delay=delay, at=at)
+
+    def cancel(self, reason: str = "") -> NoReturn:
+        raise Cancel(reason)
+
+
+def _check_json(value: Any, what: str) -> None:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(
+            f"{what} cannot be stored as JSON ({type(exc).__name__}: {exc}); the handler's work is done, "
+            f"so the job is not retried"
+        ) from exc
+
+
+def run(ctx: JobContext) -> Outcome:
+    """Call the handler (once, or once per remaining step) and classify what happened."""
+    from .models import Job
+
+    started = time.monotonic()
+    try:
+        if ctx.handler.steps:
+            response = _run_steps(ctx, Job)
+        else:
+            response = ctx.handler.func(ctx)
+            _check_json(response, "the handler's return value")
+        outcome = Outcome(Kind.SUCCESS, ctx.job, response=response)
+    except Retry as exc:
+        outcome = Outcome(Kind.RETRY, ctx.job, error=str(exc), retry_in=exc.retry_in())
+    except Cancel as exc:
+        outcome = Outcome(Kind.CANCEL, ctx.job, error=exc.reason or "cancelled by its handler")
+    except (InvalidPayload, _UnknownStep) as exc:
+        outcome = Outcome(Kind.FATAL, ctx.job, error=str(exc))
+    except Exception:  # the handler's failure is the job's, never the worker's
+        outcome = Outcome(Kind.ERROR, ctx.job, error=traceback.format_exc())
+    outcome.duration = time.monotonic() - started
+    return outcome
+
+
+class _UnknownStep(SqlQueueError):
+    """The job's stored step is not one of its handler's steps."""
+
+
+def _run_steps(ctx: JobContext, job_model: Any) -> dict[str, Any]:
+    steps = ctx.handler.steps
+    current = ctx.job.step or steps[0]
+    if current not in steps:
+        raise _UnknownStep(
+            f"job is at step {current!r}, which handler {ctx.handler.name!r} does not have "
+            f"(its steps: {', '.join(steps)})"
+        )
+    if ctx.job.step and isinstance(ctx.job.response, dict):
+        # Resuming: the steps before this one are done; their results were stored with the step.
+        ctx.results = {k: v for k, v in ctx.job.response.items() if k in steps[: steps.index(current)]}
+    for step in steps[steps.index(current):]:
+        if step != ctx.job.step and step != steps[0]:
+            # Persist "reached this step" (and the results so far) before running it, so that a
+            # retry resumes here and never re-runs a finished step.
+            ctx.job = job_model.objects.advance_step(ctx.job, step, response=ctx.results)
+        ctx.step = step
+        value = ctx.handler.func(ctx, step)
+        _check_json(value, f"step {step!r}'s return value")
+        ctx.results[step] = value
+    return ctx.results

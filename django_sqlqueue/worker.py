@@ -1,0 +1,485 @@
+"""One worker slot: claim -> run -> record, with a heartbeat thread renewing its leases.
+
+A :class:`Worker` runs in one OS process (a slot started by :mod:`django_sqlqueue.supervisor`, or
+in-process, e.g. from a test or a custom command, where job timeouts are not enforced). It holds no
+jobs when it claims, so any Processing row already held by its name is a leftover of a previous
+incarnation of the same slot and is reclaimed by the claim at once.
+
+Threads: the main thread claims, runs handlers and records outcomes; one heartbeat thread, with its
+own database connection, stamps the ``Worker`` row and renews the leases of the jobs the slot holds
+(every ``HEARTBEAT_SECONDS``, or a third of the shortest held lease when that is sooner).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.db import InterfaceError, OperationalError, connections
+from django.db.models import F
+from django.db.models.expressions import RawSQL
+from django.utils import timezone
+
+from . import jobtypes, runner, signals
+from .backoff import backoff_seconds
+from .conf import get_settings
+from .dialects import get_dialect
+from .exceptions import IllegalTransition, JobNotFound, StaleJob, UnknownJobType
+from .handlers import registry
+from .states import CLAIMABLE, Status
+
+if TYPE_CHECKING:
+    from .models import Job
+    from .supervisor import SlotChannel
+
+log = logging.getLogger("django_sqlqueue.worker")
+T = TypeVar("T")
+
+#: Errors that mean "the database connection is gone or the database is unavailable": retried.
+DB_DOWN_ERRORS = (OperationalError, InterfaceError)
+#: A job whose type has no handler in this worker is retried after at least this long (attempt spent).
+UNKNOWN_TYPE_RETRY_SECONDS = 300.0
+DB_RETRY_MIN, DB_RETRY_MAX = 0.5, 30.0
+#: Counter slots (shared with the supervisor when there is one).
+SUCCEEDED, RETRIED, FAILED, CANCELLED, RELEASED = range(5)
+N_COUNTERS = 5
+#: Exit codes of a slot process.
+EXIT_OK, EXIT_FORCED, EXIT_FATAL = 0, 1, 3
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What a worker claims and when it stops. Validated by the management command."""
+
+    name: str
+    queues: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()
+    batch: int = 1
+    burst: bool = False
+    #: Burst mode: keep going while a matching job becomes due within this many seconds.
+    wait_due: float = 0.0
+    #: Stop after this many jobs (None: no limit). Under a supervisor the budget is shared by slots.
+    max_jobs: int | None = None
+    using: str | None = None
+
+
+class Worker:
+    """Claims and runs jobs until told to stop (signal, supervisor, burst drained, max jobs)."""
+
+    def __init__(self, config: WorkerConfig, channel: SlotChannel | None = None) -> None:
+        self.config = config
+        self.name = config.name
+        self.channel = channel
+        self.settings = get_settings()
+        self.using = config.using or self.settings.DATABASE
+        self.counters: Any = channel.counters if channel is not None else [0] * N_COUNTERS
+        self._budget = config.max_jobs  # in-process budget (a supervisor shares one across slots)
+        self._signals = 0
+        self._held: dict[int, int] = {}  # job id -> lease seconds, for the heartbeat thread
+        self._held_lock = threading.Lock()
+        self._running_id: int | None = None
+        self._done_since_beat = 0
+        self._hb_wake = threading.Event()
+        self._hb_stop = False
+        self._hb_thread: threading.Thread | None = None
+        self._db_down_since: float | None = None
+        self._ppid = os.getppid()
+
+    # ----- lifecycle ------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run until stopped; return the process exit code (0 for a clean stop)."""
+        saved = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                saved[signum] = signal.signal(signum, self._on_signal)
+        try:
+            return self._run()
+        finally:
+            for signum, previous in saved.items():
+                signal.signal(signum, previous)
+
+    def _run(self) -> int:
+        if self._db(self._register) is None:
+            return EXIT_OK  # told to stop before the database was reachable
+        self._hb_thread = threading.Thread(target=self._heartbeat_loop, name=f"sqlqueue-heartbeat-{self.name}",
+                                           daemon=True)
+        self._hb_thread.start()
+        log.info("worker_started worker=%s pid=%s queues=%s types=%s batch=%s burst=%s", self.name, os.getpid(),
+                 ",".join(self.config.queues) or "*", ",".join(self.config.types) or "*", self.config.batch,
+                 self.config.burst)
+        try:
+            self._loop()
+        finally:
+            self._shutdown()
+        return EXIT_OK
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        # Only set flags here: logging or database work inside a signal handler can deadlock.
+        self._signals += 1
+        if self._signals > 1:
+            os._exit(EXIT_FORCED)  # second signal: stop at once; running work is reclaimed by lease
+
+    def stop_requested(self) -> bool:
+        return self._signals > 0 or (self.channel is not None and self.channel.stop.is_set())
+
+    def _loop(self) -> None:
+        s = self.settings
+        idle = s.POLL_MIN_SECONDS
+        while not self.stop_requested():
+            try:
+                jobs = self._claim()
+            except DB_DOWN_ERRORS as exc:
+                self._db_trouble(exc)
+                continue
+            self._db_ok()
+            if jobs is None:
+                log.info("worker_budget_spent worker=%s max_jobs=%s", self.name, self.config.max_jobs)
+                return
+            if not jobs:
+                if self.config.burst and not self._db(self._due_soon):
+                    log.info("worker_drained worker=%s", self.name)
+                    return
+                self.idle_wait(idle * random.uniform(0.75, 1.25))
+                idle = min(idle * 2, s.POLL_MAX_SECONDS)
+                continue
+            idle = s.POLL_MIN_SECONDS
+            for i, job in enumerate(jobs):
+                if self.stop_requested():
+                    self._release(jobs[i:])
+                    return
+                self._run_one(job)
+            _tidy_connections()
+        log.info("worker_stopping worker=%s reason=signal", self.name)
+
+    def idle_wait(self, seconds: float) -> None:
+        """Wait up to ``seconds`` for work to appear; returns early when a stop is requested.
+
+        This is the hook for push wake-ups (PostgreSQL LISTEN/NOTIFY): a subclass may return as soon
+        as a notification for one of its queues arrives. The base class polls its stop flags.
+        """
+        end = time.monotonic() + seconds
+        while not self.stop_requested():
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.05))
+
+    # ----- claim, run, record ---------------------------------------------------------------------
+    def _claim(self) -> list[Job] | None:
+        from .models import Job
+
+        want = self._reserve(self.config.batch)
+        if want == 0:
+            return None
+        try:
+            jobs = Job.objects.claim(self.name, want, queues=self.config.queues, types=self.config.types,
+                                     using=self.using)
+        except BaseException:
+            self._give_back(want)
+            raise
+        self._give_back(want - len(jobs))
+        if jobs:
+            leases = {job.pk: self._type(job).lease_seconds for job in jobs}
+            with self._held_lock:
+                self._held.update(leases)
+            self._hb_wake.set()  # a short lease may need an earlier renewal than planned
+            for job in jobs:
+                _send(signals.job_claimed, job=job, worker=self.name)
+        return jobs
+
+    def _type(self, job: Job) -> jobtypes.TypeInfo:
+        """The job's type settings (cached; a cache miss reads the database, retried if it is down)."""
+        info = self._db(jobtypes.get_type_by_id, job.job_type_id, using=self.using)
+        if info is None:  # stopping while the database is down: the claim's lease settings will do
+            return jobtypes.TypeInfo(job.job_type_id, "", 1, 0, 0, self.settings.TIMEOUT_SECONDS,
+                                     self.settings.LEASE_SECONDS, False)
+        return info
+
+    def _run_one(self, job: Job) -> None:
+        info = self._type(job)
+        self._running_id = job.pk
+        try:
+            handler = registry.get(info.name)
+        except UnknownJobType:
+            retry_in = max(UNKNOWN_TYPE_RETRY_SECONDS, backoff_seconds(job.attempt_num, info))
+            outcome = runner.Outcome(
+                runner.Kind.RETRY, job, retry_in=retry_in,
+                error=f"no handler is registered for job type {info.name!r} in worker {self.name!r}: set aside "
+                      f"for {retry_in:.0f} s (Failed when its attempts run out); deploy the handler, then retry it",
+            )
+            log.error("job_unknown_type worker=%s job=%s type=%s retry_in=%.0f", self.name, job.pk, info.name,
+                      retry_in)
+        else:
+            if self.channel is not None:
+                self.channel.set_current(job.pk, info.timeout_seconds)
+            try:
+                outcome = runner.run(runner.JobContext(job, handler, self.name, self.stop_requested))
+            finally:
+                if self.channel is not None:
+                    self.channel.clear_current()
+        self._db(self._record, outcome, retry_while_stopping=3)
+        with self._held_lock:
+            self._held.pop(job.pk, None)
+            self._done_since_beat += 1
+        self._running_id = None
+
+    def _record(self, outcome: runner.Outcome) -> None:
+        from .models import Job
+
+        M, job, kind = Job.objects, outcome.job, outcome.kind
+        K = runner.Kind
+        try:
+            if kind is K.SUCCESS:
+                new = M.complete(job, response=outcome.response, using=self.using)
+            elif kind in (K.ERROR, K.RETRY):
+                new = M.fail(job, outcome.error, retry_in=outcome.retry_in, using=self.using)
+            elif kind is K.CANCEL:
+                new = M.modify(job, job.version, Status.CANCELLED, error=outcome.error, using=self.using)
+            else:
+                new = M.modify(job, job.version, Status.FAILED, error=outcome.error, using=self.using)
+        except (StaleJob, IllegalTransition, JobNotFound) as exc:
+            # Fencing: our lease was lost (reclaimed after a stall) or an operator changed the job.
+            log.warning("job_result_refused worker=%s job=%s outcome=%s reason=%s", self.name, job.pk,
+                        kind.value, exc)
+            return
+        common = {"job": new, "worker": self.name, "duration": outcome.duration}
+        if new.state == Status.COMPLETED:
+            self.counters[SUCCEEDED] += 1
+            _send(signals.job_succeeded, response=outcome.response, **common)
+        elif new.state == Status.ERROR:
+            self.counters[RETRIED] += 1
+            _send(signals.job_retried, error=outcome.error, **common)
+        elif new.state == Status.CANCELLED:
+            self.counters[CANCELLED] += 1
+            _send(signals.job_cancelled, reason=outcome.error, **common)
+        else:
+            self.counters[FAILED] += 1
+            _send(signals.job_failed, error=outcome.error, **common)
+        level = logging.INFO if kind is K.SUCCESS else logging.WARNING
+        log.log(level, "job_finished worker=%s job=%s type_id=%s attempt=%s status=%s seconds=%.3f", self.name,
+                job.pk, job.job_type_id, job.attempt_num, new.state.label, outcome.duration)
+
+    def _release(self, jobs: list[Job]) -> None:
+        """Hand claimed-but-unstarted jobs back to Pending, their attempt not spent."""
+        from .models import Job
+
+        for job in jobs:
+            try:
+                self._db(Job.objects.release, job, using=self.using, retry_while_stopping=3)
+                self.counters[RELEASED] += 1
+            except (StaleJob, IllegalTransition, JobNotFound):
+                pass
+            with self._held_lock:
+                self._held.pop(job.pk, None)
+        if jobs:
+            log.info("worker_released worker=%s jobs=%s", self.name, len(jobs))
+
+    def _due_soon(self) -> bool:
+        """Burst mode: is a matching job due now or within ``wait_due`` seconds (so worth waiting)?"""
+        from .models import Job
+
+        qs = Job.objects.using(self.using).filter(
+            status_id__in=CLAIMABLE, scheduled_for__lte=timezone.now() + timedelta(seconds=self.config.wait_due),
+        ).exclude(job_type__paused=True)
+        if self.config.queues:
+            qs = qs.filter(queue__in=self.config.queues)
+        if self.config.types:
+            qs = qs.filter(job_type__name__in=self.config.types)
+        return qs.exists()
+
+    # ----- budget (max jobs) -----------------------------------------------------------------------
+    def _reserve(self, n: int) -> int:
+        if self.channel is not None and self.channel.budget is not None:
+            return self.channel.reserve(n)
+        if self._budget is None:
+            return n
+        n = min(n, self._budget)
+        self._budget -= n
+        return n
+
+    def _give_back(self, n: int) -> None:
+        if n <= 0:
+            return
+        if self.channel is not None and self.channel.budget is not None:
+            self.channel.give_back(n)
+        elif self._budget is not None:
+            self._budget += n
+
+    # ----- database trouble -----------------------------------------------------------------------
+    def _db(self, fn: Callable[..., T], *args: Any, retry_while_stopping: int = 0, **kwargs: Any) -> T | None:
+        """Call ``fn``, retrying while the database is unreachable; None when stopping gives up."""
+        tries = 0
+        while True:
+            try:
+                result = fn(*args, **kwargs)
+                self._db_ok()
+                return result
+            except DB_DOWN_ERRORS as exc:
+                if self.stop_requested():
+                    tries += 1
+                    if tries > retry_while_stopping:
+                        log.warning("worker_gave_up worker=%s call=%s error=%s", self.name,
+                                    getattr(fn, "__name__", fn), _one_line(exc))
+                        return None
+                self._db_trouble(exc)
+
+    def _db_trouble(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        first = self._db_down_since is None
+        if first:
+            self._db_down_since = now
+        down_for = now - (self._db_down_since or now)
+        delay = min(DB_RETRY_MAX, DB_RETRY_MIN * 2 ** min(10, int(down_for).bit_length())) * random.uniform(0.8, 1.2)
+        (log.warning if first else log.info)(
+            "database_unavailable worker=%s error=%s retry_in=%.1f", self.name, _one_line(exc), delay)
+        _close_connection(self.using)
+        self.idle_wait(delay)
+
+    def _db_ok(self) -> None:
+        if self._db_down_since is not None:
+            log.warning("database_back worker=%s after=%.1fs", self.name, time.monotonic() - self._db_down_since)
+            self._db_down_since = None
+
+    # ----- worker row and heartbeat ------------------------------------------------------------------
+    def _register(self) -> None:
+        from .models import Worker as WorkerRow
+
+        now = _db_now(self.using)
+        values = {"host": socket.gethostname()[:200], "pid": os.getpid(), "started_at": now,
+                  "last_heartbeat": now, "stopped_at": None}
+        rows = WorkerRow.objects.using(self.using)
+        if not rows.filter(name=self.name).update(**values):
+            rows.create(name=self.name, **values)
+        return True
+
+    def _heartbeat_loop(self) -> None:
+        """Background thread: worker row heartbeat and lease renewal, on its own connection."""
+        next_beat = time.monotonic() + self._beat_interval()
+        try:
+            while not self._hb_stop:
+                self._hb_wake.wait(max(0.0, next_beat - time.monotonic()))
+                self._hb_wake.clear()
+                if self._hb_stop:
+                    break
+                if self.channel is not None and os.getppid() != self._ppid:
+                    os._exit(EXIT_FORCED)  # the supervisor is gone: so are we (our jobs are reclaimed)
+                now = time.monotonic()
+                if now < next_beat:  # woken early by a claim: a shorter lease may need an earlier beat
+                    next_beat = min(next_beat, now + self._beat_interval())
+                    continue
+                try:
+                    self._beat()
+                except DB_DOWN_ERRORS as exc:
+                    log.info("heartbeat_failed worker=%s error=%s", self.name, _one_line(exc))
+                    _close_connection(self.using)
+                except Exception:
+                    log.exception("heartbeat_error worker=%s", self.name)
+                next_beat = time.monotonic() + self._beat_interval()
+        finally:
+            connections.close_all()  # this thread's connections only
+
+    def _beat_interval(self) -> float:
+        with self._held_lock:
+            shortest = min(self._held.values(), default=None)
+        interval = self.settings.HEARTBEAT_SECONDS
+        if shortest is not None:
+            interval = min(interval, shortest / 3)
+        return max(0.05, interval)
+
+    def _beat(self) -> None:
+        from .models import Job
+        from .models import Worker as WorkerRow
+
+        with self._held_lock:
+            held = dict(self._held)
+        by_lease: dict[int, list[int]] = {}
+        for job_id, lease in held.items():
+            by_lease.setdefault(lease, []).append(job_id)
+        for lease, ids in by_lease.items():
+            kept = Job.objects.renew_leases(self.name, ids, lease, using=self.using)
+            if kept < len(ids):
+                log.info("lease_lost worker=%s jobs=%s held=%s", self.name, len(ids) - kept, len(ids))
+        with self._held_lock:
+            done, self._done_since_beat = self._done_since_beat, 0
+        WorkerRow.objects.using(self.using).filter(name=self.name).update(
+            last_heartbeat=_db_now(self.using), jobs_done=F("jobs_done") + done)
+
+    def _shutdown(self) -> None:
+        from .models import Job
+        from .models import Worker as WorkerRow
+
+        with self._held_lock:
+            leftover = [job_id for job_id in self._held if job_id != self._running_id]
+        if leftover:  # only after an unexpected error: a normal stop released them already
+            rows = self._db(lambda: list(Job.objects.using(self.using).filter(
+                pk__in=leftover, worker=self.name, status_id=Status.PROCESSING)), retry_while_stopping=2)
+            self._release(rows or [])
+        self._hb_stop = True
+        self._hb_wake.set()
+        if self._hb_thread is not None:
+            self._hb_thread.join(timeout=10)
+        done = self._done_since_beat
+        self._db(lambda: WorkerRow.objects.using(self.using).filter(name=self.name).update(
+            stopped_at=_db_now(self.using), last_heartbeat=_db_now(self.using), jobs_done=F("jobs_done") + done),
+            retry_while_stopping=2)
+        counts = self.counters
+        log.info("worker_stopped worker=%s succeeded=%s retried=%s failed=%s cancelled=%s released=%s", self.name,
+                 counts[SUCCEEDED], counts[RETRIED], counts[FAILED], counts[CANCELLED], counts[RELEASED])
+        connections.close_all()
+
+
+# ----- helpers ---------------------------------------------------------------------------------------
+def _db_now(using: str) -> RawSQL:
+    """The database clock as an ORM expression: heartbeats are compared with it by the claim."""
+    return RawSQL(get_dialect(connections[using]).now(), [])
+
+
+def _send(sig: Any, **kwargs: Any) -> None:
+    if not sig.has_listeners():
+        return
+    for receiver, result in sig.send_robust(sender=Worker, **kwargs):
+        if isinstance(result, Exception):
+            log.error("signal_receiver_failed receiver=%r error=%s", receiver, _one_line(result))
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def _close_connection(using: str) -> None:
+    try:
+        connections[using].close()
+    except Exception:  # closing a broken connection may itself fail; it is gone either way
+        pass
+
+
+def _tidy_connections() -> None:
+    """Between batches: close connections a handler broke or left outside autocommit.
+
+    Django closes connections at the end of each request; a worker is one long "request", so it
+    keeps its connection (reconnecting per job would cost more than the job) but drops it as soon as
+    it is unusable, and honours a positive ``CONN_MAX_AGE``.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        if conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"] or (conn.errors_occurred and not conn.is_usable()):
+            conn.close()
+            continue
+        conn.errors_occurred = False
+        if conn.settings_dict.get("CONN_MAX_AGE") and conn.close_at is not None and time.monotonic() >= conn.close_at:
+            conn.close()
