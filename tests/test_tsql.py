@@ -45,7 +45,8 @@ def parse(sql: str, params: list | None = None) -> list[exp.Expression]:
     if params is not None:
         assert count == len(params), f"{count} placeholders, {len(params)} params"
     assert count <= 2100, "SQL Server allows at most 2100 parameters"
-    marked = re.sub(r"%s", lambda _m, c=iter(range(1, count + 1)): f"@p{next(c)}", sql)
+    numbers = iter(range(1, count + 1))
+    marked = re.sub(r"%s", lambda _m: f"@p{next(numbers)}", sql)
     return [s for s in sqlglot.parse(marked, read="tsql") if s is not None]
 
 
