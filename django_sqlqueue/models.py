@@ -69,8 +69,11 @@ class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
     queue = models.CharField(max_length=100, default="default")
     job_type = models.ForeignKey(JobType, on_delete=models.PROTECT, related_name="jobs", db_column="type_id")
+    # No single-column index on status: it would be rewritten on every status change and the
+    # composite and partial indexes below serve every query that filters on it.
     status = models.ForeignKey(
-        QueueStatus, on_delete=models.PROTECT, related_name="+", db_column="status_id", default=Status.PENDING
+        QueueStatus, on_delete=models.PROTECT, related_name="+", db_column="status_id", default=Status.PENDING,
+        db_index=False,
     )
     step = models.CharField(max_length=100, blank=True, default="")
     priority = models.SmallIntegerField(default=0, help_text=_("Higher runs first."))

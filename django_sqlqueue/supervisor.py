@@ -1,0 +1,426 @@
+"""Process slots: start N worker processes, restart one that dies, kill one whose job overruns.
+
+Each slot is an OS process (``multiprocessing`` "spawn": a fresh interpreter that sets Django up,
+so no database connection or lock is ever inherited) running a :class:`~django_sqlqueue.worker.Worker`
+named ``<worker-name>/<slot>``. A restarted slot keeps its name, so its claim takes back at once the
+Processing jobs its previous incarnation held.
+
+The supervisor itself holds no jobs. It watches each slot's "current job and deadline" (shared
+memory written by the slot), SIGKILLs a slot whose job exceeds its type's timeout, marks that job
+Error/Failed ("timed out after N s") with the job's current token, and restarts the slot. It also runs
+the reaper every ``REAP_SECONDS`` and prints the progress bar in burst mode.
+
+Signals: the first SIGTERM/SIGINT asks every slot to stop after its current job (unstarted claimed
+jobs go back to Pending) and waits ``grace_seconds`` for them; slots still running then are killed
+and their rows marked stopped, so other workers take their jobs at once. A second signal kills the
+slots at once and exits 1; their jobs are reclaimed later by lease (or at once by a worker of the
+same name).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .exceptions import IllegalTransition, JobNotFound, StaleJob
+from .states import Status
+from .worker import (
+    CANCELLED,
+    DB_DOWN_ERRORS,
+    EXIT_FATAL,
+    EXIT_FORCED,
+    EXIT_OK,
+    FAILED,
+    N_COUNTERS,
+    RETRIED,
+    SUCCEEDED,
+    WorkerConfig,
+    _close_connection,
+    _one_line,
+    _send,
+)
+
+log = logging.getLogger("django_sqlqueue.supervisor")
+
+REAP_SECONDS = 30.0
+TICK_SECONDS = 0.1
+#: A slot that ran at least this long before dying restarts at once (a crash loop backs off).
+STABLE_SECONDS = 30.0
+MAX_RESTART_DELAY = 60.0
+
+
+class SlotChannel:
+    """What a slot process shares with the supervisor (picklable into a spawned child)."""
+
+    def __init__(self, ctx: Any, stop: Any, counters: Any, budget: Any) -> None:
+        self.stop = stop  # multiprocessing Event: "stop after the current job"
+        self.counters = counters  # RawArray of N_COUNTERS, written by the slot only
+        self.budget = budget  # shared Value of jobs left to claim (--max-jobs), or None
+        # [job id, monotonic deadline, timeout seconds]; a fresh array per incarnation, so a lock
+        # left held by a killed process is never waited for again.
+        self.current = ctx.Array("d", 3)
+
+    def set_current(self, job_id: int, timeout: float) -> None:
+        with self.current.get_lock():
+            self.current[0], self.current[1], self.current[2] = job_id, time.monotonic() + timeout, timeout
+
+    def clear_current(self) -> None:
+        with self.current.get_lock():
+            self.current[0] = self.current[1] = self.current[2] = 0
+
+    def reserve(self, n: int) -> int:
+        lock = self.budget.get_lock()
+        if not lock.acquire(timeout=5):
+            return 0  # a slot died holding the lock: stop claiming rather than overshoot
+        try:
+            n = max(0, min(n, self.budget.value))
+            self.budget.value -= n
+            return n
+        finally:
+            lock.release()
+
+    def give_back(self, n: int) -> None:
+        lock = self.budget.get_lock()
+        if lock.acquire(timeout=5):
+            try:
+                self.budget.value += n
+            finally:
+                lock.release()
+
+
+@dataclass
+class Slot:
+    index: int
+    name: str
+    stop: Any
+    counters: Any
+    proc: Any = None
+    channel: SlotChannel | None = None
+    started: float = 0.0
+    restart_at: float = 0.0
+    failures: int = 0
+    done: bool = False
+
+
+@dataclass
+class Summary:
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    seconds: float = 0.0
+    exit_code: int = 0
+
+    @property
+    def processed(self) -> int:
+        return self.succeeded + self.retried + self.failed + self.cancelled
+
+    def line(self) -> str:
+        rate = self.processed / self.seconds if self.seconds > 0 else 0.0
+        return (f"processed={self.processed} succeeded={self.succeeded} retried={self.retried} "
+                f"failed={self.failed} cancelled={self.cancelled} seconds={self.seconds:.1f} jobs_per_s={rate:.1f}")
+
+
+def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None) -> None:
+    """Entry point of a slot process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the worker installs its own handlers
+    _die_with_parent()
+    import django
+
+    django.setup()
+    from .worker import Worker, configure_logging
+
+    configure_logging(log_level)
+    try:
+        code = Worker(config, channel).run()
+    except Exception as exc:
+        from django.core.exceptions import ImproperlyConfigured
+
+        from .exceptions import UnknownJobType
+
+        if isinstance(exc, ImproperlyConfigured | UnknownJobType):
+            logging.getLogger("django_sqlqueue.worker").error("worker_fatal worker=%s error=%s", config.name,
+                                                              _one_line(exc))
+            code = EXIT_FATAL
+        else:
+            raise
+    sys.exit(code)
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this process when the supervisor dies (kill -9 included)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # elsewhere the heartbeat thread notices the parent is gone within a beat
+
+
+@dataclass
+class Supervisor:
+    config: WorkerConfig
+    concurrency: int = 1
+    grace_seconds: float = 30.0
+    max_seconds: float | None = None
+    log_level: str | None = None
+    progress: bool = False
+    _signals: int = 0
+    _stopping: bool = False
+    _stop_deadline: float = 0.0
+    _slots: list[Slot] = field(default_factory=list)
+    _extra: list[int] = field(default_factory=lambda: [0] * N_COUNTERS)
+    _exit_code: int = EXIT_OK
+
+    def run(self) -> Summary:
+        from django.db import connections
+
+        started = time.monotonic()
+        ctx = multiprocessing.get_context("spawn")
+        self._ctx = ctx
+        budget = ctx.Value("q", self.config.max_jobs) if self.config.max_jobs is not None else None
+        self._budget = budget
+        self._slots = [Slot(i, f"{self.config.name}/{i}", ctx.Event(), ctx.RawArray("q", N_COUNTERS))
+                       for i in range(self.concurrency)]
+        saved = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        bar = self._progress_bar()
+        next_reap = started + 5.0
+        connections.close_all()  # nothing to inherit, but do not hold a connection while idle
+        try:
+            for slot in self._slots:
+                self._start(slot, budget)
+            while not all(s.done for s in self._slots):
+                now = time.monotonic()
+                if self._signals and not self._stopping:
+                    self._begin_stop("signal")
+                if self.max_seconds is not None and now - started >= self.max_seconds and not self._stopping:
+                    self._begin_stop("max-seconds")
+                for slot in self._slots:
+                    self._watch(slot, now, budget)
+                if self._stopping and now >= self._stop_deadline:
+                    self._kill_remaining()
+                if now >= next_reap and not self._stopping:
+                    self._reap()
+                    next_reap = now + REAP_SECONDS
+                if bar is not None:
+                    bar.update(self._summary(0).processed - bar.n)
+                time.sleep(TICK_SECONDS)
+        finally:
+            for slot in self._slots:  # only after an unexpected error: never leave orphans
+                if slot.proc is not None and slot.proc.is_alive():
+                    slot.proc.kill()
+                    slot.proc.join()
+            for signum, previous in saved.items():
+                signal.signal(signum, previous)
+            if bar is not None:
+                bar.update(self._summary(0).processed - bar.n)
+                bar.close()
+            connections.close_all()
+        return self._summary(time.monotonic() - started)
+
+    # ----- signals and stopping ------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals += 1
+        if self._signals > 1:  # second signal: stop at once, no database work
+            for slot in self._slots:
+                if slot.proc is not None and slot.proc.pid is not None:
+                    try:
+                        os.kill(slot.proc.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+            os._exit(EXIT_FORCED)
+
+    def _begin_stop(self, reason: str) -> None:
+        log.info("worker_stopping worker=%s reason=%s grace_seconds=%s", self.config.name, reason,
+                 self.grace_seconds)
+        self._stopping = True
+        self._stop_deadline = time.monotonic() + self.grace_seconds
+        for slot in self._slots:
+            slot.stop.set()
+            if slot.proc is None:
+                slot.done = True
+
+    def _kill_remaining(self) -> None:
+        for slot in self._slots:
+            if slot.done or slot.proc is None:
+                continue
+            running = self._kill(slot)
+            log.warning("slot_killed worker=%s reason=grace-expired job=%s", slot.name, running or "-")
+            self._after_death(slot, running, stopped=True)
+            slot.done = True
+
+    # ----- slots -----------------------------------------------------------------------------------
+    def _start(self, slot: Slot, budget: Any) -> None:
+        slot.channel = SlotChannel(self._ctx, slot.stop, slot.counters, budget)
+        slot.proc = self._ctx.Process(target=slot_main, args=(self._slot_config(slot), slot.channel, self.log_level),
+                                      name=f"sqlqueue-slot-{slot.index}")
+        slot.proc.start()
+        slot.started = time.monotonic()
+        log.debug("slot_started worker=%s pid=%s", slot.name, slot.proc.pid)
+
+    def _slot_config(self, slot: Slot) -> WorkerConfig:
+        from dataclasses import replace
+
+        return replace(self.config, name=slot.name)
+
+    def _watch(self, slot: Slot, now: float, budget: Any) -> None:
+        if slot.done:
+            return
+        if slot.proc is None:
+            if now >= slot.restart_at:
+                self._start(slot, budget)
+            return
+        if slot.proc.is_alive():
+            self._check_timeout(slot)
+            return
+        slot.proc.join()
+        code = slot.proc.exitcode
+        running = int(slot.channel.current[0]) if slot.channel is not None else 0
+        slot.proc = None
+        if code == EXIT_OK and (self._stopping or self.config.burst or self._budget_spent()):
+            slot.done = True
+        elif code == EXIT_FATAL:
+            self._exit_code = 1
+            slot.done = True
+            if not self._stopping:
+                self._begin_stop("fatal-error")
+        else:
+            log.warning("slot_died worker=%s exit=%s job=%s", slot.name, code, running or "-")
+            self._after_death(slot, running)
+            if self._stopping:
+                slot.done = True
+                return
+            stable = now - slot.started >= STABLE_SECONDS
+            slot.failures = 0 if stable or code == EXIT_OK else slot.failures + 1
+            delay = 0.0 if slot.failures <= 1 else min(MAX_RESTART_DELAY, 2.0 ** (slot.failures - 2))
+            slot.restart_at = now + delay
+
+    def _budget_spent(self) -> bool:
+        return self._budget is not None and self._budget.value <= 0
+
+    def _check_timeout(self, slot: Slot) -> None:
+        assert slot.channel is not None
+        current = slot.channel.current
+        lock = current.get_lock()
+        if not lock.acquire(timeout=0.05):
+            return
+        try:
+            job_id, deadline, timeout = int(current[0]), current[1], current[2]
+            if not job_id or time.monotonic() <= deadline:
+                return
+            # Killed while we hold the lock: the slot cannot have moved on to another job meanwhile.
+            os.kill(slot.proc.pid, signal.SIGKILL)
+        finally:
+            lock.release()
+        slot.proc.join()
+        slot.proc = None
+        log.error("job_timed_out worker=%s job=%s timeout=%ss", slot.name, job_id, int(timeout))
+        self._mark_timed_out(slot, job_id, timeout)
+        self._after_death(slot, job_id)
+        slot.restart_at = 0.0  # restart at once: the slot was healthy, its job was not
+
+    def _kill(self, slot: Slot) -> int:
+        """SIGKILL a slot; return the job it was running (0 if none)."""
+        assert slot.proc is not None and slot.channel is not None
+        slot.proc.kill()
+        slot.proc.join()
+        slot.proc = None
+        return int(slot.channel.current[0])
+
+    # ----- database work (all tolerant of an unavailable database) ----------------------------------
+    def _mark_timed_out(self, slot: Slot, job_id: int, timeout: float) -> None:
+        from .models import Job
+
+        try:
+            job = Job.objects.get_for_update(job_id, using=self.config.using)
+            if job.state != Status.PROCESSING or job.worker != slot.name:
+                return  # finished just before the kill, or already someone else's
+            new = Job.objects.fail(job, f"timed out after {int(timeout)} s (worker {slot.name} was killed)",
+                                   using=self.config.using)
+        except (StaleJob, IllegalTransition, JobNotFound):
+            return
+        except DB_DOWN_ERRORS as exc:
+            log.warning("timeout_not_recorded job=%s error=%s (the job is reclaimed by lease)", job_id, _one_line(exc))
+            _close_connection(self.config.using or "default")
+            return
+        if new.state == Status.ERROR:
+            self._extra[RETRIED] += 1
+            _send(signals_mod().job_retried, job=new, worker=slot.name, error=new.error, duration=timeout)
+        else:
+            self._extra[FAILED] += 1
+            _send(signals_mod().job_failed, job=new, worker=slot.name, error=new.error, duration=timeout)
+
+    def _after_death(self, slot: Slot, running: int, *, stopped: bool = False) -> None:
+        """A slot died: hand back its claimed-but-unstarted jobs; mark its row stopped if asked."""
+        from django.db.models.expressions import RawSQL
+
+        from .models import Job
+        from .models import Worker as WorkerRow
+        from .worker import _db_now
+
+        using = self.config.using or "default"
+        try:
+            for job in Job.objects.using(using).filter(worker=slot.name, status_id=Status.PROCESSING).exclude(
+                    pk=running):
+                try:
+                    Job.objects.release(job, using=using)
+                except (StaleJob, IllegalTransition, JobNotFound):
+                    pass
+            if stopped:
+                now: RawSQL = _db_now(using)
+                WorkerRow.objects.using(using).filter(name=slot.name).update(stopped_at=now)
+        except DB_DOWN_ERRORS as exc:
+            log.warning("slot_cleanup_skipped worker=%s error=%s", slot.name, _one_line(exc))
+            _close_connection(using)
+
+    def _reap(self) -> None:
+        from .models import Job
+
+        try:
+            n = Job.objects.reap(using=self.config.using)
+        except DB_DOWN_ERRORS as exc:
+            log.info("reap_skipped error=%s", _one_line(exc))
+            _close_connection(self.config.using or "default")
+            return
+        if n:
+            log.warning("reaped jobs=%s (lease expired with no attempts left: Failed)", n)
+
+    # ----- reporting ------------------------------------------------------------------------------
+    def _summary(self, seconds: float) -> Summary:
+        totals = list(self._extra)
+        for slot in self._slots:
+            for i in range(N_COUNTERS):
+                totals[i] += slot.counters[i]
+        return Summary(totals[SUCCEEDED], totals[RETRIED], totals[FAILED], totals[CANCELLED], seconds,
+                       self._exit_code)
+
+    def _progress_bar(self) -> Any:
+        if not (self.progress and self.config.burst and sys.stderr.isatty()):
+            return None
+        from tqdm import tqdm
+
+        from .models import Job
+        from .states import CLAIMABLE
+
+        try:
+            qs = Job.objects.using(self.config.using).filter(status_id__in=CLAIMABLE)
+            if self.config.queues:
+                qs = qs.filter(queue__in=self.config.queues)
+            if self.config.types:
+                qs = qs.filter(job_type__name__in=self.config.types)
+            total: int | None = qs.count()
+        except DB_DOWN_ERRORS:
+            total = None
+        return tqdm(total=total, unit="job", file=sys.stderr, dynamic_ncols=True, leave=True)
+
+
+def signals_mod() -> Any:
+    from . import signals
+
+    return signals
