@@ -1,15 +1,13 @@
 """SqlQueueBackend against Django's own expectations for a task backend (django/tests/tasks), in-process.
 
-Jobs are run here by :func:`run_one`, which does what a worker does with one job (claim, look the
-handler up in the registry, call it, complete or fail through the manager), so these tests pin the
-backend's mapping without a subprocess; tests/test_tasks_worker.py repeats the round trip through a
-real ``run_queue_worker`` process.
+Jobs are run here by :func:`tests.test_tasks_defs.run_one` (the worker's own runner, in-process), so
+these tests pin the backend's mapping without a subprocess; tests/test_tasks_worker.py repeats the
+round trip through a real ``run_queue_worker`` process.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import traceback
 from datetime import datetime, timedelta
 
 import pytest
@@ -20,12 +18,13 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskRes
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils import timezone
 
-from django_sqlqueue import InvalidPayload, Status, enqueue
+from django_sqlqueue import Status, enqueue
 from django_sqlqueue.handlers import registry
 from django_sqlqueue.models import Job, JobType
 from django_sqlqueue.tasks import STATUS_MAP, SqlQueueBackend, TaskArgumentsError, exception_entry
 
 from . import test_tasks_defs as defs
+from .test_tasks_defs import run_one
 
 pytestmark = pytest.mark.django_db
 
@@ -39,22 +38,6 @@ def tasks_backend(settings):
         "once": {"BACKEND": BACKEND, "QUEUES": [], "OPTIONS": {"max_attempts": 1}},
     }
     yield task_backends["default"]
-
-
-def run_one(worker: str = "w1") -> Job | None:
-    """Claim one due job and run it the way a worker does; return the job as stored afterwards."""
-    claimed = Job.objects.claim(worker, 1)
-    if not claimed:
-        return None
-    job = claimed[0]
-    handler = registry.get(JobType.objects.get(pk=job.job_type_id).name)
-    try:
-        value = handler.func(job)
-    except InvalidPayload as exc:  # not retryable: Failed at once, the message is the error
-        return Job.objects.modify(job, job.version, Status.FAILED, error=str(exc))
-    except Exception:
-        return Job.objects.fail(job, traceback.format_exc(), retry_in=0)
-    return Job.objects.complete(job, value)
 
 
 # ----- the backend's shape ------------------------------------------------------------------------------

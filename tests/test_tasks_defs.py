@@ -1,4 +1,4 @@
-"""Django Tasks used by the task-backend tests (no tests here).
+"""Django Tasks used by the task-backend tests, and :func:`run_one` (no tests here).
 
 Worker subprocesses import these by path (``tests.test_tasks_defs.<name>``), so this module imports
 nothing from pytest. Every task is declared with the framework's defaults (queue "default", priority 0,
@@ -13,6 +13,8 @@ from datetime import datetime
 from typing import Any
 
 from django.tasks import TaskContext, task
+
+from django_sqlqueue import Status
 
 
 @task()
@@ -88,3 +90,29 @@ def sleep_for(seconds: float) -> float:
 
 def not_a_task() -> None:  # a plain function: its path is not a task
     return None
+
+
+def run_one(worker: str = "w1") -> Any:
+    """Claim one due job and run it as a worker slot does; return the job as stored afterwards (or None).
+
+    Uses the worker's own :func:`django_sqlqueue.runner.run` (handler lookup, steps, classification) and
+    records the outcome through the manager the way the worker does, without a heartbeat thread, so it
+    works inside a test's transaction. Round trips through a real worker process are in
+    tests/test_tasks_worker.py and tests/test_example_app_worker.py.
+    """
+    from django_sqlqueue import runner
+    from django_sqlqueue.handlers import registry
+    from django_sqlqueue.models import Job, JobType
+
+    claimed = Job.objects.claim(worker, 1)
+    if not claimed:
+        return None
+    handler = registry.get(JobType.objects.get(pk=claimed[0].job_type_id).name)
+    outcome = runner.run(runner.JobContext(claimed[0], handler, worker))
+    job, kind = outcome.job, outcome.kind
+    if kind is runner.Kind.SUCCESS:
+        return Job.objects.complete(job, response=outcome.response)
+    if kind in (runner.Kind.ERROR, runner.Kind.RETRY):
+        return Job.objects.fail(job, outcome.error, retry_in=0 if outcome.retry_in is None else outcome.retry_in)
+    status = Status.CANCELLED if kind is runner.Kind.CANCEL else Status.FAILED
+    return Job.objects.modify(job, job.version, status, error=outcome.error)
