@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import signals
 from .exceptions import IllegalTransition, JobNotFound, StaleJob
 from .states import Status
 from .worker import (
@@ -181,6 +182,9 @@ class Supervisor:
     def run(self) -> Summary:
         from django.db import connections
 
+        from .conf import get_settings
+
+        self._using = self.config.using or get_settings().DATABASE
         started = time.monotonic()
         ctx = multiprocessing.get_context("spawn")
         self._ctx = ctx
@@ -273,7 +277,9 @@ class Supervisor:
         if slot.done:
             return
         if slot.proc is None:
-            if now >= slot.restart_at:
+            if self._stopping:
+                slot.done = True
+            elif now >= slot.restart_at:
                 self._start(slot, budget)
             return
         if slot.proc.is_alive():
@@ -338,23 +344,23 @@ class Supervisor:
         from .models import Job
 
         try:
-            job = Job.objects.get_for_update(job_id, using=self.config.using)
+            job = Job.objects.get_for_update(job_id, using=self._using)
             if job.state != Status.PROCESSING or job.worker != slot.name:
                 return  # finished just before the kill, or already someone else's
             new = Job.objects.fail(job, f"timed out after {int(timeout)} s (worker {slot.name} was killed)",
-                                   using=self.config.using)
+                                   using=self._using)
         except (StaleJob, IllegalTransition, JobNotFound):
             return
         except DB_DOWN_ERRORS as exc:
             log.warning("timeout_not_recorded job=%s error=%s (the job is reclaimed by lease)", job_id, _one_line(exc))
-            _close_connection(self.config.using or "default")
+            _close_connection(self._using)
             return
         if new.state == Status.ERROR:
             self._extra[RETRIED] += 1
-            _send(signals_mod().job_retried, job=new, worker=slot.name, error=new.error, duration=timeout)
+            _send(signals.job_retried, job=new, worker=slot.name, error=new.error, duration=timeout)
         else:
             self._extra[FAILED] += 1
-            _send(signals_mod().job_failed, job=new, worker=slot.name, error=new.error, duration=timeout)
+            _send(signals.job_failed, job=new, worker=slot.name, error=new.error, duration=timeout)
 
     def _after_death(self, slot: Slot, running: int, *, stopped: bool = False) -> None:
         """A slot died: hand back its claimed-but-unstarted jobs; mark its row stopped if asked."""
@@ -364,7 +370,7 @@ class Supervisor:
         from .models import Worker as WorkerRow
         from .worker import _db_now
 
-        using = self.config.using or "default"
+        using = self._using
         try:
             for job in Job.objects.using(using).filter(worker=slot.name, status_id=Status.PROCESSING).exclude(
                     pk=running):
@@ -383,10 +389,10 @@ class Supervisor:
         from .models import Job
 
         try:
-            n = Job.objects.reap(using=self.config.using)
+            n = Job.objects.reap(using=self._using)
         except DB_DOWN_ERRORS as exc:
             log.info("reap_skipped error=%s", _one_line(exc))
-            _close_connection(self.config.using or "default")
+            _close_connection(self._using)
             return
         if n:
             log.warning("reaped jobs=%s (lease expired with no attempts left: Failed)", n)
@@ -409,7 +415,7 @@ class Supervisor:
         from .states import CLAIMABLE
 
         try:
-            qs = Job.objects.using(self.config.using).filter(status_id__in=CLAIMABLE)
+            qs = Job.objects.using(self._using).filter(status_id__in=CLAIMABLE)
             if self.config.queues:
                 qs = qs.filter(queue__in=self.config.queues)
             if self.config.types:
@@ -418,9 +424,3 @@ class Supervisor:
         except DB_DOWN_ERRORS:
             total = None
         return tqdm(total=total, unit="job", file=sys.stderr, dynamic_ncols=True, leave=True)
-
-
-def signals_mod() -> Any:
-    from . import signals
-
-    return signals

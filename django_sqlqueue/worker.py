@@ -268,9 +268,13 @@ class Worker:
         else:
             self.counters[FAILED] += 1
             _send(signals.job_failed, error=outcome.error, **common)
-        level = logging.INFO if kind is K.SUCCESS else logging.WARNING
-        log.log(level, "job_finished worker=%s job=%s type_id=%s attempt=%s status=%s seconds=%.3f", self.name,
-                job.pk, job.job_type_id, job.attempt_num, new.state.label, outcome.duration)
+        if kind is K.SUCCESS:
+            log.debug("job_finished worker=%s job=%s attempt=%s status=%s seconds=%.3f", self.name, job.pk,
+                      job.attempt_num, new.state.label, outcome.duration)
+        else:
+            last = (outcome.error.strip().splitlines() or [""])[-1][:200]
+            log.warning("job_finished worker=%s job=%s attempt=%s status=%s seconds=%.3f error=%r", self.name,
+                        job.pk, job.attempt_num, new.state.label, outcome.duration, last)
 
     def _release(self, jobs: list[Job]) -> None:
         """Hand claimed-but-unstarted jobs back to Pending, their attempt not spent."""
@@ -439,6 +443,17 @@ class Worker:
         log.info("worker_stopped worker=%s succeeded=%s retried=%s failed=%s cancelled=%s released=%s", self.name,
                  counts[SUCCEEDED], counts[RETRIED], counts[FAILED], counts[CANCELLED], counts[RELEASED])
         connections.close_all()
+
+
+def configure_logging(level: str | None) -> None:
+    """Apply ``--log-level`` to the ``django_sqlqueue`` loggers; add a stderr handler if none is set up."""
+    logger = logging.getLogger("django_sqlqueue")
+    if level:
+        logger.setLevel(level.upper())
+    if not logger.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+        logger.addHandler(handler)
 
 
 # ----- helpers ---------------------------------------------------------------------------------------

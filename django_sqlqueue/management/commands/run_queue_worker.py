@@ -1,0 +1,129 @@
+"""``manage.py run_queue_worker``: validate options, set up logging, run the supervisor. Nothing more.
+
+See docs/worker.md for what each option does and what happens on signals, crashes and outages.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DatabaseError
+
+from django_sqlqueue import jobtypes
+from django_sqlqueue.conf import get_settings
+from django_sqlqueue.exceptions import InvalidArgument, UnknownJobType
+from django_sqlqueue.handlers import registry
+from django_sqlqueue.supervisor import Supervisor
+from django_sqlqueue.worker import WorkerConfig, configure_logging, default_worker_name
+
+MAX_CONCURRENCY = 256
+MAX_BATCH = 1000
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class Command(BaseCommand):
+    help = (
+        "Run queue jobs: claim, run the registered handler, record the outcome; retry with backoff, "
+        "renew leases, recover from crashes and database outages. Runs until SIGTERM/SIGINT unless "
+        "--burst, --max-jobs or --max-seconds says otherwise."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("-q", "--queue", action="append", dest="queues", default=[], metavar="NAME",
+                            help="Claim jobs of this queue only (repeatable; default: every queue).")
+        parser.add_argument("--type", action="append", dest="types", default=[], metavar="NAME",
+                            help="Claim jobs of this job type only (repeatable; default: every type).")
+        parser.add_argument("--concurrency", type=int, default=1, metavar="N",
+                            help=f"Job slots, each its own OS process (1-{MAX_CONCURRENCY}; default 1).")
+        parser.add_argument("--batch", type=int, default=1, metavar="N",
+                            help=f"Jobs a slot claims per round trip (1-{MAX_BATCH}; default 1). Larger batches "
+                                 f"are faster for short jobs; claimed jobs wait their turn in the slot.")
+        parser.add_argument("--burst", "--until-empty", action="store_true", dest="burst",
+                            help="Drain the jobs that are due, then exit 0 (default: run until stopped).")
+        parser.add_argument("--wait-due", type=float, default=0.0, metavar="SECONDS",
+                            help="With --burst: keep going while a matching job becomes due within SECONDS "
+                                 "(retries, jobs scheduled a little ahead). Default 0.")
+        parser.add_argument("--max-jobs", type=int, default=None, metavar="N",
+                            help="Exit cleanly after claiming N jobs in all (for recycling).")
+        parser.add_argument("--max-seconds", type=float, default=None, metavar="SECONDS",
+                            help="Exit cleanly after running this long (for recycling).")
+        parser.add_argument("--worker-name", default=None, metavar="NAME",
+                            help="Name this worker's slots NAME/0, NAME/1, ... (default host:pid). A worker "
+                                 "restarted under the same name takes back its unfinished jobs at once.")
+        parser.add_argument("--grace-seconds", type=float, default=30.0, metavar="SECONDS",
+                            help="On SIGTERM/SIGINT, how long running jobs may take to finish before their "
+                                 "slots are killed (default 30). A second signal stops at once.")
+        parser.add_argument("--log-level", default="INFO", metavar="LEVEL", type=str.upper,
+                            help=f"Level of the django_sqlqueue loggers: {', '.join(LOG_LEVELS)} (default INFO).")
+        parser.add_argument("--no-progress", action="store_true",
+                            help="No progress bar (by default --burst shows one on stderr when it is a terminal).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        config, supervisor = self.build(options)
+        configure_logging(options["log_level"])
+        self.check_types(config)
+        summary = supervisor.run()
+        self.stdout.write(summary.line())
+        if summary.exit_code:
+            raise CommandError("a worker slot stopped on a fatal error (see the log above)",
+                               returncode=summary.exit_code)
+
+    # ----- validation ----------------------------------------------------------------------------
+    def build(self, o: dict[str, Any]) -> tuple[WorkerConfig, Supervisor]:
+        _int_range("--concurrency", o["concurrency"], 1, MAX_CONCURRENCY)
+        _int_range("--batch", o["batch"], 1, MAX_BATCH)
+        if o["max_jobs"] is not None:
+            _int_range("--max-jobs", o["max_jobs"], 1, 10**12)
+        _seconds("--grace-seconds", o["grace_seconds"], 0, 7 * 86400)
+        _seconds("--wait-due", o["wait_due"], 0, 7 * 86400)
+        if o["wait_due"] and not o["burst"]:
+            raise CommandError("--wait-due only makes sense with --burst")
+        if o["max_seconds"] is not None:
+            _seconds("--max-seconds", o["max_seconds"], 0, 10 * 365 * 86400)
+            if o["max_seconds"] <= 0:
+                raise CommandError("--max-seconds must be greater than 0")
+        if o["log_level"] not in LOG_LEVELS:
+            raise CommandError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {o['log_level']!r}")
+        for queue in o["queues"]:
+            if not queue or len(queue) > 100:
+                raise CommandError(f"--queue names must be 1-100 characters, got {queue!r}")
+        for name in o["types"]:
+            try:
+                jobtypes.validate_name(name)
+            except InvalidArgument as exc:
+                raise CommandError(f"--type: {exc}") from exc
+        name = o["worker_name"] if o["worker_name"] is not None else default_worker_name()
+        if not name.strip() or len(name) > 190 or not name.isprintable():
+            raise CommandError(f"--worker-name must be 1-190 printable characters, got {name!r}")
+        config = WorkerConfig(
+            name=name, queues=tuple(dict.fromkeys(o["queues"])), types=tuple(dict.fromkeys(o["types"])),
+            batch=o["batch"], burst=o["burst"], wait_due=o["wait_due"], max_jobs=o["max_jobs"],
+            using=get_settings().DATABASE,
+        )
+        supervisor = Supervisor(config, concurrency=o["concurrency"], grace_seconds=o["grace_seconds"],
+                                max_seconds=o["max_seconds"], log_level=o["log_level"],
+                                progress=not o["no_progress"])
+        return config, supervisor
+
+    def check_types(self, config: WorkerConfig) -> None:
+        """Refuse a --type nobody knows; create the row of a registered handler's type if missing."""
+        for name in config.types:
+            try:
+                jobtypes.get_type(name, using=config.using or "default", create=registry.is_registered(name))
+            except UnknownJobType as exc:
+                raise CommandError(f"--type {name!r}: {exc}") from exc
+            except DatabaseError as exc:  # the database is down: the slots wait for it
+                self.stderr.write(f"could not check --type {name!r} now ({exc}); continuing")
+                return
+
+
+def _int_range(option: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise CommandError(f"{option} must be an integer from {low} to {high}, got {value}")
+
+
+def _seconds(option: str, value: float, low: float, high: float) -> None:
+    if not math.isfinite(value) or not low <= value <= high:
+        raise CommandError(f"{option} must be a number of seconds from {low} to {high}, got {value}")

@@ -1,0 +1,94 @@
+"""Handlers for the worker tests and benchmarks (autodiscovered: this is the app's ``jobs`` module).
+
+Names start with ``test.`` so they never collide with the job types the core tests create by hand.
+Behaviour is driven by the payload; ``log`` (a file path) makes a handler append one line per call,
+so a test in another process can see what ran, in which attempt and step.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import django_sqlqueue as sqlqueue
+from django_sqlqueue.runner import Cancel, JobContext, Retry
+
+
+def _log(job: JobContext, text: str) -> None:
+    path = job.payload.get("log") if isinstance(job.payload, dict) else None
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{job.pk} {job.attempt_num} {text} {os.getpid()}\n")
+
+
+@sqlqueue.handler("test.Noop")
+def noop(job: JobContext) -> Any:
+    return None
+
+
+@sqlqueue.handler("test.Echo")
+def echo(job: JobContext) -> Any:
+    _log(job, "echo")
+    return {"payload": job.payload, "attempt": job.attempt_num, "subtypes": len(job.subtypes)}
+
+
+@sqlqueue.handler("test.FailTimes")
+def fail_times(job: JobContext) -> Any:
+    """Raise in the first ``times`` attempts, then succeed."""
+    _log(job, "run")
+    if job.attempt_num <= job.payload.get("times", 1):
+        raise RuntimeError(f"planned failure in attempt {job.attempt_num}")
+    return {"succeeded_in_attempt": job.attempt_num}
+
+
+@sqlqueue.handler("test.AlwaysFail")
+def always_fail(job: JobContext) -> Any:
+    _log(job, "run")
+    raise ValueError("this job always fails")
+
+
+@sqlqueue.handler("test.Sleep")
+def sleep(job: JobContext) -> Any:
+    """Sleep ``seconds`` (logging "start" first, so a test can wait until the job is running)."""
+    _log(job, "start")
+    time.sleep(float(job.payload.get("seconds", 1)))
+    _log(job, "end")
+    return {"slept": job.payload.get("seconds", 1)}
+
+
+@sqlqueue.handler("test.SleepForever")
+def sleep_forever(job: JobContext) -> Any:
+    _log(job, "start")
+    while True:
+        time.sleep(3600)
+
+
+@sqlqueue.handler("test.Steps", steps=["Render", "Send", "Confirm"])
+def steps(job: JobContext, step: str) -> Any:
+    """Log each step; fail at ``fail_at`` in the first ``fail_times`` attempts."""
+    _log(job, step)
+    if step == job.payload.get("fail_at") and job.attempt_num <= job.payload.get("fail_times", 1):
+        raise RuntimeError(f"planned failure at step {step}")
+    return f"{step} done in attempt {job.attempt_num} (before: {','.join(job.results)})"
+
+
+@sqlqueue.handler("test.RetryLater")
+def retry_later(job: JobContext) -> Any:
+    """First attempt asks for a retry ``delay`` seconds later; the next one succeeds."""
+    _log(job, "run")
+    if job.attempt_num == 1:
+        raise Retry("come back later", delay=float(job.payload.get("delay", 1)))
+    return "done"
+
+
+@sqlqueue.handler("test.Cancel")
+def cancel(job: JobContext) -> Any:
+    _log(job, "run")
+    raise Cancel("nothing to do for this one")
+
+
+@sqlqueue.handler("test.BadReturn")
+def bad_return(job: JobContext) -> Any:
+    _log(job, "run")
+    return {"when": object()}
