@@ -13,8 +13,7 @@ from django.db import connections
 
 from .conf import get_settings
 from .dialects import ClaimRequest, get_dialect
-
-CLAIM_INDEX = "sqlqueue_job_claim"
+from .dialects.base import CLAIM_INDEX
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,9 @@ JOB_COLUMNS: tuple[str, ...] = (
     "lease_expires_at",
     "dedupe_key",
 )
+#: The partial indexes the claim's two branches walk (names from Job.Meta.indexes).
+CLAIM_INDEX = "sqlqueue_job_claim"
+PROCESSING_INDEX = "sqlqueue_job_processing"
 #: Position of each of JOB_COLUMNS in a returned row.
 COL: dict[str, int] = {c: i for i, c in enumerate(JOB_COLUMNS)}
 
@@ -107,6 +110,10 @@ class Dialect:
         """Whole milliseconds from ``column_sql`` to now."""
         raise NotImplementedError
 
+    def index_hint(self, index_name: str) -> str:
+        """Clause after a table alias that pins the candidate SELECT to an index ("" = trust the planner)."""
+        return ""
+
     def locked_read_hint(self) -> str:
         """Table hint for a read that must see the current committed row, not a version."""
         return ""
@@ -153,7 +160,7 @@ class Dialect:
         common = " AND ".join(filters)
         cols = f"{top}j.{j['id']} AS id, j.{j['priority']} AS priority, j.{j['scheduled_for']} AS scheduled_for"
         due = (
-            f"SELECT {cols} FROM {n.job} j{hint} "
+            f"SELECT {cols} FROM {n.job} j{hint}{self.index_hint(CLAIM_INDEX)} "
             f"WHERE j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['scheduled_for']} <= {self.now()} "
             f"AND {common} ORDER BY {order}{limit}{lock}"
         )
@@ -162,7 +169,7 @@ class Dialect:
             f"OR w.{n.w['last_heartbeat']} < {self.now_plus('%s')}"
         )
         reclaim = (
-            f"SELECT {cols} FROM {n.job} j{hint} "
+            f"SELECT {cols} FROM {n.job} j{hint}{self.index_hint(PROCESSING_INDEX)} "
             f"WHERE j.{j['status_id']} = {int(Status.PROCESSING)} "
             f"AND (j.{j['worker']} = %s OR j.{j['lease_expires_at']} < {self.now()} "
             f"OR j.{j['worker']} IN ({dead_workers})) "

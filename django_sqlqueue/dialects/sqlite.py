@@ -29,6 +29,12 @@ class SqliteDialect(Dialect):
     def now_plus(self, seconds_sql: str) -> str:
         return f"strftime({_FMT}, 'now', ({seconds_sql}) || ' seconds')"
 
+    def index_hint(self, index_name: str) -> str:
+        # SQLite's planner, without ANALYZE statistics, prefers the (status, type, queue) index and
+        # then sorts every claimable row; INDEXED BY pins the partial index whose order is the claim's,
+        # so the claim stops after LIMIT rows however deep the queue is.
+        return f" INDEXED BY {self.connection.ops.quote_name(index_name)}"
+
     def ms_since(self, column_sql: str) -> str:
         return f"CAST((julianday('now') - julianday({column_sql})) * 86400000 AS INTEGER)"
 

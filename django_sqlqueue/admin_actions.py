@@ -1,0 +1,266 @@
+"""The operator's bulk actions on jobs, all through :meth:`JobManager.modify`.
+
+Each action reads the selected jobs (status, version and a few columns), then asks ``modify`` to move
+each one, presenting the concurrency token the operator saw: the version rendered next to the row's
+checkbox when the list was shown (``_token_<id>`` in the POST), else the version read now. So a job a
+worker changed between the page render and the click is refused, never overwritten. Jobs that changed
+are logged in the admin history (``LogEntry``) under the operator's name; refused ones are reported
+with the reason.
+
+Permissions are checked twice: Django offers an action only to a user holding its permission
+(``allowed_permissions``), and :func:`run_transition` checks again before touching anything, so a
+crafted POST is refused too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
+from django.utils.translation import ngettext
+
+from .exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
+from .states import Status
+
+if TYPE_CHECKING:
+    from .models import Job
+
+logger = logging.getLogger(__name__)
+
+#: The largest number of jobs one action run touches (each is one UPDATE); "select all" across a
+#: million-row list processes this many (newest first) and says so. Override on the ModelAdmin.
+ACTION_BATCH_LIMIT = 2000
+TOKEN_PREFIX = "_token_"
+#: Columns an action reads per job: what modify and the refusal checks need, not the payload.
+_FIELDS = ("id", "status", "version", "attempt_num", "scheduled_for", "job_type", "worker")
+#: Running jobs are only ever stopped with "Mark terminated"; nothing else may take one from its worker.
+_RUNNING_REFUSAL = "running (a worker holds it): only Mark terminated may stop a running job"
+
+
+@dataclass
+class Outcome:
+    """What an action did: the rows it changed and, per reason, the ids it refused."""
+
+    changed: list[Job] = field(default_factory=list)
+    refused: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    truncated: bool = False
+
+    @property
+    def refused_count(self) -> int:
+        return sum(len(ids) for ids in self.refused.values())
+
+
+def posted_tokens(request: HttpRequest) -> dict[int, int]:
+    """The versions the operator saw, from the hidden ``_token_<id>`` inputs next to each checkbox."""
+    tokens: dict[int, int] = {}
+    for key, value in request.POST.items():
+        if key.startswith(TOKEN_PREFIX):
+            try:
+                tokens[int(key[len(TOKEN_PREFIX):])] = int(value)
+            except ValueError:
+                continue
+    return tokens
+
+
+def run_transition(
+    modeladmin: Any,
+    request: HttpRequest,
+    queryset: QuerySet,
+    *,
+    verb: str,
+    permission: str,
+    target: Status,
+    options: Callable[[Job], dict[str, Any]] = lambda job: {},
+    refuse: Callable[[Job], str | None] = lambda job: None,
+    note: str = "",
+) -> Outcome:
+    """Move every selected job to ``target`` through ``modify``; report and log the outcome.
+
+    ``options(job)`` gives extra ``modify`` arguments per job; ``refuse(job)`` may return a reason to
+    leave a job alone before ``modify`` is asked (for refusals the transition table alone would not make).
+    """
+    from .models import Job
+
+    if not request.user.has_perm(f"django_sqlqueue.{permission}"):
+        logger.warning("action=%s refused=permission user=%s", verb, request.user.pk)
+        raise PermissionDenied(f"{verb} needs the django_sqlqueue.{permission} permission")
+    limit = getattr(modeladmin, "action_batch_limit", ACTION_BATCH_LIMIT)
+    jobs = list(queryset.order_by("-id").only(*_FIELDS)[: limit + 1])
+    outcome = Outcome(truncated=len(jobs) > limit)
+    tokens = posted_tokens(request)
+    for job in jobs[:limit]:
+        reason = refuse(job)
+        if reason is None and job.state == Status.PROCESSING and target != Status.TERMINATED:
+            reason = _RUNNING_REFUSAL
+        if reason is not None:
+            outcome.refused[reason].append(job.pk)
+            continue
+        token = tokens.get(job.pk, job.version)
+        try:
+            updated = Job.objects.modify(job, token, target, using=job._state.db, **options(job))
+        except StaleJob:
+            outcome.refused[_("changed by a worker or another operator since the list was shown "
+                              "(concurrency token is stale); reload the page and try again")].append(job.pk)
+        except IllegalTransition:
+            outcome.refused[_("%(from)s → %(to)s is not allowed") % {"from": job.state.label,
+                                                                      "to": target.label}].append(job.pk)
+        except JobNotFound:
+            outcome.refused[_("no longer exists")].append(job.pk)
+        except InvalidArgument as exc:
+            outcome.refused[str(exc)].append(job.pk)
+        else:
+            updated._sqlqueue_from = job.state  # type: ignore[attr-defined]
+            outcome.changed.append(updated)
+    _log(request, outcome, verb, note)
+    _report(modeladmin, request, outcome, verb, limit)
+    logger.info("action=%s user=%s changed=%d refused=%d", verb, request.user.pk, len(outcome.changed),
+                outcome.refused_count)
+    return outcome
+
+
+def _log(request: HttpRequest, outcome: Outcome, verb: str, note: str) -> None:
+    groups: dict[tuple[Status, int], list[Job]] = defaultdict(list)
+    for job in outcome.changed:
+        groups[(job._sqlqueue_from, job.status_id)].append(job)  # type: ignore[attr-defined]
+    for (before, after), jobs in groups.items():
+        message = f"{verb}: {before.label} → {Status(after).label}" + (f" ({note})" if note else "")
+        LogEntry.objects.log_actions(user_id=request.user.pk, queryset=jobs, action_flag=CHANGE,
+                                     change_message=message)
+
+
+def _report(modeladmin: Any, request: HttpRequest, outcome: Outcome, verb: str, limit: int) -> None:
+    n = len(outcome.changed)
+    if n or not outcome.refused:
+        modeladmin.message_user(
+            request, ngettext("%(verb)s: %(n)d job changed.", "%(verb)s: %(n)d jobs changed.", n)
+            % {"verb": verb, "n": n}, messages.SUCCESS if n else messages.INFO)
+    if outcome.refused:
+        details = format_html_join("; ", "{} ({}): {}", (
+            (ngettext("%(n)d job", "%(n)d jobs", len(ids)) % {"n": len(ids)},
+             ", ".join(str(i) for i in ids[:20]) + (f" and {len(ids) - 20} more" if len(ids) > 20 else ""),
+             reason)
+            for reason, ids in outcome.refused.items()))
+        modeladmin.message_user(request, format_html("{}: {} refused: {}.", verb, outcome.refused_count, details),
+                                messages.WARNING)
+    if outcome.truncated:
+        modeladmin.message_user(
+            request, _("%(verb)s stopped after %(limit)d jobs (the newest); run it again for the rest.")
+            % {"verb": verb, "limit": limit}, messages.WARNING)
+
+
+def _back_to_job(request: HttpRequest, outcome: Outcome) -> HttpResponse | None:
+    """Buttons on a job's page post here with ``_sqlqueue_return``: send the operator back to that job."""
+    job_id = request.POST.get("_sqlqueue_return")
+    if job_id and job_id.isdigit():
+        return HttpResponseRedirect(reverse("admin:django_sqlqueue_job_change", args=[int(job_id)]))
+    return None
+
+
+def _keep_schedule(job: Job) -> dict[str, Any]:
+    return {"scheduled_for": job.scheduled_for}
+
+
+# ----- the actions (methods of JobAdmin through JobAdmin.actions) ------------------------------------
+@admin.action(permissions=["retry"], description=gettext_lazy("Retry now"))
+def retry_now(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    """Error / Failed / Cancelled / Paused / PartiallyCompleted -> Pending, due now."""
+    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Retry now"),
+                                                permission="retry_job", target=Status.PENDING))
+
+
+@admin.action(permissions=["reschedule"], description=gettext_lazy("Retry at…"))
+def retry_at(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    """The same as Retry now, due at a chosen time: an intermediate form asks when."""
+    from .admin_views import retry_at_view
+
+    return retry_at_view(modeladmin, request, queryset)
+
+
+def apply_retry_at(modeladmin: Any, request: HttpRequest, queryset: QuerySet, when: datetime) -> Outcome:
+    return run_transition(modeladmin, request, queryset, verb=_("Retry at"), permission="reschedule_job",
+                          target=Status.PENDING, options=lambda job: {"scheduled_for": when},
+                          note=_("due %(when)s") % {"when": when.isoformat(timespec="seconds")})
+
+
+@admin.action(permissions=["reschedule"], description=gettext_lazy("Reset attempts and retry"))
+def reset_attempts(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    """Back to Pending with the attempt count at zero; an Error job keeps its retry time."""
+
+    def options(job: Job) -> dict[str, Any]:
+        return {"reset_attempts": True, **(_keep_schedule(job) if job.state == Status.ERROR else {})}
+
+    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Reset attempts"),
+                                                permission="reschedule_job", target=Status.PENDING,
+                                                options=options, note=_("attempts reset to 0")))
+
+
+@admin.action(permissions=["cancel"], description=gettext_lazy("Cancel"))
+def cancel(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    """Pending / Error / Paused -> Cancelled (a running job is refused: use Mark terminated)."""
+    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Cancel"),
+                                                permission="cancel_job", target=Status.CANCELLED))
+
+
+@admin.action(permissions=["pause"], description=gettext_lazy("Pause"))
+def pause(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    """Pending / Error -> Paused: workers leave it alone until resumed."""
+    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Pause"),
+                                                permission="pause_job", target=Status.PAUSED))
+
+
+@admin.action(permissions=["pause"], description=gettext_lazy("Resume"))
+def resume(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    """Paused -> Pending, keeping the time it was scheduled for."""
+
+    def refuse(job: Job) -> str | None:
+        return None if job.state == Status.PAUSED else _("not Paused (%(status)s)") % {"status": job.state.label}
+
+    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Resume"),
+                                                permission="pause_job", target=Status.PENDING,
+                                                options=_keep_schedule, refuse=refuse))
+
+
+@admin.action(permissions=["cancel"], description=gettext_lazy("Mark terminated"))
+def mark_terminated(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    """Pending / Processing / Error / Paused -> Terminated.
+
+    For a running job: its worker's next write carries the old token and is refused, so the worker
+    cannot bring it back.
+    """
+    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Mark terminated"),
+                                                permission="cancel_job", target=Status.TERMINATED))
+
+
+JOB_ACTIONS = [retry_now, retry_at, reset_attempts, cancel, pause, resume, mark_terminated]
+
+
+class JobActionPermissions:
+    """``has_<name>_permission`` methods the ``allowed_permissions`` of the actions refer to."""
+
+    def _has(self, request: HttpRequest, codename: str) -> bool:
+        return request.user.has_perm(f"django_sqlqueue.{codename}")
+
+    def has_retry_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "retry_job")
+
+    def has_reschedule_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "reschedule_job")
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "cancel_job")
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return self._has(request, "pause_job")
