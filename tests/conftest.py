@@ -49,13 +49,14 @@ def _fresh_type_cache():
 
 @pytest.fixture
 def noop_type(db):
-    return JobType.objects.create(name="Noop")
+    return JobType.objects.get_or_create(name="Noop")[0]
 
 
 @pytest.fixture
 def make_type(db):
     def make(name: str, **kwargs):
-        return JobType.objects.create(name=name, **kwargs)
+        # update_or_create: handlers' types (e.g. the example app's) already have rows after migrate
+        return JobType.objects.update_or_create(name=name, defaults=kwargs)[0]
 
     return make
 

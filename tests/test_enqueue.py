@@ -65,7 +65,7 @@ def test_dedupe_returns_existing_unfinished_job(noop_type: JobType) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_dedupe_under_a_race_of_two_processes() -> None:
-    JobType.objects.create(name="Noop")
+    JobType.objects.get_or_create(name="Noop")
     ctx = multiprocessing.get_context("spawn")
     barrier, out = ctx.Barrier(2), ctx.Queue()
     procs = [ctx.Process(target=procutil.enqueue_with_key, args=(barrier, out, "race")) for _ in range(2)]

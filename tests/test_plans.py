@@ -14,7 +14,7 @@ pytestmark = pytest.mark.django_db
 
 
 def _fill() -> None:
-    JobType.objects.create(name="Noop")
+    JobType.objects.get_or_create(name="Noop")
     Job.objects.enqueue_many(JobSpec("Noop", {"i": i}, priority=i % 3) for i in range(5000))
     # many finished rows: a scan would have to pass over them
     done = list(Job.objects.values_list("pk", flat=True)[:4000])
