@@ -28,6 +28,13 @@ elif _TEST_DB == "sqlite" and not os.environ.get("SQLQUEUE_DATABASE_URL"):
     _tmp = tempfile.mkdtemp(prefix="sqlqueue-test-")
     os.environ["SQLQUEUE_DATABASE_URL"] = f"sqlite:///{_tmp}/db.sqlite3"
     os.environ["SQLQUEUE_SQLITE_TEST_NAME"] = f"{_tmp}/test.sqlite3"
+elif _TEST_DB == "mssql" and not os.environ.get("SQLQUEUE_DATABASE_URL"):
+    from tests.mssql_env import mssql_url
+
+    url = mssql_url()
+    if url is None:
+        raise SystemExit("SQLQUEUE_TEST_DB=mssql needs SQLQUEUE_MSSQL_HOST, _PORT, _USER, _PASSWORD and _NAME")
+    os.environ["SQLQUEUE_DATABASE_URL"] = url
 elif _TEST_DB not in ("sqlite", "postgres", "mssql"):
     raise SystemExit(f"SQLQUEUE_TEST_DB must be sqlite, postgres or mssql, not {_TEST_DB!r}")
 
