@@ -25,7 +25,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import InterfaceError, OperationalError, connections
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -295,9 +295,11 @@ class Worker:
         """Burst mode: is a matching job due now or within ``wait_due`` seconds (so worth waiting)?"""
         from .models import Job
 
-        qs = Job.objects.using(self.using).filter(
-            status_id__in=CLAIMABLE, scheduled_for__lte=timezone.now() + timedelta(seconds=self.config.wait_due),
-        ).exclude(job_type__paused=True)
+        horizon = timezone.now() + timedelta(seconds=self.config.wait_due)
+        due = Q(status_id__in=CLAIMABLE, scheduled_for__lte=horizon)
+        if self.config.wait_due:  # a dead worker's job whose lease runs out soon is work too
+            due |= Q(status_id=Status.PROCESSING, lease_expires_at__lte=horizon)
+        qs = Job.objects.using(self.using).filter(due).exclude(job_type__paused=True)
         if self.config.queues:
             qs = qs.filter(queue__in=self.config.queues)
         if self.config.types:

@@ -1,0 +1,168 @@
+"""Helpers for worker tests: start ``manage.py run_queue_worker`` against the test database, wait, kill.
+
+Every process started here is killed (with its whole process group) when the ``worker_procs``
+fixture's test ends, whatever happened. Output goes to files, not pipes, so a chatty worker can never
+block on a full pipe.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.procutil import test_db_env
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05,
+               what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (dead, not yet reaped by its parent) counts as dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class WorkerProcess:
+    """One ``run_queue_worker`` process (the supervisor) in its own process group."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.args = ["--no-progress", *args]
+        self._out = tempfile.NamedTemporaryFile("w+", prefix="worker-out-", suffix=".log", delete=False)
+        self._err = tempfile.NamedTemporaryFile("w+", prefix="worker-err-", suffix=".log", delete=False)
+        full_env = test_db_env()
+        full_env.setdefault("SQLQUEUE_LOG_LEVEL", "INFO")
+        full_env.update(env or {})
+        self.proc = subprocess.Popen(
+            [sys.executable, str(REPO / "manage.py"), "run_queue_worker", *self.args],
+            cwd=REPO, env=full_env, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait(self, timeout: float = 60.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_group()
+            raise AssertionError(f"worker did not exit within {timeout}s\n{self.output()}") from None
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def kill_group(self) -> None:
+        """SIGKILL the supervisor and every slot (they share its process group)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=30)
+        else:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # orphaned slots, if any
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def stdout(self) -> str:
+        return Path(self._out.name).read_text()
+
+    def stderr(self) -> str:
+        return Path(self._err.name).read_text()
+
+    def output(self) -> str:
+        return f"--- stdout ---\n{self.stdout()}\n--- stderr ---\n{self.stderr()}"
+
+    def cleanup(self) -> None:
+        self.kill_group()
+        for f in (self._out, self._err):
+            f.close()
+            try:
+                os.unlink(f.name)
+            except OSError:
+                pass
+
+
+class JobLog:
+    """The file test handlers append to (``"log"`` in the payload): ``job attempt event pid`` lines."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "jobs.log"
+        self.path.touch()
+
+    def lines(self) -> list[tuple[int, int, str, int]]:
+        out = []
+        for line in self.path.read_text().splitlines():
+            job, attempt, event, pid = line.split()
+            out.append((int(job), int(attempt), event, int(pid)))
+        return out
+
+    def events(self, job_id: int) -> list[tuple[int, str]]:
+        return [(attempt, event) for job, attempt, event, _ in self.lines() if job == job_id]
+
+    def wait_for(self, job_id: int, event: str, timeout: float = 30.0) -> tuple[int, int, str, int]:
+        return wait_until(lambda: next((entry for entry in self.lines() if entry[0] == job_id and entry[2] == event),
+                                       None), timeout, what=f"job {job_id} to log {event!r}")
+
+
+# ----- fixtures (import them into a test module to use them) --------------------------------------------
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def worker_procs():
+    """``start(*args, env=None)`` starts a worker process; all of them are killed when the test ends."""
+    started: list[WorkerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        proc = WorkerProcess(*args, env=env)
+        started.append(proc)
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            proc.cleanup()
+
+
+@pytest.fixture
+def job_log(tmp_path: Path) -> JobLog:
+    return JobLog(tmp_path)
+
+
+def run_worker(name: str = "inproc", **config: Any) -> Any:
+    """Run a Worker in this process (no supervisor: no timeouts) until it stops; return its counters."""
+    from django_sqlqueue.worker import Worker, WorkerConfig
+
+    config.setdefault("burst", True)
+    worker = Worker(WorkerConfig(name=name, **config))
+    assert worker.run() == 0
+    return worker.counters
