@@ -1,0 +1,60 @@
+"""The notifications example through real worker processes, and the README demo end to end."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from django_sqlqueue import Status
+from django_sqlqueue.models import JobAttempt, JobType
+from testproject.notifications.models import Outbox, SmsChannel
+from testproject.notifications.services import request_password_reset
+
+from . import procutil
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reset_password_resumes_at_send_in_a_worker_process() -> None:
+    job = request_password_reset(user_id=1, username="alice", email="alice@example.com",
+                                 phone="+44 20 7946 0001", fail_send_attempts=1)
+    JobType.objects.filter(name="ResetPassword").update(backoff_base_seconds=0)  # retry at once
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "run_queue_worker", "--burst", "--no-progress",
+         "--wait-due", "3", "--log-level", "WARNING"],
+        cwd=ROOT, env=procutil.test_db_env(), capture_output=True, text=True, timeout=90, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    job.refresh_from_db()
+    assert job.state is Status.COMPLETED and job.attempt_num == 2 and job.step == "Confirm"
+    assert job.response["Confirm"] == {"delivered": ["email", "sms"]}
+    assert sorted(Outbox.objects.filter(job_id=job.pk).values_list("channel", flat=True)) == ["email", "sms"]
+    assert SmsChannel.objects.get(job=job).error == ""
+    outcomes = list(JobAttempt.objects.filter(job=job).order_by("attempt_num").values_list("outcome_id", flat=True))
+    assert outcomes == [Status.ERROR, Status.COMPLETED]
+
+
+def test_demo_runs_well_under_a_minute(tmp_path) -> None:
+    """``bash scripts/demo.sh`` runs this command; here on a fresh SQLite file, whatever the session's DB."""
+    if os.environ.get("SQLQUEUE_TEST_DB", "sqlite") != "sqlite":
+        pytest.skip("the demo runs on SQLite; the SQLite session covers it")
+    env = dict(os.environ, SQLQUEUE_DATABASE_URL=f"sqlite:///{tmp_path / 'demo.sqlite3'}",
+               DJANGO_SETTINGS_MODULE="testproject.settings")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), "sqlqueue_demo", "--no-color"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=90, check=False)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = proc.stdout
+    assert elapsed < 45, elapsed
+    summary = dict(re.findall(r"^\s*(Completed|Failed|Error|Pending|Processing)\s+(\d+)\s*$", out, re.M))
+    assert summary.get("Failed") == "1" and "duplicates after retries: 0" in out, out
+    assert int(summary["Completed"]) >= 5  # 5 typed samples, plus the @task sample when TASKS uses SqlQueueBackend
+    assert "Send fails once" in out and "attempt 1 by" in out
