@@ -33,14 +33,14 @@ def dialect_class(vendor: str) -> type[Dialect]:
     )
 
 
-_cache: dict[int, Dialect] = {}
-
-
 def get_dialect(connection: BaseDatabaseWrapper) -> Dialect:
-    """The dialect for ``connection`` (cached per connection object: names do not change)."""
-    key = id(connection)
-    dialect = _cache.get(key)
-    if dialect is None or dialect.connection is not connection:
+    """The dialect for ``connection``, kept on the connection object itself.
+
+    Stored as an attribute rather than in a module-level cache so that it lives and dies with the
+    connection (Django opens one per thread): no growth in long-running multi-threaded processes.
+    """
+    dialect = getattr(connection, "_sqlqueue_dialect", None)
+    if dialect is None:
         dialect = dialect_class(connection.vendor)(connection)
-        _cache[key] = dialect
+        connection._sqlqueue_dialect = dialect  # type: ignore[attr-defined]
     return dialect
