@@ -29,8 +29,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
-from django.utils.translation import ngettext
+from django.utils.translation import gettext_lazy, ngettext
 
 from .exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
 from .states import Status
@@ -264,3 +263,26 @@ class JobActionPermissions:
 
     def has_pause_permission(self, request: HttpRequest) -> bool:
         return self._has(request, "pause_job")
+
+
+#: Action name -> the status it moves a job to (what the job page's buttons are filtered by).
+_TARGETS = {
+    "retry_now": Status.PENDING, "retry_at": Status.PENDING, "reset_attempts": Status.PENDING,
+    "cancel": Status.CANCELLED, "pause": Status.PAUSED, "resume": Status.PENDING,
+    "mark_terminated": Status.TERMINATED,
+}
+
+
+def applies(action_name: str, status: Status) -> bool:
+    """Whether the action could move a job in ``status`` (the job page offers only these)."""
+    from .managers import CLAIM_ONLY
+    from .states import TRANSITIONS
+
+    target = _TARGETS.get(action_name)
+    if target is None:
+        return False
+    if status == Status.PROCESSING and target != Status.TERMINATED:
+        return False
+    if action_name == "resume":
+        return status == Status.PAUSED
+    return target in TRANSITIONS[status] and (status, target) not in CLAIM_ONLY

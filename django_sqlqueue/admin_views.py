@@ -17,7 +17,7 @@ from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Min, QuerySet
 from django.db.models.functions import TruncMinute
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
@@ -77,7 +77,8 @@ def retry_at_view(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> 
     if request.POST.get("apply"):
         form = RetryAtForm(request.POST)
         if form.is_valid():
-            return _back_to_job(request, apply_retry_at(modeladmin, request, queryset, form.when()))
+            outcome = apply_retry_at(modeladmin, request, queryset, form.when())
+            return _back_to_job(request, outcome) or HttpResponseRedirect(request.get_full_path())
     else:
         form = RetryAtForm()
     preview = list(queryset.order_by("-id").values_list("id", "status_id")[:21])
@@ -136,7 +137,8 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
     """
     from .models import JobType
 
-    rows = job_model.objects.order_by().values_list("queue", "job_type_id", "status_id").annotate(n=Count("pk"))
+    rows = (job_model.objects.order_by().values("queue", "job_type_id", "status_id").annotate(n=Count("pk"))
+            .values_list("queue", "job_type_id", "status_id", "n"))
     by_queue: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     by_type: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     totals: dict[int, int] = defaultdict(int)
@@ -205,7 +207,7 @@ def throughput_chart(job_model: type[Job], now: datetime, minutes: int = CHART_M
     rows = (job_model.objects.filter(finished_at__gte=start, finished_at__lt=end,
                                      status_id__in=[int(s) for s in (*CHART_DONE, *CHART_FAILED)])
             .annotate(minute=TruncMinute("finished_at")).order_by()
-            .values_list("minute", "status_id").annotate(n=Count("pk")))
+            .values("minute", "status_id").annotate(n=Count("pk")).values_list("minute", "status_id", "n"))
     done = [0] * minutes
     failed = [0] * minutes
     for minute, status_id, n in rows:
@@ -243,7 +245,7 @@ def workers(now: datetime) -> dict[str, Any]:
 
     dead_after = timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)
     rows = list(Worker.objects.filter(stopped_at__isnull=True).order_by("-last_heartbeat")[:50])
-    held = dict(Job.objects.filter(status_id=Status.PROCESSING).order_by().values_list("worker")
+    held = dict(Job.objects.filter(status_id=Status.PROCESSING).order_by().values("worker")
                 .annotate(n=Count("pk")).values_list("worker", "n"))  # partial processing index
     listed = [{"worker": w, "stale": now - w.last_heartbeat > dead_after, "held": held.get(w.name, 0),
                "age": now - w.last_heartbeat, "url": changelist_url(worker=w.name, status=int(Status.PROCESSING))}

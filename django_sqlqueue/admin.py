@@ -1,0 +1,343 @@
+"""The operator's admin: jobs (list, detail, actions), job types, workers and a dashboard.
+
+Built for a job table with millions of rows: the list never counts the whole table, every filter is
+served by an index, and no page loops over jobs in Python. Jobs are only ever changed through
+:meth:`JobManager.modify` (see :mod:`django_sqlqueue.admin_actions`); their fields are read-only here.
+See docs/admin.md.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
+from django.db.models import Q, QuerySet
+from django.db.models.functions import Substr
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.timesince import timesince, timeuntil
+from django.utils.translation import gettext_lazy as _
+
+from . import admin_actions
+from .admin_filters import (
+    CheapPaginator,
+    HasErrorFilter,
+    JobTypeFilter,
+    LeaseExpiredFilter,
+    OverdueFilter,
+    QueueFilter,
+    StatusFilter,
+    StepFilter,
+    WorkerFilter,
+    date_hierarchy_context,
+)
+from .admin_subtypes import subtype_inlines_for
+from .admin_types import JobTypeAdmin, WorkerAdmin, status_badge
+from .admin_views import dashboard_view
+from .conf import get_settings
+from .models import Job, JobAttempt, JobType, Worker
+from .states import CLAIMABLE, FINISHED, Status
+
+#: Characters of the error shown in the list (the rest stays in the database until the job is opened).
+ERROR_EXCERPT_CHARS = 120
+#: Payload / response larger than this (as pretty JSON) are cut on the job page.
+PRETTY_JSON_LIMIT = 200_000
+
+
+def pretty_json(value: Any) -> SafeString:
+    """Indented JSON in a <pre>, HTML-escaped (a payload holding ``<script>`` shows as text)."""
+    if value is None:
+        return format_html('<span class="quiet">{}</span>', "—")
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    note = ""
+    if len(text) > PRETTY_JSON_LIMIT:
+        note = f"\n… cut at {PRETTY_JSON_LIMIT} of {len(text)} characters"
+        text = text[:PRETTY_JSON_LIMIT]
+    return format_html('<pre class="sqlqueue-json">{}{}</pre>', text, note)
+
+
+def human_ms(ms: int | None) -> str:
+    if ms is None:
+        return "—"
+    if ms < 1000:
+        return f"{ms} ms"
+    seconds = ms / 1000
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    return f"{seconds / 60:.1f} min"
+
+
+class JobAttemptInline(admin.TabularInline):
+    """The job's attempt history, one row per claim, read-only."""
+
+    model = JobAttempt
+    extra = 0
+    max_num = 0
+    can_delete = False
+    ordering = ("attempt_num",)
+    fields = ("attempt_num", "worker", "claimed_at", "finished_at", "outcome_badge", "duration", "error_text")
+    readonly_fields = fields
+    verbose_name_plural = _("attempt history")
+    classes = ["sqlqueue-attempts"]
+
+    @admin.display(description=_("outcome"))
+    def outcome_badge(self, obj: JobAttempt) -> SafeString:
+        if obj.outcome_id is None:
+            return format_html('<span class="sqlqueue-badge sqlqueue-running">{}</span>',
+                               _("running") if obj.finished_at is None else "—")
+        return status_badge(obj.outcome_id)
+
+    @admin.display(description=_("duration"))
+    def duration(self, obj: JobAttempt) -> str:
+        return human_ms(obj.duration_ms)
+
+    @admin.display(description=_("error"))
+    def error_text(self, obj: JobAttempt) -> SafeString | str:
+        if not obj.error:
+            return ""
+        first = obj.error.strip().splitlines()[-1] if obj.error.strip() else ""
+        return format_html('<details class="sqlqueue-error"><summary>{}</summary><pre>{}</pre></details>',
+                           first[:ERROR_EXCERPT_CHARS], obj.error)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm("django_sqlqueue.view_job") or request.user.has_perm(
+            "django_sqlqueue.change_job")
+
+
+class JobChangeList(ChangeList):
+    """The list reads an excerpt of the error and neither payload nor response (they may be large)."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+        qs = super().get_queryset(request, exclude_parameters)
+        return qs.defer("payload", "response", "error").annotate(
+            error_head=Substr("error", 1, ERROR_EXCERPT_CHARS + 1))
+
+
+@admin.register(Job)
+class JobAdmin(admin_actions.JobActionPermissions, admin.ModelAdmin):
+    list_display = ("id", "job_type", "queue", "status_col", "step", "attempts", "scheduled", "started_at",
+                    "duration", "worker", "error_excerpt")
+    list_display_links = ("id",)
+    list_filter = (StatusFilter, JobTypeFilter, QueueFilter, StepFilter, WorkerFilter, OverdueFilter,
+                   LeaseExpiredFilter, HasErrorFilter)
+    list_select_related = ("job_type",)
+    list_per_page = 100
+    ordering = ("-id",)
+    sortable_by = ("id",)  # other orders would sort millions of rows
+    date_hierarchy = "enqueued_at"
+    search_fields = ("=id", "=dedupe_key", "error")  # the search itself is get_search_results
+    search_help_text = _("A job id, a dedupe key (exact), or text in the error.")
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    paginator = CheapPaginator
+    actions = admin_actions.JOB_ACTIONS
+    action_batch_limit = admin_actions.ACTION_BATCH_LIMIT
+    inlines = [JobAttemptInline]
+    fieldsets = (
+        (None, {"fields": ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis")}),
+        (_("Attempts"), {"fields": ("attempts", "worker", "started_at", "finished_at", "duration",
+                                    "lease_expires_at")}),
+        (_("Schedule"), {"fields": ("enqueued_at", "scheduled", "updated_at", "version", "dedupe_key")}),
+        (_("Payload"), {"fields": ("payload_pretty",)}),
+        (_("Response"), {"fields": ("response_pretty",)}),
+        (_("Error"), {"fields": ("error_traceback",)}),
+    )
+    readonly_fields = ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis", "attempts",
+                       "worker", "started_at", "finished_at", "duration", "lease_expires_at", "enqueued_at",
+                       "scheduled", "updated_at", "version", "dedupe_key", "payload_pretty", "response_pretty",
+                       "error_traceback")
+
+    class Media:
+        css = {"all": ["django_sqlqueue/admin.css"]}
+
+    # ----- permissions: jobs are read-only here; actions change them through modify ------------------
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # jobs are enqueued by code
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # a form save would write stale lifecycle columns over a worker's
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # retention is purge_queue's job, in batches
+
+    # ----- list -------------------------------------------------------------------------------------
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return JobChangeList
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
+        """An id (digits, optionally ``#``), else a dedupe key or text in the error.
+
+        Id and dedupe key are index seeks; error text is a scan of the jobs that have an error
+        (narrowed by the has-error partial index): add a status filter on very large tables.
+        """
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        if term.lstrip("#").isdigit():
+            return queryset.filter(Q(pk=int(term.lstrip("#"))) | Q(dedupe_key=term)), False
+        return queryset.filter(Q(dedupe_key=term) | (Q(error__gt="") & Q(error__icontains=term))), False
+
+    def action_checkbox(self, obj: Job) -> SafeString:
+        # The version the operator sees travels with the selection: a job changed since is refused.
+        return format_html('{}<input type="hidden" name="{}{}" value="{}">', super().action_checkbox(obj),
+                           admin_actions.TOKEN_PREFIX, obj.pk, obj.version)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        response = super().changelist_view(request, extra_context)
+        if isinstance(response, TemplateResponse) and "cl" in (response.context_data or {}):
+            response.context_data["sqlqueue_date_hierarchy"] = date_hierarchy_context(response.context_data["cl"])
+        return response
+
+    @admin.display(description=_("status"))
+    def status_col(self, obj: Job) -> SafeString:
+        return status_badge(obj.status_id)
+
+    @admin.display(description=_("attempts"))
+    def attempts(self, obj: Job) -> str:
+        return f"{obj.attempt_num} / {effective_max_attempts(obj)}"
+
+    @admin.display(description=_("scheduled for"))
+    def scheduled(self, obj: Job) -> SafeString:
+        when = obj.scheduled_for
+        stamp = timezone.localtime(when).strftime("%Y-%m-%d %H:%M:%S") if when else "—"
+        hint = ""
+        if when and obj.state in CLAIMABLE:
+            now = timezone.now()
+            if when > now:
+                hint = format_html('<span class="sqlqueue-hint">{}</span>', _("in %s") % timeuntil(when, now))
+            else:
+                hint = format_html('<span class="sqlqueue-hint sqlqueue-overdue">{}</span>',
+                                   _("overdue %s") % timesince(when, now))
+        return format_html("{} {}", stamp, hint)
+
+    @admin.display(description=_("duration"))
+    def duration(self, obj: Job) -> str:
+        if obj.state == Status.PROCESSING and obj.started_at:
+            return _("running %s") % timesince(obj.started_at)
+        return human_ms(obj.duration_ms)
+
+    @admin.display(description=_("error"))
+    def error_excerpt(self, obj: Job) -> SafeString | str:
+        text = getattr(obj, "error_head", None)
+        if text is None:
+            text = obj.error[: ERROR_EXCERPT_CHARS + 1]
+        if not text:
+            return ""
+        lines = [line for line in text.strip().splitlines() if line.strip()]
+        first = lines[0] if lines else text
+        short = first[:60] + ("…" if len(first) > 60 or len(text) > ERROR_EXCERPT_CHARS else "")
+        return format_html('<span class="sqlqueue-error-excerpt" title="{}">{}</span>', text, short)
+
+    # ----- detail -----------------------------------------------------------------------------------
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return super().get_queryset(request).select_related("job_type")
+
+    def get_inline_instances(self, request: HttpRequest, obj: Job | None = None) -> list[Any]:
+        instances = super().get_inline_instances(request, obj)
+        type_name = obj.job_type.name if obj is not None else None
+        for cls in subtype_inlines_for(obj, type_name):
+            inline = cls(self.model, self.admin_site)
+            if inline.has_view_or_change_permission(request, obj):
+                instances.append(inline)
+        return instances
+
+    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
+                    extra_context: dict[str, Any] | None = None) -> Any:
+        extra_context = dict(extra_context or {})
+        obj = self.get_object(request, object_id)
+        if obj is not None:
+            extra_context["sqlqueue_actions"] = [
+                (name, desc) for name, (_f, _n, desc) in self.get_actions(request).items()
+                if admin_actions.applies(name, obj.state)]
+            extra_context["sqlqueue_job"] = obj
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    @admin.display(description=_("type"))
+    def type_link(self, obj: Job) -> SafeString:
+        url = reverse("admin:django_sqlqueue_jobtype_change", args=[obj.job_type_id])
+        return format_html('<a href="{}">{}</a>', url, obj.job_type.name)
+
+    @admin.display(description=_("payload"))
+    def payload_pretty(self, obj: Job) -> SafeString:
+        return pretty_json(obj.payload)
+
+    @admin.display(description=_("response"))
+    def response_pretty(self, obj: Job) -> SafeString:
+        return pretty_json(obj.response)
+
+    @admin.display(description=_("error"))
+    def error_traceback(self, obj: Job) -> SafeString:
+        if not obj.error:
+            return format_html('<span class="quiet">{}</span>', "—")
+        return format_html('<pre class="sqlqueue-traceback">{}</pre>', obj.error)
+
+    @admin.display(description=_("why it is (not) running"))
+    def diagnosis(self, obj: Job) -> str:
+        return explain(obj)
+
+    # ----- dashboard --------------------------------------------------------------------------------
+    def get_urls(self) -> list[Any]:
+        custom = [path("dashboard/", self.admin_site.admin_view(lambda request: dashboard_view(request, self)),
+                       name="django_sqlqueue_dashboard")]
+        return custom + super().get_urls()
+
+
+def effective_max_attempts(job: Job) -> int:
+    if job.max_attempts is not None:
+        return job.max_attempts
+    if job.job_type.max_attempts is not None:
+        return job.job_type.max_attempts
+    return get_settings().MAX_ATTEMPTS
+
+
+def explain(job: Job) -> str:
+    """Why this job is, or is not, running now: the first reason the claim would skip it."""
+    now = timezone.now()
+    state = job.state
+    if state in FINISHED:
+        return _("Finished (%(status)s); only an operator's retry runs it again.") % {"status": state.label}
+    if state == Status.PAUSED:
+        return _("Paused by an operator: Resume to let workers take it.")
+    if state == Status.PROCESSING:
+        if job.lease_expires_at and job.lease_expires_at < now:
+            return _("Lease expired %(ago)s ago: worker %(worker)s is presumed dead; the next claim takes it "
+                     "over.") % {"ago": timesince(job.lease_expires_at, now), "worker": job.worker}
+        return _("Running on %(worker)s since %(ago)s ago.") % {"worker": job.worker or "?",
+                                                              "ago": timesince(job.started_at or now, now)}
+    if job.job_type.paused:
+        return _("Its job type %(type)s is paused: no worker takes its jobs.") % {"type": job.job_type.name}
+    if job.attempt_num >= effective_max_attempts(job):
+        return _("No attempts left (%(n)d used): Retry or Reset attempts.") % {"n": job.attempt_num}
+    if job.scheduled_for > now:
+        return _("Scheduled: due in %(t)s.") % {"t": timeuntil(job.scheduled_for, now)}
+    alive = Worker.objects.filter(stopped_at__isnull=True, last_heartbeat__gte=now - timedelta(
+        seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)).count()
+    if not alive:
+        return _("Due %(ago)s ago, but no worker is alive.") % {"ago": timesince(job.scheduled_for, now)}
+    return _("Due %(ago)s ago: waiting for one of %(n)d live worker(s) serving queue %(queue)s.") % {
+        "ago": timesince(job.scheduled_for, now), "n": alive, "queue": job.queue}
+
+
+admin.site.register(JobType, JobTypeAdmin)
+admin.site.register(Worker, WorkerAdmin)
+
+# The admin index links to the dashboard through this template (it extends "admin/index.html"); a
+# project with its own index template keeps it and may include "admin/django_sqlqueue/index_link.html".
+if admin.site.index_template is None:
+    admin.site.index_template = "admin/django_sqlqueue/index.html"

@@ -1,0 +1,229 @@
+"""Admin for job types (settings, pause / resume, counts by status) and workers (stale heartbeats)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from datetime import timedelta
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q, QuerySet
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.timesince import timesince
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from .admin_views import changelist_url
+from .conf import get_settings
+from .models import Job, JobType, Worker
+from .states import Status
+
+
+def status_badge(status_id: int | None) -> SafeString:
+    """A coloured badge for a status id (the label comes from the code: no join, no query)."""
+    if status_id is None:
+        return format_html("{}", "—")
+    status = Status(status_id)
+    return format_html('<span class="sqlqueue-badge sqlqueue-{}">{}</span>', status.label.lower(), status.label)
+
+
+def counts_by_status(type_ids: list[int]) -> dict[int, dict[int, int]]:
+    """{type id: {status id: jobs}} in one GROUP BY over the (status, type, queue) index."""
+    counts: dict[int, dict[int, int]] = defaultdict(dict)
+    rows = (Job.objects.filter(job_type_id__in=type_ids).order_by().values("job_type_id", "status_id")
+            .annotate(n=Count("pk")).values_list("job_type_id", "status_id", "n"))
+    for type_id, status_id, n in rows:
+        counts[type_id][status_id] = n
+    return counts
+
+
+def render_counts(type_id: int, counts: dict[int, int]) -> SafeString:
+    if not counts:
+        return format_html('<span class="quiet">{}</span>', _("no jobs"))
+    return format_html_join(
+        " ", '<a class="sqlqueue-badge sqlqueue-{}" href="{}">{}&nbsp;{}</a>',
+        ((Status(s).label.lower(), changelist_url(type=type_id, status=s), Status(s).label, n)
+         for s, n in sorted(counts.items())))
+
+
+def _setting(value: Any, default: Any, unit: str = "") -> SafeString:
+    if value is None:
+        return format_html('<span class="quiet">{}{} ({})</span>', default, unit, _("default"))
+    return format_html("{}{}", value, unit)
+
+
+@admin.action(permissions=["pause"], description=_("Pause selected job types"))
+def pause_types(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> None:
+    _set_paused(modeladmin, request, queryset, True)
+
+
+@admin.action(permissions=["pause"], description=_("Resume selected job types"))
+def resume_types(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> None:
+    _set_paused(modeladmin, request, queryset, False)
+
+
+def _set_paused(modeladmin: Any, request: HttpRequest, queryset: QuerySet, paused: bool) -> None:
+    if not modeladmin.has_pause_permission(request):
+        raise PermissionDenied
+    changed = []
+    for jt in queryset.filter(paused=not paused):
+        jt.paused = paused
+        jt.save(update_fields=["paused", "updated_at"])  # post_save clears the workers' type cache
+        changed.append(jt)
+    if changed:
+        LogEntry.objects.log_actions(user_id=request.user.pk, queryset=changed, action_flag=CHANGE,
+                                     change_message="Paused" if paused else "Resumed")
+    verb = _("paused") if paused else _("resumed")
+    modeladmin.message_user(request, ngettext("%(n)d job type %(verb)s.", "%(n)d job types %(verb)s.",
+                                              len(changed)) % {"n": len(changed), "verb": verb},
+                            messages.SUCCESS)
+
+
+class JobTypeAdmin(admin.ModelAdmin):
+    list_display = ("name", "paused_flag", "max_attempts_col", "backoff_col", "timeout_col", "lease_col",
+                    "job_counts", "updated_at")
+    list_filter = ("paused",)
+    search_fields = ("name",)
+    actions = [pause_types, resume_types]
+    fields = ("name", "description", "paused", "max_attempts", "backoff_base_seconds", "backoff_max_seconds",
+              "timeout_seconds", "lease_seconds", "job_counts", "created_at", "updated_at")
+    readonly_fields = ("job_counts", "created_at", "updated_at")
+
+    class Media:
+        css = {"all": ["django_sqlqueue/admin.css"]}
+
+    def has_pause_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm("django_sqlqueue.pause_job")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
+        fields = tuple(self.readonly_fields)
+        if obj is not None:
+            fields += ("name",)  # handlers are registered under this name
+        if not self.has_pause_permission(request):
+            fields += ("paused",)
+        return fields
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        response = super().changelist_view(request, extra_context)
+        cl = getattr(response, "context_data", {}).get("cl") if isinstance(response, TemplateResponse) else None
+        if cl is not None:
+            rows = list(cl.result_list)  # evaluates and caches the page: the template reuses these objects
+            counts = counts_by_status([r.pk for r in rows])
+            for row in rows:
+                row._sqlqueue_counts = counts.get(row.pk, {})
+        return response
+
+    @admin.display(description=_("paused"), boolean=True, ordering="paused")
+    def paused_flag(self, obj: JobType) -> bool:
+        return obj.paused
+
+    @admin.display(description=_("max attempts"))
+    def max_attempts_col(self, obj: JobType) -> SafeString:
+        return _setting(obj.max_attempts, get_settings().MAX_ATTEMPTS)
+
+    @admin.display(description=_("backoff"))
+    def backoff_col(self, obj: JobType) -> SafeString:
+        s = get_settings()
+        return format_html("{} … {}", _setting(obj.backoff_base_seconds, s.BACKOFF_BASE_SECONDS, " s"),
+                           _setting(obj.backoff_max_seconds, s.BACKOFF_MAX_SECONDS, " s"))
+
+    @admin.display(description=_("timeout"))
+    def timeout_col(self, obj: JobType) -> SafeString:
+        return _setting(obj.timeout_seconds, get_settings().TIMEOUT_SECONDS, " s")
+
+    @admin.display(description=_("lease"))
+    def lease_col(self, obj: JobType) -> SafeString:
+        return _setting(obj.lease_seconds, get_settings().LEASE_SECONDS, " s")
+
+    @admin.display(description=_("jobs by status"))
+    def job_counts(self, obj: JobType) -> SafeString:
+        if obj.pk is None:
+            return format_html("{}", "—")
+        counts = getattr(obj, "_sqlqueue_counts", None)
+        if counts is None:  # the change page: one query for this type
+            counts = counts_by_status([obj.pk]).get(obj.pk, {})
+        return render_counts(obj.pk, counts)
+
+
+class WorkerStateFilter(admin.SimpleListFilter):
+    """Alive, stale (heartbeat older than WORKER_DEAD_AFTER_SECONDS, not stopped) or stopped.
+
+    The worker table holds one row per worker process: small, so no index is needed.
+    """
+
+    title = _("state")
+    parameter_name = "state"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("alive", _("Alive")), ("stale", _("Stale heartbeat")), ("stopped", _("Stopped"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        cutoff = timezone.now() - timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)
+        value = self.value()
+        if value == "alive":
+            return queryset.filter(stopped_at__isnull=True, last_heartbeat__gte=cutoff)
+        if value == "stale":
+            return queryset.filter(stopped_at__isnull=True, last_heartbeat__lt=cutoff)
+        if value == "stopped":
+            return queryset.filter(stopped_at__isnull=False)
+        return queryset
+
+
+class WorkerAdmin(admin.ModelAdmin):
+    list_display = ("name", "state", "host", "pid", "started_at", "heartbeat", "jobs_done", "held_jobs",
+                    "stopped_at")
+    list_filter = (WorkerStateFilter,)
+    search_fields = ("name", "host")
+    ordering = ("stopped_at", "-last_heartbeat")
+    readonly_fields = ("name", "host", "pid", "started_at", "last_heartbeat", "stopped_at", "jobs_done",
+                       "state", "held_jobs")
+
+    class Media:
+        css = {"all": ["django_sqlqueue/admin.css"]}
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # workers register themselves
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # their heartbeats write these rows
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> Any:
+        response = super().changelist_view(request, extra_context)
+        cl = getattr(response, "context_data", {}).get("cl") if isinstance(response, TemplateResponse) else None
+        if cl is not None:
+            rows = list(cl.result_list)
+            held = dict(Job.objects.filter(Q(status_id=Status.PROCESSING), worker__in=[w.name for w in rows])
+                        .order_by().values("worker").annotate(n=Count("pk")).values_list("worker", "n"))
+            for row in rows:
+                row._sqlqueue_held = held.get(row.name, 0)
+        return response
+
+    @admin.display(description=_("state"))
+    def state(self, obj: Worker) -> SafeString:
+        if obj.stopped_at is not None:
+            return format_html('<span class="sqlqueue-badge sqlqueue-stopped">{}</span>', _("stopped"))
+        if timezone.now() - obj.last_heartbeat > timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS):
+            return format_html('<span class="sqlqueue-badge sqlqueue-stale" title="{}">{}</span>',
+                               _("No heartbeat for longer than WORKER_DEAD_AFTER_SECONDS: presumed dead; its "
+                                 "jobs are reclaimed."), _("stale"))
+        return format_html('<span class="sqlqueue-badge sqlqueue-alive">{}</span>', _("alive"))
+
+    @admin.display(description=_("last heartbeat"), ordering="last_heartbeat")
+    def heartbeat(self, obj: Worker) -> SafeString:
+        return format_html("{} <span class=\"sqlqueue-hint\">{}</span>",
+                           timezone.localtime(obj.last_heartbeat).strftime("%Y-%m-%d %H:%M:%S"),
+                           _("%s ago") % timesince(obj.last_heartbeat))
+
+    @admin.display(description=_("running jobs"))
+    def held_jobs(self, obj: Worker) -> SafeString:
+        n = getattr(obj, "_sqlqueue_held", None)
+        if n is None:
+            n = Job.objects.filter(status_id=Status.PROCESSING, worker=obj.name).count()
+        url = changelist_url(worker=obj.name, status=int(Status.PROCESSING))
+        return format_html('<a href="{}">{}</a>', url, n)
