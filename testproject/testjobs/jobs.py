@@ -50,11 +50,14 @@ def always_fail(job: JobContext) -> Any:
 
 @sqlqueue.handler("test.Sleep")
 def sleep(job: JobContext) -> Any:
-    """Sleep ``seconds`` (logging "start" first, so a test can wait until the job is running)."""
+    """Sleep ``seconds`` (``then`` seconds in later attempts), logging "start" first and "end" last."""
     _log(job, "start")
-    time.sleep(float(job.payload.get("seconds", 1)))
+    seconds = float(job.payload.get("seconds", 1))
+    if job.attempt_num > 1 and "then" in job.payload:
+        seconds = float(job.payload["then"])
+    time.sleep(seconds)
     _log(job, "end")
-    return {"slept": job.payload.get("seconds", 1)}
+    return {"slept": seconds}
 
 
 @sqlqueue.handler("test.SleepForever")
