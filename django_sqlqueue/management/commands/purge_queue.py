@@ -1,0 +1,108 @@
+"""``manage.py purge_queue --older-than 7d --status Completed``: retention for finished jobs.
+
+Deletes in small batches, each its own short transaction (a job row, its history and its subtype rows
+go together through the ORM's cascade), so the queue table is never locked for long and SQL Server
+has no reason to escalate to a table lock. Only finished statuses may be purged.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from django_sqlqueue.conf import get_settings
+from django_sqlqueue.states import FINISHED, Status
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+MAX_BATCH = 2000  # SQL Server takes at most 2100 parameters per statement
+
+
+def parse_age(text: str) -> timedelta:
+    """``90s``, ``15m``, ``12h``, ``7d``, ``2w`` or a plain number of seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text or "")
+    if not match:
+        raise CommandError(f"--older-than must look like 90s, 15m, 12h, 7d or 2w, got {text!r}")
+    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if seconds > 100 * 365 * 86400:
+        raise CommandError(f"--older-than {text!r} is more than 100 years")
+    return timedelta(seconds=seconds)
+
+
+class Command(BaseCommand):
+    help = "Delete finished jobs (and their history and subtype rows) older than a given age, in batches."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--older-than", required=True, metavar="AGE",
+                            help="Age by finish time: 90s, 15m, 12h, 7d, 2w (a plain number is seconds).")
+        parser.add_argument("--status", action="append", dest="statuses", default=[], metavar="STATUS",
+                            help="Finished status to purge (repeatable): "
+                                 f"{', '.join(s.label for s in sorted(FINISHED))}. Default: Completed.")
+        parser.add_argument("-q", "--queue", action="append", dest="queues", default=[], metavar="NAME",
+                            help="Only jobs of this queue (repeatable; default: every queue).")
+        parser.add_argument("--batch-size", type=int, default=500, metavar="N",
+                            help=f"Jobs deleted per transaction (1-{MAX_BATCH}; default 500).")
+        parser.add_argument("--pause", type=float, default=0.0, metavar="SECONDS",
+                            help="Sleep between batches, to leave the database to the workers (default 0).")
+        parser.add_argument("--workers", action="store_true",
+                            help="Also delete worker rows whose last heartbeat is older than the age.")
+        parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
+
+    def handle(self, *args: Any, **o: Any) -> None:
+        from django_sqlqueue.models import Job, Worker
+
+        age = parse_age(o["older_than"])
+        statuses = self._statuses(o["statuses"] or ["Completed"])
+        if not 1 <= o["batch_size"] <= MAX_BATCH:
+            raise CommandError(f"--batch-size must be an integer from 1 to {MAX_BATCH}, got {o['batch_size']}")
+        if not 0 <= o["pause"] <= 60:
+            raise CommandError(f"--pause must be from 0 to 60 seconds, got {o['pause']}")
+        using = get_settings().DATABASE
+        cutoff = timezone.now() - age
+        old = Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, updated_at__lt=cutoff)
+        qs = Job.objects.using(using).filter(old, status_id__in=statuses)
+        if o["queues"]:
+            qs = qs.filter(queue__in=o["queues"])
+        workers = Worker.objects.using(using).filter(last_heartbeat__lt=cutoff)
+        labels = ", ".join(s.label for s in statuses)
+        if o["dry_run"]:
+            self.stdout.write(f"would purge {qs.count()} job(s) ({labels}) finished before {cutoff:%Y-%m-%d %H:%M:%S} UTC"
+                              + (f" and {workers.count()} worker row(s)" if o["workers"] else ""))
+            return
+        deleted = 0
+        while True:
+            ids = list(qs.order_by("id").values_list("id", flat=True)[: o["batch_size"]])
+            if not ids:
+                break
+            with transaction.atomic(using=using):
+                Job.objects.using(using).filter(pk__in=ids).delete()
+            deleted += len(ids)
+            if o["verbosity"] >= 2:
+                self.stdout.write(f"  deleted {deleted} so far")
+            if o["pause"]:
+                time.sleep(o["pause"])
+        message = f"purged {deleted} job(s) ({labels}) finished before {cutoff:%Y-%m-%d %H:%M:%S} UTC"
+        if o["workers"]:
+            n, _ = workers.delete()
+            message += f" and {n} worker row(s)"
+        self.stdout.write(message)
+
+    @staticmethod
+    def _statuses(labels: list[str]) -> list[Status]:
+        out = []
+        for label in labels:
+            try:
+                status = Status.from_label(label)
+            except ValueError as exc:
+                raise CommandError(f"--status: {exc}") from exc
+            if status not in FINISHED:
+                raise CommandError(f"--status {status.label} is not a finished status: only "
+                                   f"{', '.join(s.label for s in sorted(FINISHED))} can be purged")
+            out.append(status)
+        return sorted(set(out))

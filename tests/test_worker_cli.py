@@ -1,0 +1,63 @@
+"""``run_queue_worker`` option validation: bad values are refused with a clear CommandError."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from tests import procutil
+from tests.workerutil import REPO
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--concurrency=-1"], "--concurrency must be an integer from 1 to 256, got -1"),
+        (["--concurrency", "0"], "--concurrency must be an integer from 1 to 256"),
+        (["--concurrency", "100000"], "--concurrency must be an integer from 1 to 256"),
+        (["--concurrency", "two"], "invalid int value"),
+        (["--batch", "0"], "--batch must be an integer from 1 to 1000"),
+        (["--batch", "5000"], "--batch must be an integer from 1 to 1000"),
+        (["--max-jobs", "0"], "--max-jobs must be an integer from 1"),
+        (["--max-seconds=-5"], "--max-seconds must be a number of seconds"),
+        (["--max-seconds", "0"], "--max-seconds must be greater than 0"),
+        (["--max-seconds", "inf"], "--max-seconds must be a number of seconds"),
+        (["--grace-seconds=-1"], "--grace-seconds must be a number of seconds"),
+        (["--grace-seconds", "nan"], "--grace-seconds must be a number of seconds"),
+        (["--wait-due", "5"], "--wait-due only makes sense with --burst"),
+        (["--burst", "--wait-due=-5"], "--wait-due must be a number of seconds"),
+        (["--log-level", "loud"], "--log-level must be one of"),
+        (["--worker-name", ""], "--worker-name must be 1-190 printable characters"),
+        (["--worker-name", "x" * 300], "--worker-name must be 1-190 printable characters"),
+        (["--worker-name", "tab\there"], "--worker-name must be 1-190 printable characters"),
+        (["--queue", ""], "--queue names must be 1-100 characters"),
+        (["--type", ""], "--type: a job type name must be"),
+    ],
+)
+def test_bad_option_values(args: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message):
+        call_command("run_queue_worker", *args)
+
+
+@pytest.mark.django_db
+def test_unknown_type_is_refused() -> None:
+    with pytest.raises(CommandError, match="--type 'NoSuchType': unknown job type"):
+        call_command("run_queue_worker", "--type", "NoSuchType", "--burst")
+
+
+@pytest.mark.django_db
+@pytest.mark.timeout(60)
+def test_command_line_exit_code_and_help() -> None:
+    env = procutil.test_db_env()
+    cmd = [sys.executable, str(REPO / "manage.py"), "run_queue_worker"]
+    bad = subprocess.run([*cmd, "--batch", "-3"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1
+    assert "CommandError: --batch must be an integer from 1 to 1000, got -3" in bad.stderr
+    usage = subprocess.run([*cmd, "--help"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 0
+    for option in ("--queue", "--type", "--concurrency", "--batch", "--burst", "--until-empty", "--wait-due",
+                   "--max-jobs", "--max-seconds", "--worker-name", "--grace-seconds", "--log-level", "--no-progress"):
+        assert option in usage.stdout
