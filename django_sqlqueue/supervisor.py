@@ -19,7 +19,6 @@ same name).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing
 import os
@@ -31,10 +30,11 @@ from typing import Any
 
 from . import signals
 from .exceptions import IllegalTransition, JobNotFound, StaleJob
+from .slots import SlotChannel, slot_main
 from .states import Status
+from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line, send
 from .worker import (
     CANCELLED,
-    DB_DOWN_ERRORS,
     EXIT_FATAL,
     EXIT_FORCED,
     EXIT_OK,
@@ -43,9 +43,6 @@ from .worker import (
     RETRIED,
     SUCCEEDED,
     WorkerConfig,
-    _close_connection,
-    _one_line,
-    _send,
 )
 
 log = logging.getLogger("django_sqlqueue.supervisor")
@@ -55,45 +52,6 @@ TICK_SECONDS = 0.1
 #: A slot that ran at least this long before dying restarts at once (a crash loop backs off).
 STABLE_SECONDS = 30.0
 MAX_RESTART_DELAY = 60.0
-
-
-class SlotChannel:
-    """What a slot process shares with the supervisor (picklable into a spawned child)."""
-
-    def __init__(self, ctx: Any, stop: Any, counters: Any, budget: Any) -> None:
-        self.stop = stop  # multiprocessing Event: "stop after the current job"
-        self.counters = counters  # RawArray of N_COUNTERS, written by the slot only
-        self.budget = budget  # shared Value of jobs left to claim (--max-jobs), or None
-        # [job id, monotonic deadline, timeout seconds]; a fresh array per incarnation, so a lock
-        # left held by a killed process is never waited for again.
-        self.current = ctx.Array("d", 3)
-
-    def set_current(self, job_id: int, timeout: float) -> None:
-        with self.current.get_lock():
-            self.current[0], self.current[1], self.current[2] = job_id, time.monotonic() + timeout, timeout
-
-    def clear_current(self) -> None:
-        with self.current.get_lock():
-            self.current[0] = self.current[1] = self.current[2] = 0
-
-    def reserve(self, n: int) -> int:
-        lock = self.budget.get_lock()
-        if not lock.acquire(timeout=5):
-            return 0  # a slot died holding the lock: stop claiming rather than overshoot
-        try:
-            n = max(0, min(n, self.budget.value))
-            self.budget.value -= n
-            return n
-        finally:
-            lock.release()
-
-    def give_back(self, n: int) -> None:
-        lock = self.budget.get_lock()
-        if lock.acquire(timeout=5):
-            try:
-                self.budget.value += n
-            finally:
-                lock.release()
 
 
 @dataclass
@@ -127,41 +85,6 @@ class Summary:
         rate = self.processed / self.seconds if self.seconds > 0 else 0.0
         return (f"processed={self.processed} succeeded={self.succeeded} retried={self.retried} "
                 f"failed={self.failed} cancelled={self.cancelled} seconds={self.seconds:.1f} jobs_per_s={rate:.1f}")
-
-
-def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None) -> None:
-    """Entry point of a slot process."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the worker installs its own handlers
-    _die_with_parent()
-    import django
-
-    django.setup()
-    from .worker import Worker, configure_logging
-
-    configure_logging(log_level)
-    try:
-        code = Worker(config, channel).run()
-    except Exception as exc:
-        from django.core.exceptions import ImproperlyConfigured
-
-        from .exceptions import UnknownJobType
-
-        if isinstance(exc, ImproperlyConfigured | UnknownJobType):
-            logging.getLogger("django_sqlqueue.worker").error("worker_fatal worker=%s error=%s", config.name,
-                                                              _one_line(exc))
-            code = EXIT_FATAL
-        else:
-            raise
-    sys.exit(code)
-
-
-def _die_with_parent() -> None:
-    """Linux: have the kernel SIGKILL this process when the supervisor dies (kill -9 included)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # elsewhere the heartbeat thread notices the parent is gone within a beat
 
 
 @dataclass
@@ -352,15 +275,15 @@ class Supervisor:
         except (StaleJob, IllegalTransition, JobNotFound):
             return
         except DB_DOWN_ERRORS as exc:
-            log.warning("timeout_not_recorded job=%s error=%s (the job is reclaimed by lease)", job_id, _one_line(exc))
-            _close_connection(self._using)
+            log.warning("timeout_not_recorded job=%s error=%s (the job is reclaimed by lease)", job_id, one_line(exc))
+            close_connection(self._using)
             return
         if new.state == Status.ERROR:
             self._extra[RETRIED] += 1
-            _send(signals.job_retried, job=new, worker=slot.name, error=new.error, duration=timeout)
+            send(signals.job_retried, job=new, worker=slot.name, error=new.error, duration=timeout)
         else:
             self._extra[FAILED] += 1
-            _send(signals.job_failed, job=new, worker=slot.name, error=new.error, duration=timeout)
+            send(signals.job_failed, job=new, worker=slot.name, error=new.error, duration=timeout)
 
     def _after_death(self, slot: Slot, running: int, *, stopped: bool = False) -> None:
         """A slot died: hand back its claimed-but-unstarted jobs; mark its row stopped if asked."""
@@ -368,7 +291,6 @@ class Supervisor:
 
         from .models import Job
         from .models import Worker as WorkerRow
-        from .worker import _db_now
 
         using = self._using
         try:
@@ -379,11 +301,11 @@ class Supervisor:
                 except (StaleJob, IllegalTransition, JobNotFound):
                     pass
             if stopped:
-                now: RawSQL = _db_now(using)
+                now: RawSQL = db_now(using)
                 WorkerRow.objects.using(using).filter(name=slot.name).update(stopped_at=now)
         except DB_DOWN_ERRORS as exc:
-            log.warning("slot_cleanup_skipped worker=%s error=%s", slot.name, _one_line(exc))
-            _close_connection(using)
+            log.warning("slot_cleanup_skipped worker=%s error=%s", slot.name, one_line(exc))
+            close_connection(using)
 
     def _reap(self) -> None:
         from .models import Job
@@ -391,8 +313,8 @@ class Supervisor:
         try:
             n = Job.objects.reap(using=self._using)
         except DB_DOWN_ERRORS as exc:
-            log.info("reap_skipped error=%s", _one_line(exc))
-            _close_connection(self._using)
+            log.info("reap_skipped error=%s", one_line(exc))
+            close_connection(self._using)
             return
         if n:
             log.warning("reaped jobs=%s (lease expired with no attempts left: Failed)", n)

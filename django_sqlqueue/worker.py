@@ -24,28 +24,26 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import InterfaceError, OperationalError, connections
-from django.db.models import F, Q
-from django.db.models.expressions import RawSQL
+from django.db import connections
+from django.db.models import Q
 from django.utils import timezone
 
 from . import jobtypes, runner, signals
 from .backoff import backoff_seconds
 from .conf import get_settings
-from .dialects import get_dialect
 from .exceptions import IllegalTransition, JobNotFound, StaleJob, UnknownJobType
 from .handlers import registry
+from .heartbeat import Heartbeat, mark_stopped, register
 from .states import CLAIMABLE, Status
+from .support import DB_DOWN_ERRORS, close_connection, configure_logging, one_line, send, tidy_connections
 
 if TYPE_CHECKING:
     from .models import Job
-    from .supervisor import SlotChannel
+    from .slots import SlotChannel
 
 log = logging.getLogger("django_sqlqueue.worker")
 T = TypeVar("T")
 
-#: Errors that mean "the database connection is gone or the database is unavailable": retried.
-DB_DOWN_ERRORS = (OperationalError, InterfaceError)
 #: A job whose type has no handler in this worker is retried after at least this long (attempt spent).
 UNKNOWN_TYPE_RETRY_SECONDS = 300.0
 DB_RETRY_MIN, DB_RETRY_MAX = 0.5, 30.0
@@ -88,15 +86,10 @@ class Worker:
         self.counters: Any = channel.counters if channel is not None else [0] * N_COUNTERS
         self._budget = config.max_jobs  # in-process budget (a supervisor shares one across slots)
         self._signals = 0
-        self._held: dict[int, int] = {}  # job id -> lease seconds, for the heartbeat thread
-        self._held_lock = threading.Lock()
+        self.heartbeat = Heartbeat(self.name, self.using, self.settings.HEARTBEAT_SECONDS,
+                                   exit_with_parent=channel is not None)
         self._running_id: int | None = None
-        self._done_since_beat = 0
-        self._hb_wake = threading.Event()
-        self._hb_stop = False
-        self._hb_thread: threading.Thread | None = None
         self._db_down_since: float | None = None
-        self._ppid = os.getppid()
 
     # ----- lifecycle ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -112,11 +105,9 @@ class Worker:
                 signal.signal(signum, previous)
 
     def _run(self) -> int:
-        if self._db(self._register) is None:
+        if self._db(register, self.name, self.using) is None:
             return EXIT_OK  # told to stop before the database was reachable
-        self._hb_thread = threading.Thread(target=self._heartbeat_loop, name=f"sqlqueue-heartbeat-{self.name}",
-                                           daemon=True)
-        self._hb_thread.start()
+        self.heartbeat.start()
         log.info("worker_started worker=%s pid=%s queues=%s types=%s batch=%s burst=%s", self.name, os.getpid(),
                  ",".join(self.config.queues) or "*", ",".join(self.config.types) or "*", self.config.batch,
                  self.config.burst)
@@ -161,7 +152,7 @@ class Worker:
                     self._release(jobs[i:])
                     return
                 self._run_one(job)
-            _tidy_connections()
+            tidy_connections()
         log.info("worker_stopping worker=%s reason=signal", self.name)
 
     def idle_wait(self, seconds: float) -> None:
@@ -193,11 +184,9 @@ class Worker:
         self._give_back(want - len(jobs))
         if jobs:
             leases = {job.pk: self._type(job).lease_seconds for job in jobs}
-            with self._held_lock:
-                self._held.update(leases)
-            self._hb_wake.set()  # a short lease may need an earlier renewal than planned
+            self.heartbeat.hold(leases)
             for job in jobs:
-                _send(signals.job_claimed, job=job, worker=self.name)
+                send(signals.job_claimed, job=job, worker=self.name)
         return jobs
 
     def _type(self, job: Job) -> jobtypes.TypeInfo:
@@ -231,9 +220,7 @@ class Worker:
                 if self.channel is not None:
                     self.channel.clear_current()
         self._db(self._record, outcome, retry_while_stopping=3)
-        with self._held_lock:
-            self._held.pop(job.pk, None)
-            self._done_since_beat += 1
+        self.heartbeat.drop(job.pk, finished=True)
         self._running_id = None
 
     def _record(self, outcome: runner.Outcome) -> None:
@@ -258,16 +245,16 @@ class Worker:
         common = {"job": new, "worker": self.name, "duration": outcome.duration}
         if new.state == Status.COMPLETED:
             self.counters[SUCCEEDED] += 1
-            _send(signals.job_succeeded, response=outcome.response, **common)
+            send(signals.job_succeeded, response=outcome.response, **common)
         elif new.state == Status.ERROR:
             self.counters[RETRIED] += 1
-            _send(signals.job_retried, error=outcome.error, **common)
+            send(signals.job_retried, error=outcome.error, **common)
         elif new.state == Status.CANCELLED:
             self.counters[CANCELLED] += 1
-            _send(signals.job_cancelled, reason=outcome.error, **common)
+            send(signals.job_cancelled, reason=outcome.error, **common)
         else:
             self.counters[FAILED] += 1
-            _send(signals.job_failed, error=outcome.error, **common)
+            send(signals.job_failed, error=outcome.error, **common)
         if kind is K.SUCCESS:
             log.debug("job_finished worker=%s job=%s attempt=%s status=%s seconds=%.3f", self.name, job.pk,
                       job.attempt_num, new.state.label, outcome.duration)
@@ -286,8 +273,7 @@ class Worker:
                 self.counters[RELEASED] += 1
             except (StaleJob, IllegalTransition, JobNotFound):
                 pass
-            with self._held_lock:
-                self._held.pop(job.pk, None)
+            self.heartbeat.drop(job.pk, finished=False)
         if jobs:
             log.info("worker_released worker=%s jobs=%s", self.name, len(jobs))
 
@@ -338,7 +324,7 @@ class Worker:
                     tries += 1
                     if tries > retry_while_stopping:
                         log.warning("worker_gave_up worker=%s call=%s error=%s", self.name,
-                                    getattr(fn, "__name__", fn), _one_line(exc))
+                                    getattr(fn, "__name__", fn), one_line(exc))
                         return None
                 self._db_trouble(exc)
 
@@ -350,8 +336,8 @@ class Worker:
         down_for = now - (self._db_down_since or now)
         delay = min(DB_RETRY_MAX, DB_RETRY_MIN * 2 ** min(10, int(down_for).bit_length())) * random.uniform(0.8, 1.2)
         (log.warning if first else log.info)(
-            "database_unavailable worker=%s error=%s retry_in=%.1f", self.name, _one_line(exc), delay)
-        _close_connection(self.using)
+            "database_unavailable worker=%s error=%s retry_in=%.1f", self.name, one_line(exc), delay)
+        close_connection(self.using)
         self.idle_wait(delay)
 
     def _db_ok(self) -> None:
@@ -359,144 +345,21 @@ class Worker:
             log.warning("database_back worker=%s after=%.1fs", self.name, time.monotonic() - self._db_down_since)
             self._db_down_since = None
 
-    # ----- worker row and heartbeat ------------------------------------------------------------------
-    def _register(self) -> None:
-        from .models import Worker as WorkerRow
-
-        now = _db_now(self.using)
-        values = {"host": socket.gethostname()[:200], "pid": os.getpid(), "started_at": now,
-                  "last_heartbeat": now, "stopped_at": None}
-        rows = WorkerRow.objects.using(self.using)
-        if not rows.filter(name=self.name).update(**values):
-            rows.create(name=self.name, **values)
-        return True
-
-    def _heartbeat_loop(self) -> None:
-        """Background thread: worker row heartbeat and lease renewal, on its own connection."""
-        next_beat = time.monotonic() + self._beat_interval()
-        try:
-            while not self._hb_stop:
-                self._hb_wake.wait(max(0.0, next_beat - time.monotonic()))
-                self._hb_wake.clear()
-                if self._hb_stop:
-                    break
-                if self.channel is not None and os.getppid() != self._ppid:
-                    os._exit(EXIT_FORCED)  # the supervisor is gone: so are we (our jobs are reclaimed)
-                now = time.monotonic()
-                if now < next_beat:  # woken early by a claim: a shorter lease may need an earlier beat
-                    next_beat = min(next_beat, now + self._beat_interval())
-                    continue
-                try:
-                    self._beat()
-                except DB_DOWN_ERRORS as exc:
-                    log.info("heartbeat_failed worker=%s error=%s", self.name, _one_line(exc))
-                    _close_connection(self.using)
-                except Exception:
-                    log.exception("heartbeat_error worker=%s", self.name)
-                next_beat = time.monotonic() + self._beat_interval()
-        finally:
-            connections.close_all()  # this thread's connections only
-
-    def _beat_interval(self) -> float:
-        with self._held_lock:
-            shortest = min(self._held.values(), default=None)
-        interval = self.settings.HEARTBEAT_SECONDS
-        if shortest is not None:
-            interval = min(interval, shortest / 3)
-        return max(0.05, interval)
-
-    def _beat(self) -> None:
-        from .models import Job
-        from .models import Worker as WorkerRow
-
-        with self._held_lock:
-            held = dict(self._held)
-        by_lease: dict[int, list[int]] = {}
-        for job_id, lease in held.items():
-            by_lease.setdefault(lease, []).append(job_id)
-        for lease, ids in by_lease.items():
-            kept = Job.objects.renew_leases(self.name, ids, lease, using=self.using)
-            if kept < len(ids):
-                log.info("lease_lost worker=%s jobs=%s held=%s", self.name, len(ids) - kept, len(ids))
-        with self._held_lock:
-            done, self._done_since_beat = self._done_since_beat, 0
-        WorkerRow.objects.using(self.using).filter(name=self.name).update(
-            last_heartbeat=_db_now(self.using), jobs_done=F("jobs_done") + done)
-
     def _shutdown(self) -> None:
         from .models import Job
-        from .models import Worker as WorkerRow
 
-        with self._held_lock:
-            leftover = [job_id for job_id in self._held if job_id != self._running_id]
+        leftover = [job_id for job_id in self.heartbeat.held() if job_id != self._running_id]
         if leftover:  # only after an unexpected error: a normal stop released them already
             rows = self._db(lambda: list(Job.objects.using(self.using).filter(
                 pk__in=leftover, worker=self.name, status_id=Status.PROCESSING)), retry_while_stopping=2)
             self._release(rows or [])
-        self._hb_stop = True
-        self._hb_wake.set()
-        if self._hb_thread is not None:
-            self._hb_thread.join(timeout=10)
-        done = self._done_since_beat
-        self._db(lambda: WorkerRow.objects.using(self.using).filter(name=self.name).update(
-            stopped_at=_db_now(self.using), last_heartbeat=_db_now(self.using), jobs_done=F("jobs_done") + done),
-            retry_while_stopping=2)
+        self.heartbeat.stop()
+        self._db(mark_stopped, self.name, self.using, self.heartbeat.take_done(), retry_while_stopping=2)
         counts = self.counters
         log.info("worker_stopped worker=%s succeeded=%s retried=%s failed=%s cancelled=%s released=%s", self.name,
                  counts[SUCCEEDED], counts[RETRIED], counts[FAILED], counts[CANCELLED], counts[RELEASED])
         connections.close_all()
 
 
-def configure_logging(level: str | None) -> None:
-    """Apply ``--log-level`` to the ``django_sqlqueue`` loggers; add a stderr handler if none is set up."""
-    logger = logging.getLogger("django_sqlqueue")
-    if level:
-        logger.setLevel(level.upper())
-    if not logger.handlers and not logging.getLogger().handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
-        logger.addHandler(handler)
-
-
-# ----- helpers ---------------------------------------------------------------------------------------
-def _db_now(using: str) -> RawSQL:
-    """The database clock as an ORM expression: heartbeats are compared with it by the claim."""
-    return RawSQL(get_dialect(connections[using]).now(), [])
-
-
-def _send(sig: Any, **kwargs: Any) -> None:
-    if not sig.has_listeners():
-        return
-    for receiver, result in sig.send_robust(sender=Worker, **kwargs):
-        if isinstance(result, Exception):
-            log.error("signal_receiver_failed receiver=%r error=%s", receiver, _one_line(result))
-
-
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:300]}"
-
-
-def _close_connection(using: str) -> None:
-    try:
-        connections[using].close()
-    except Exception:  # closing a broken connection may itself fail; it is gone either way
-        pass
-
-
-def _tidy_connections() -> None:
-    """Between batches: close connections a handler broke or left outside autocommit.
-
-    Django closes connections at the end of each request; a worker is one long "request", so it
-    keeps its connection (reconnecting per job would cost more than the job) but drops it as soon as
-    it is unusable, and honours a positive ``CONN_MAX_AGE``.
-    """
-    for conn in connections.all(initialized_only=True):
-        if conn.connection is None:
-            continue
-        if conn.get_autocommit() != conn.settings_dict["AUTOCOMMIT"] or (conn.errors_occurred and not conn.is_usable()):
-            conn.close()
-            continue
-        conn.errors_occurred = False
-        if conn.settings_dict.get("CONN_MAX_AGE") and conn.close_at is not None and time.monotonic() >= conn.close_at:
-            conn.close()
+__all__ = ["DB_DOWN_ERRORS", "UNKNOWN_TYPE_RETRY_SECONDS", "Worker", "WorkerConfig", "configure_logging",
+           "default_worker_name"]

@@ -1,0 +1,88 @@
+"""What runs inside a slot process, and the shared memory it uses to talk to the supervisor."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import signal
+import sys
+import time
+from typing import Any
+
+from .support import one_line
+from .worker import EXIT_FATAL, WorkerConfig
+
+
+class SlotChannel:
+    """What a slot process shares with the supervisor (picklable into a spawned child)."""
+
+    def __init__(self, ctx: Any, stop: Any, counters: Any, budget: Any) -> None:
+        self.stop = stop  # multiprocessing Event: "stop after the current job"
+        self.counters = counters  # RawArray of N_COUNTERS, written by the slot only
+        self.budget = budget  # shared Value of jobs left to claim (--max-jobs), or None
+        # [job id, monotonic deadline, timeout seconds]; a fresh array per incarnation, so a lock
+        # left held by a killed process is never waited for again.
+        self.current = ctx.Array("d", 3)
+
+    def set_current(self, job_id: int, timeout: float) -> None:
+        with self.current.get_lock():
+            self.current[0], self.current[1], self.current[2] = job_id, time.monotonic() + timeout, timeout
+
+    def clear_current(self) -> None:
+        with self.current.get_lock():
+            self.current[0] = self.current[1] = self.current[2] = 0
+
+    def reserve(self, n: int) -> int:
+        lock = self.budget.get_lock()
+        if not lock.acquire(timeout=5):
+            return 0  # a slot died holding the lock: stop claiming rather than overshoot
+        try:
+            n = max(0, min(n, self.budget.value))
+            self.budget.value -= n
+            return n
+        finally:
+            lock.release()
+
+    def give_back(self, n: int) -> None:
+        lock = self.budget.get_lock()
+        if lock.acquire(timeout=5):
+            try:
+                self.budget.value += n
+            finally:
+                lock.release()
+
+
+def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None) -> None:
+    """Entry point of a slot process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the worker installs its own handlers
+    _die_with_parent()
+    import django
+
+    django.setup()
+    from .support import configure_logging
+    from .worker import Worker
+
+    configure_logging(log_level)
+    try:
+        code = Worker(config, channel).run()
+    except Exception as exc:
+        from django.core.exceptions import ImproperlyConfigured
+
+        from .exceptions import UnknownJobType
+
+        if isinstance(exc, ImproperlyConfigured | UnknownJobType):
+            logging.getLogger("django_sqlqueue.worker").error("worker_fatal worker=%s error=%s", config.name,
+                                                              one_line(exc))
+            code = EXIT_FATAL
+        else:
+            raise
+    sys.exit(code)
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel SIGKILL this process when the supervisor dies (kill -9 included)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # elsewhere the heartbeat thread notices the parent is gone within a beat
