@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "django_sqlqueue",
     "testproject.notifications",
     "testproject.testjobs",
+    "testproject.soakjobs",
 ]
 
 MIDDLEWARE = [
