@@ -38,6 +38,26 @@ __all__ = ["PgCluster", "find_pg_bindir"]
 PG_OS_USER = "postgres"
 _START_TIMEOUT = 120  # seconds, for pg_ctl -w
 
+# Run by the watchdog process (python -I -c CODE pg_ctl data_dir base_dir uid gid).
+_WATCHDOG_CODE = """
+import os, shutil, subprocess, sys
+pg_ctl, data_dir, base_dir, uid, gid = sys.argv[1:6]
+try:
+    while sys.stdin.buffer.read(65536):
+        pass
+except BaseException:
+    pass
+if os.path.exists(os.path.join(data_dir, "postmaster.pid")):
+    kw = {"user": int(uid), "group": int(gid), "extra_groups": []} if int(uid) >= 0 else {}
+    try:
+        subprocess.run([pg_ctl, "-D", data_dir, "-m", "immediate", "-w", "-t", "60", "stop"],
+                       cwd=base_dir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=90, **kw)
+    except Exception:
+        pass
+shutil.rmtree(base_dir, ignore_errors=True)
+"""
+
 
 def _version_key(path: str) -> tuple[int, ...]:
     # /usr/lib/postgresql/<version>/bin/initdb -> (15,) / (9, 6)
@@ -116,7 +136,14 @@ class PgCluster:
     host: str = "127.0.0.1"
     user: str = "postgres"  # database superuser
 
-    def __init__(self, *, port: int | None = None, fsync: bool = False, base_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        fsync: bool = False,
+        base_dir: str | None = None,
+        watchdog: bool = True,
+    ) -> None:
         self.port: int = port if port is not None else _free_port(self.host)
         self._port_fixed = port is not None
         self.fsync = fsync
@@ -128,6 +155,9 @@ class PgCluster:
         self._as_root = os.geteuid() == 0
         self._os_user: pwd.struct_passwd | None = None
         self._atexit_registered = False
+        self._use_watchdog = watchdog
+        self._watchdog: subprocess.Popen | None = None
+        self._watchdog_fd: int | None = None
 
     # ------------------------------------------------------------------ paths
     @property
@@ -279,6 +309,58 @@ lc_messages = 'C'
             timeout=_START_TIMEOUT + 30,
         )
 
+    def _start_watchdog(self) -> None:
+        """A helper process that stops the server and removes the temp dir if this process
+        dies without calling destroy() (SIGKILL, os._exit, pytest-timeout's thread method).
+
+        It blocks reading a pipe whose write end only this process holds; EOF means we are
+        gone (or destroy() closed it after cleaning up, in which case there is nothing left).
+        """
+        if not sys.executable:
+            return
+        read_fd, write_fd = os.pipe()
+        uid = self._os_user.pw_uid if self._os_user else -1
+        gid = self._os_user.pw_gid if self._os_user else -1
+        try:
+            self._watchdog = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-I",
+                    "-c",
+                    _WATCHDOG_CODE,
+                    self._bin("pg_ctl"),
+                    self.data_dir,
+                    self._require_base(),
+                    str(uid),
+                    str(gid),
+                ],
+                stdin=read_fd,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd="/",
+                start_new_session=True,  # not killed by a terminal's Ctrl-C with us
+                close_fds=True,
+            )
+        except OSError:
+            os.close(write_fd)
+            self._watchdog = None
+            return
+        finally:
+            os.close(read_fd)
+        self._watchdog_fd = write_fd
+
+    def _stop_watchdog(self) -> None:
+        if self._watchdog_fd is not None:
+            os.close(self._watchdog_fd)
+            self._watchdog_fd = None
+        if self._watchdog is not None:
+            try:
+                self._watchdog.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._watchdog.kill()
+                self._watchdog.wait()
+            self._watchdog = None
+
     # -------------------------------------------------------------------- API
     def start(self) -> PgCluster:
         """initdb (first time only) and ``pg_ctl start -w``; returns self."""
@@ -286,6 +368,8 @@ lc_messages = 'C'
             return self
         if self.base_dir is None:
             self._make_base_dir()
+            if self._use_watchdog:
+                self._start_watchdog()
         if not self._atexit_registered:
             atexit.register(self.destroy)
             self._atexit_registered = True
@@ -352,6 +436,7 @@ lc_messages = 'C'
                 pass
         shutil.rmtree(self.base_dir, ignore_errors=True)
         self.base_dir = None
+        self._stop_watchdog()
         self._initialized = False
         self._running = False
 
