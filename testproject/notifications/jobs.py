@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 from django_sqlqueue import handler
 
@@ -120,5 +121,5 @@ def send_digest(job: Any) -> dict[str, Any]:
 @handler("DeliverWebhook", max_attempts=2, description="POST an event to a customer webhook (demo: always fails)",
          **FAST_RETRIES)
 def deliver_webhook(job: Any) -> None:
-    url = (job.payload or {}).get("url", "")
-    raise ConnectionError(f"cannot reach {url}: name does not resolve (demo: this job always fails)")
+    host = urlsplit((job.payload or {}).get("url", "")).hostname or "?"
+    raise ConnectionError(f"cannot reach {host}: name does not resolve (demo: always fails)")

@@ -9,6 +9,7 @@ the time limit), and prints what happened to each job and a per-status summary.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -152,7 +153,10 @@ class Command(BaseCommand):
             for attempt in history:
                 if attempt.error:
                     last = attempt.error.strip().splitlines()[-1]
-                    self.stdout.write(f"   {'':>5}  attempt {attempt.attempt_num} by {attempt.worker}: {last[:90]}")
+                    last = re.sub(r"^(?:\w+\.)+(?=\w+: )", "", last)  # drop the exception's module path
+                    if len(last) > 100:
+                        last = last[:99] + "..."
+                    self.stdout.write(f"   {'':>5}  attempt {attempt.attempt_num} by {attempt.worker}: {last}")
         self.step("   per-status summary")
         for status in Status:
             if counts.get(status.label):
