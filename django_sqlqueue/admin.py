@@ -9,7 +9,7 @@ See docs/admin.md.
 from __future__ import annotations
 
 import json
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.contrib import admin
@@ -63,6 +63,20 @@ def pretty_json(value: Any) -> SafeString:
     return format_html('<pre class="sqlqueue-json">{}{}</pre>', text, note)
 
 
+def stamp(when: datetime | None) -> str:
+    """A compact local timestamp with seconds (operators compare these to logs)."""
+    return timezone.localtime(when).strftime("%Y-%m-%d %H:%M:%S") if when else "—"
+
+
+def short_stamp(when: datetime | None) -> SafeString | str:
+    """For the list: the time alone when it is today, else date and minutes; the full stamp on hover."""
+    if when is None:
+        return "—"
+    local = timezone.localtime(when)
+    text = local.strftime("%H:%M:%S") if local.date() == timezone.localdate() else local.strftime("%Y-%m-%d %H:%M")
+    return format_html('<span title="{}">{}</span>', stamp(when), text)
+
+
 def human_ms(ms: int | None) -> str:
     if ms is None:
         return "—"
@@ -82,10 +96,18 @@ class JobAttemptInline(admin.TabularInline):
     max_num = 0
     can_delete = False
     ordering = ("attempt_num",)
-    fields = ("attempt_num", "worker", "claimed_at", "finished_at", "outcome_badge", "duration", "error_text")
+    fields = ("attempt_num", "worker", "claimed", "finished", "outcome_badge", "duration", "error_text")
     readonly_fields = fields
     verbose_name_plural = _("attempt history")
     classes = ["sqlqueue-attempts"]
+
+    @admin.display(description=_("claimed"))
+    def claimed(self, obj: JobAttempt) -> str:
+        return stamp(obj.claimed_at)
+
+    @admin.display(description=_("finished"))
+    def finished(self, obj: JobAttempt) -> str:
+        return stamp(obj.finished_at)
 
     @admin.display(description=_("outcome"))
     def outcome_badge(self, obj: JobAttempt) -> SafeString:
@@ -103,7 +125,7 @@ class JobAttemptInline(admin.TabularInline):
         if not obj.error:
             return ""
         first = obj.error.strip().splitlines()[-1] if obj.error.strip() else ""
-        return format_html('<details class="sqlqueue-error"><summary>{}</summary><pre>{}</pre></details>',
+        return format_html('<details class="sqlqueue-attempt-error"><summary>{}</summary><pre>{}</pre></details>',
                            first[:ERROR_EXCERPT_CHARS], obj.error)
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -131,7 +153,7 @@ class JobChangeList(ChangeList):
 
 @admin.register(Job)
 class JobAdmin(admin_actions.JobActionPermissions, admin.ModelAdmin):
-    list_display = ("id", "job_type", "queue", "status_col", "step", "attempts", "scheduled", "started_at",
+    list_display = ("id", "type_col", "queue", "status_col", "step", "attempts", "scheduled", "started",
                     "duration", "worker", "error_excerpt")
     list_display_links = ("id",)
     list_filter = (StatusFilter, JobTypeFilter, QueueFilter, StepFilter, WorkerFilter, OverdueFilter,
@@ -151,17 +173,13 @@ class JobAdmin(admin_actions.JobActionPermissions, admin.ModelAdmin):
     inlines = [JobAttemptInline]
     fieldsets = (
         (None, {"fields": ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis")}),
-        (_("Attempts"), {"fields": ("attempts", "worker", "started_at", "finished_at", "duration",
-                                    "lease_expires_at")}),
-        (_("Schedule"), {"fields": ("enqueued_at", "scheduled", "updated_at", "version", "dedupe_key")}),
-        (_("Payload"), {"fields": ("payload_pretty",)}),
-        (_("Response"), {"fields": ("response_pretty",)}),
-        (_("Error"), {"fields": ("error_traceback",)}),
+        (_("Attempts"), {"fields": ("attempts", "worker", "started", "finished", "duration", "lease")}),
+        (_("Schedule"), {"fields": ("enqueued", "scheduled_full", "updated", "version", "dedupe_key")}),
+        (_("Data"), {"fields": ("payload_pretty", "response_pretty", "error_traceback")}),
     )
     readonly_fields = ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis", "attempts",
-                       "worker", "started_at", "finished_at", "duration", "lease_expires_at", "enqueued_at",
-                       "scheduled", "updated_at", "version", "dedupe_key", "payload_pretty", "response_pretty",
-                       "error_traceback")
+                       "worker", "started", "finished", "duration", "lease", "enqueued", "scheduled_full", "updated",
+                       "version", "dedupe_key", "payload_pretty", "response_pretty", "error_traceback")
 
     class Media:
         css = {"all": ["django_sqlqueue/admin.css"]}
@@ -204,6 +222,10 @@ class JobAdmin(admin_actions.JobActionPermissions, admin.ModelAdmin):
             response.context_data["sqlqueue_date_hierarchy"] = date_hierarchy_context(response.context_data["cl"])
         return response
 
+    @admin.display(description=_("type"))
+    def type_col(self, obj: Job) -> str:
+        return obj.job_type.name
+
     @admin.display(description=_("status"))
     def status_col(self, obj: Job) -> SafeString:
         return status_badge(obj.status_id)
@@ -214,17 +236,49 @@ class JobAdmin(admin_actions.JobActionPermissions, admin.ModelAdmin):
 
     @admin.display(description=_("scheduled for"))
     def scheduled(self, obj: Job) -> SafeString:
+        return format_html("{} {}", short_stamp(obj.scheduled_for), self._due_hint(obj))
+
+    @admin.display(description=_("scheduled for"))
+    def scheduled_full(self, obj: Job) -> SafeString:
+        return format_html("{} {}", stamp(obj.scheduled_for), self._due_hint(obj))
+
+    def _due_hint(self, obj: Job) -> SafeString | str:
+        """"in 5 minutes" / "overdue 3 minutes" for a job a worker may claim; nothing otherwise."""
         when = obj.scheduled_for
-        stamp = timezone.localtime(when).strftime("%Y-%m-%d %H:%M:%S") if when else "—"
-        hint = ""
-        if when and obj.state in CLAIMABLE:
-            now = timezone.now()
-            if when > now:
-                hint = format_html('<span class="sqlqueue-hint">{}</span>', _("in %s") % timeuntil(when, now))
-            else:
-                hint = format_html('<span class="sqlqueue-hint sqlqueue-overdue">{}</span>',
-                                   _("overdue %s") % timesince(when, now))
-        return format_html("{} {}", stamp, hint)
+        if not when or obj.state not in CLAIMABLE:
+            return ""
+        now = timezone.now()
+        if when > now:
+            return format_html('<span class="sqlqueue-hint">{}</span>', _("in %s") % timeuntil(when, now))
+        return format_html('<span class="sqlqueue-hint sqlqueue-overdue">{}</span>',
+                           _("overdue %s") % timesince(when, now))
+
+    @admin.display(description=_("started"))
+    def started(self, obj: Job) -> SafeString | str:
+        return short_stamp(obj.started_at)
+
+    @admin.display(description=_("finished"))
+    def finished(self, obj: Job) -> str:
+        return stamp(obj.finished_at)
+
+    @admin.display(description=_("enqueued"))
+    def enqueued(self, obj: Job) -> str:
+        return stamp(obj.enqueued_at)
+
+    @admin.display(description=_("updated"))
+    def updated(self, obj: Job) -> str:
+        return stamp(obj.updated_at)
+
+    @admin.display(description=_("lease expires"))
+    def lease(self, obj: Job) -> SafeString | str:
+        if obj.lease_expires_at is None:
+            return "—"
+        now = timezone.now()
+        if obj.lease_expires_at < now:
+            return format_html('{} <span class="sqlqueue-hint sqlqueue-overdue">{}</span>', stamp(obj.lease_expires_at),
+                               _("expired %s ago") % timesince(obj.lease_expires_at, now))
+        return format_html('{} <span class="sqlqueue-hint">{}</span>', stamp(obj.lease_expires_at),
+                           _("in %s") % timeuntil(obj.lease_expires_at, now))
 
     @admin.display(description=_("duration"))
     def duration(self, obj: Job) -> str:

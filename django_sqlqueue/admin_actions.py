@@ -100,19 +100,20 @@ def run_transition(
     jobs = list(queryset.order_by("-id").only(*_FIELDS)[: limit + 1])
     outcome = Outcome(truncated=len(jobs) > limit)
     tokens = posted_tokens(request)
+    stale = _("changed by a worker or another operator since the list was shown (concurrency token is "
+              "stale); reload the page and try again")
     for job in jobs[:limit]:
-        reason = refuse(job)
+        token = tokens.get(job.pk, job.version)
+        reason = stale if token != job.version else refuse(job)
         if reason is None and job.state == Status.PROCESSING and target != Status.TERMINATED:
             reason = _RUNNING_REFUSAL
         if reason is not None:
             outcome.refused[reason].append(job.pk)
             continue
-        token = tokens.get(job.pk, job.version)
         try:
             updated = Job.objects.modify(job, token, target, using=job._state.db, **options(job))
-        except StaleJob:
-            outcome.refused[_("changed by a worker or another operator since the list was shown "
-                              "(concurrency token is stale); reload the page and try again")].append(job.pk)
+        except StaleJob:  # changed between our read and the UPDATE: modify's WHERE version caught it
+            outcome.refused[stale].append(job.pk)
         except IllegalTransition:
             outcome.refused[_("%(from)s → %(to)s is not allowed") % {"from": job.state.label,
                                                                       "to": target.label}].append(job.pk)

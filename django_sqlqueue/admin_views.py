@@ -235,7 +235,8 @@ def throughput_chart(job_model: type[Job], now: datetime, minutes: int = CHART_M
         "base_y": top + plot_h, "peak": peak, "mid_y": top + plot_h / 2, "mid": round(peak / 2, 1),
         "total_done": sum(done), "total_failed": sum(failed), "minutes": minutes,
         "start_label": bars[0]["label"], "end_label": bars[-1]["label"], "label_y": height - 4,
-        "right": width,
+        "right": width, "label_x": left - 4, "center_x": round(left + (width - left) / 2, 1),
+        "center_label": bars[minutes // 2]["label"],
     }
 
 

@@ -1,0 +1,260 @@
+"""Admin pages: job list (columns, filters, search, paging, date hierarchy), job page, escaping."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_sqlqueue.admin_filters import CheapPaginator, distinct_values
+from django_sqlqueue.models import Job, JobType
+from django_sqlqueue.states import Status
+from testproject.notifications.models import EmailChannel, ResetPassword
+from tests.test_admin_support import (  # noqa: F401  (fixtures)
+    change_url,
+    changelist_url,
+    fast_password_hasher,
+    make_job,
+    make_worker,
+)
+
+pytestmark = pytest.mark.django_db
+
+XSS = "<script>alert('x')</script>"
+
+
+def ids_in(response) -> list[int]:
+    return [obj.pk for obj in response.context["cl"].result_list]
+
+
+def test_list_columns_and_newest_first(admin_client) -> None:
+    old = make_job(Status.FAILED, queue="emails", step="Send", worker="w-1")
+    soon = make_job(scheduled_for=timezone.now() + timedelta(minutes=5))
+    late = make_job(scheduled_for=timezone.now() - timedelta(minutes=7))
+    running = make_job(Status.PROCESSING, worker="w-2")
+    response = admin_client.get(changelist_url())
+    assert response.status_code == 200
+    assert ids_in(response) == [running.pk, late.pk, soon.pk, old.pk]
+    html = response.content.decode()
+    assert 'class="sqlqueue-badge sqlqueue-failed">Failed<' in html
+    assert 'class="sqlqueue-badge sqlqueue-processing">Processing<' in html
+    assert "3 / 3" in html and "1 / 3" in html  # attempts n / max (the settings' default max)
+    assert re.search(r'sqlqueue-hint">in 4.minutes', html)
+    assert re.search(r'sqlqueue-overdue">overdue 7.minutes', html)
+    assert "ValueError: boom" in html  # the error excerpt
+    assert "running 0" in html  # duration of a running job
+    assert "4 jobs" in html
+
+
+@pytest.mark.parametrize(("param", "value", "expect"), [
+    ("status", int(Status.FAILED), {"failed"}),
+    ("queue", "emails", {"failed"}),
+    ("step", "Send", {"failed"}),
+    ("step", "-", {"pending", "overdue", "running", "expired", "completed"}),
+    ("worker", "w-2", {"running"}),
+    ("overdue", "1", {"overdue"}),
+    ("lease_expired", "1", {"expired"}),
+    ("has_error", "1", {"failed"}),
+])
+def test_filters(admin_client, param, value, expect) -> None:
+    jobs = {
+        "failed": make_job(Status.FAILED, queue="emails", step="Send", worker="w-1"),
+        "pending": make_job(scheduled_for=timezone.now() + timedelta(hours=1)),
+        "overdue": make_job(scheduled_for=timezone.now() - timedelta(minutes=3)),
+        "running": make_job(Status.PROCESSING, worker="w-2"),
+        "expired": make_job(Status.PROCESSING, worker="w-dead"),
+        "completed": make_job(Status.COMPLETED),
+    }
+    Job.objects.filter(pk=jobs["expired"].pk).update(lease_expires_at=timezone.now() - timedelta(seconds=5))
+    make_worker("w-2")
+    response = admin_client.get(changelist_url(**{param: value}))
+    assert response.status_code == 200
+    assert set(ids_in(response)) == {jobs[k].pk for k in expect}
+
+
+def test_type_filter_and_dropdowns(admin_client) -> None:
+    other = JobType.objects.create(name="OtherType")
+    a = make_job()
+    b = Job.objects.enqueue("OtherType", {})
+    response = admin_client.get(changelist_url(type=other.pk))
+    assert ids_in(response) == [b.pk]
+    html = admin_client.get(changelist_url()).content.decode()
+    # status and type render as dropdowns (django-admin-list-filter-dropdown), with the code's labels
+    assert html.count("<select") >= 2 and 'value="?status=4"' in html and ">PartiallyCompleted<" in html
+    assert f'value="?type={other.pk}"' in html and a.pk
+
+
+def test_queue_and_step_choices_come_from_a_loose_index_scan() -> None:
+    for queue, step in [("b", "Send"), ("a", ""), ("c", "Render"), ("a", "Send")]:
+        make_job(queue=queue, step=step)
+    assert distinct_values(Job.objects.all(), "queue") == ["a", "b", "c"]
+    assert distinct_values(Job.objects.filter(step__gt=""), "step") == ["Render", "Send"]
+    assert distinct_values(Job.objects.all(), "queue", limit=2) == ["a", "b"]
+
+
+def test_search_by_id_dedupe_key_and_error_text(admin_client) -> None:
+    keyed = make_job(dedupe_key="order-77")
+    failed = make_job(Status.FAILED, error="Traceback\nSMTPServerDisconnected: gone away")
+    plain = make_job()
+    assert ids_in(admin_client.get(changelist_url(q=str(plain.pk)))) == [plain.pk]
+    assert ids_in(admin_client.get(changelist_url(q=f"#{plain.pk}"))) == [plain.pk]
+    assert ids_in(admin_client.get(changelist_url(q="order-77"))) == [keyed.pk]
+    assert ids_in(admin_client.get(changelist_url(q="smtpserverdisconnected"))) == [failed.pk]
+    assert ids_in(admin_client.get(changelist_url(q="nothing-like-this"))) == []
+
+
+def test_date_hierarchy_without_distinct_queries(admin_client) -> None:
+    jobs = [make_job() for _ in range(3)]
+    Job.objects.filter(pk=jobs[0].pk).update(enqueued_at=timezone.now().replace(year=2024, month=3, day=9))
+    Job.objects.filter(pk=jobs[1].pk).update(enqueued_at=timezone.now().replace(year=2025, month=5, day=2))
+    with CaptureQueriesContext(connection) as queries:
+        html = admin_client.get(changelist_url()).content.decode()
+    assert not [q for q in queries.captured_queries if "DISTINCT" in q["sql"].upper()]
+    year = timezone.now().year
+    assert 'href="?enqueued_at__year=2024"' in html and f'href="?enqueued_at__year={year}"' in html
+    response = admin_client.get(changelist_url(enqueued_at__year=2025))
+    assert ids_in(response) == [jobs[1].pk]
+    assert 'enqueued_at__month=5' in response.content.decode()
+    response = admin_client.get(changelist_url(enqueued_at__year=2025, enqueued_at__month=5))
+    assert "enqueued_at__day=2" in response.content.decode()
+    response = admin_client.get(changelist_url(enqueued_at__year=2025, enqueued_at__month=5, enqueued_at__day=2))
+    assert ids_in(response) == [jobs[1].pk]
+
+
+def test_paginator_caps_the_count(admin_client, monkeypatch) -> None:
+    monkeypatch.setattr(CheapPaginator, "count_cap", 5)
+    for _ in range(8):
+        make_job()
+    response = admin_client.get(changelist_url())
+    cl = response.context["cl"]
+    html = response.content.decode()
+    if connection.vendor == "postgresql":
+        assert cl.paginator.is_capped or cl.paginator.is_estimate
+    else:
+        assert cl.paginator.is_capped and "more than 5 jobs" in html
+    # a filtered list is never estimated from the table's size
+    response = admin_client.get(changelist_url(status=int(Status.PENDING)))
+    assert response.context["cl"].paginator.is_capped and not response.context["cl"].paginator.is_estimate
+    assert response.context["cl"].result_count == 5
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="pg_class.reltuples is PostgreSQL's")
+def test_paginator_estimates_the_unfiltered_list_on_postgresql(admin_client, monkeypatch) -> None:
+    monkeypatch.setattr(CheapPaginator, "count_cap", 5)
+    for _ in range(12):
+        make_job()
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {Job._meta.db_table}")
+    response = admin_client.get(changelist_url())
+    assert response.context["cl"].paginator.is_estimate
+    assert "(estimate)" in response.content.decode()
+
+
+def test_the_list_costs_the_same_queries_for_5_or_50_jobs(admin_client) -> None:
+    def queries_for_list() -> int:
+        with CaptureQueriesContext(connection) as ctx:
+            assert admin_client.get(changelist_url()).status_code == 200
+        return len(ctx.captured_queries)
+
+    for i in range(5):
+        make_job(Status.FAILED if i % 2 else Status.PENDING, queue=f"q{i % 2}")
+    few = queries_for_list()
+    for i in range(45):
+        make_job(Status.FAILED if i % 2 else Status.PENDING, queue=f"q{i % 2}")
+    assert queries_for_list() == few
+
+
+def test_the_list_never_counts_the_whole_table(admin_client) -> None:
+    make_job()
+    with CaptureQueriesContext(connection) as ctx:
+        admin_client.get(changelist_url())
+    counts = [q["sql"] for q in ctx.captured_queries if "COUNT(" in q["sql"].upper()]
+    assert counts and all("LIMIT" in sql.upper() for sql in counts), counts
+
+
+# ----- job page -------------------------------------------------------------------------------------
+def test_job_page_lifecycle_payload_traceback_and_attempts(admin_client) -> None:
+    JobType.objects.create(name="Flaky", max_attempts=2)
+    job = Job.objects.enqueue("Flaky", {"to": "a@example.com", "n": [1, 2]}, queue="q-page")
+    first = Job.objects.claim("w-one", 1, queues=["q-page"])[0]
+    Job.objects.fail(first, "Traceback (most recent call last):\n  File x\nKeyError: 'to'", retry_in=0)
+    second = Job.objects.claim("w-two", 1, queues=["q-page"])[0]
+    Job.objects.complete(second, {"sent": True})
+    response = admin_client.get(change_url(job))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'class="sqlqueue-badge sqlqueue-completed">Completed<' in html
+    assert "2 / 2" in html
+    assert '&quot;to&quot;: &quot;a@example.com&quot;' in html and "sqlqueue-json" in html
+    assert "&quot;sent&quot;: true" in html
+    assert "KeyError: &#x27;to&#x27;" in html  # the traceback, escaped
+    # attempt history inline: both attempts, their workers and outcomes
+    inline = html[html.index("sqlqueue-attempts"):]
+    assert "w-one" in inline and "w-two" in inline
+    assert "sqlqueue-error" in inline and "sqlqueue-completed" in inline
+    assert "Finished (Completed)" in html  # the diagnosis
+
+
+def test_diagnosis_says_why_a_job_waits(admin_client) -> None:
+    JobType.objects.create(name="Stopped", paused=True)
+    job = Job.objects.enqueue("Stopped", {})
+    assert "is paused" in admin_client.get(change_url(job)).content.decode()
+    later = make_job(scheduled_for=timezone.now() + timedelta(minutes=30))
+    assert "Scheduled: due in 29" in admin_client.get(change_url(later)).content.decode()
+    due = make_job()
+    assert "no worker is alive" in admin_client.get(change_url(due)).content.decode()
+    make_worker("w-alive")
+    assert "waiting for one of 1 live worker" in admin_client.get(change_url(due)).content.decode()
+    expired = make_job(Status.PROCESSING, worker="w-gone")
+    Job.objects.filter(pk=expired.pk).update(lease_expires_at=timezone.now() - timedelta(minutes=2))
+    assert "Lease expired" in admin_client.get(change_url(expired)).content.decode()
+
+
+def test_script_payload_renders_as_text(admin_client) -> None:
+    job = make_job(Status.FAILED, payload={"name": XSS, XSS: [XSS]}, error=f"ValueError: {XSS}",
+                   queue="<b>q</b>", step="<i>s</i>", worker="<img src=x onerror=alert(1)>")
+    for url in (change_url(job), changelist_url(), changelist_url(q="alert")):
+        html = admin_client.get(url).content.decode()
+        assert "<script>alert" not in html and "<img src=x" not in html and "<b>q</b>" not in html
+        assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in html
+    html = admin_client.get(change_url(job)).content.decode()
+    assert "&lt;i&gt;s&lt;/i&gt;" in html
+
+
+def test_subtype_rows_show_as_inlines(admin_client) -> None:
+    JobType.objects.get_or_create(name="ResetPassword")
+    reset = Job.objects.enqueue("ResetPassword", {}, subtypes=[
+        ResetPassword(user_id=7, username="bob<script>", otp="123456"),
+        EmailChannel(email_to="bob@example.com")])
+    html = admin_client.get(change_url(reset)).content.decode()
+    assert "reset password data" in html.lower() and "bob&lt;script&gt;" in html
+    assert "email channel" in html.lower() and "bob@example.com" in html
+    assert "sms channel" not in html.lower()  # no row in that inclusive table
+    plain = make_job()
+    html = admin_client.get(change_url(plain)).content.decode()
+    assert "reset password data" not in html.lower() and "email channel" not in html.lower()
+
+
+def test_subtype_inline_hook(admin_client) -> None:
+    from django_sqlqueue.admin_subtypes import SubtypeInline, _custom, register_subtype_inline
+
+    JobType.objects.get_or_create(name="ResetPassword")
+    job = Job.objects.enqueue("ResetPassword", {}, subtypes=[
+        ResetPassword(user_id=7, username="bob", otp="654321"), EmailChannel(email_to="bob@example.com")])
+    try:
+        @register_subtype_inline(ResetPassword)
+        class NoOtp(SubtypeInline):
+            model = ResetPassword
+            exclude = ["otp"]
+
+        register_subtype_inline(EmailChannel, None)
+        html = admin_client.get(change_url(job)).content.decode()
+        assert "bob" in html and "654321" not in html
+        assert "bob@example.com" not in html
+    finally:
+        _custom.clear()
+    assert "654321" in admin_client.get(change_url(job)).content.decode()
