@@ -36,6 +36,7 @@ from .handlers import registry
 from .heartbeat import Heartbeat, mark_stopped, register
 from .states import CLAIMABLE, Status
 from .support import DB_DOWN_ERRORS, close_connection, configure_logging, one_line, send, tidy_connections
+from .wakeup import PgListener
 
 if TYPE_CHECKING:
     from .models import Job
@@ -89,6 +90,7 @@ class Worker:
         self.heartbeat = Heartbeat(self.name, self.using, self.settings.HEARTBEAT_SECONDS,
                                    exit_with_parent=channel is not None)
         self._running_id: int | None = None
+        self._listener: PgListener | None = None
         self._db_down_since: float | None = None
 
     # ----- lifecycle ------------------------------------------------------------------------------
@@ -108,6 +110,7 @@ class Worker:
         if self._db(register, self.name, self.using) is None:
             return EXIT_OK  # told to stop before the database was reachable
         self.heartbeat.start()
+        self._listener = PgListener.for_alias(self.using, self.settings.NOTIFY_CHANNEL, self.config.queues)
         log.info("worker_started worker=%s pid=%s queues=%s types=%s batch=%s burst=%s", self.name, os.getpid(),
                  ",".join(self.config.queues) or "*", ",".join(self.config.types) or "*", self.config.batch,
                  self.config.burst)
@@ -158,9 +161,15 @@ class Worker:
     def idle_wait(self, seconds: float) -> None:
         """Wait up to ``seconds`` for work to appear; returns early when a stop is requested.
 
-        This is the hook for push wake-ups (PostgreSQL LISTEN/NOTIFY): a subclass may return as soon
-        as a notification for one of its queues arrives. The base class polls its stop flags.
+        On PostgreSQL (with ``SQLQUEUE['NOTIFY_CHANNEL']`` set) it also returns as soon as an enqueue
+        for one of this worker's queues commits (LISTEN/NOTIFY); elsewhere it simply sleeps.
         """
+        if self._listener is not None:
+            self._listener.wait(seconds, self.stop_requested)
+            return
+        self._sleep(seconds)
+
+    def _sleep(self, seconds: float) -> None:
         end = time.monotonic() + seconds
         while not self.stop_requested():
             left = end - time.monotonic()
@@ -338,7 +347,7 @@ class Worker:
         (log.warning if first else log.info)(
             "database_unavailable worker=%s error=%s retry_in=%.1f", self.name, one_line(exc), delay)
         close_connection(self.using)
-        self.idle_wait(delay)
+        self._sleep(delay)
 
     def _db_ok(self) -> None:
         if self._db_down_since is not None:
@@ -354,6 +363,8 @@ class Worker:
                 pk__in=leftover, worker=self.name, status_id=Status.PROCESSING)), retry_while_stopping=2)
             self._release(rows or [])
         self.heartbeat.stop()
+        if self._listener is not None:
+            self._listener.close()
         self._db(mark_stopped, self.name, self.using, self.heartbeat.take_done(), retry_while_stopping=2)
         counts = self.counters
         log.info("worker_stopped worker=%s succeeded=%s retried=%s failed=%s cancelled=%s released=%s", self.name,

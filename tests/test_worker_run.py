@@ -201,3 +201,30 @@ def test_burst_with_nothing_to_do_returns_at_once() -> None:
     Job.objects.enqueue("test.Noop", delay=60)
     counters = wu.run_worker()
     assert sum(counters) == 0
+
+
+def test_idle_wait_wakes_on_postgresql_notify() -> None:
+    from django.db import connection
+
+    from django_sqlqueue.conf import get_settings
+    from django_sqlqueue.wakeup import PgListener
+
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
+    channel = get_settings().NOTIFY_CHANNEL
+    mine = PgListener.for_alias("default", channel, queues=("default",))
+    other = PgListener.for_alias("default", channel, queues=("elsewhere",))
+    assert mine is not None and other is not None
+    try:
+        assert mine.wait(0.01, lambda: False) is False  # LISTEN is now in place
+        assert other.wait(0.01, lambda: False) is False
+        import time
+
+        Job.objects.enqueue("test.Noop")  # commits (autocommit): the notification goes out
+        started = time.monotonic()
+        assert mine.wait(10, lambda: False) is True
+        assert time.monotonic() - started < 2
+        assert other.wait(0.5, lambda: False) is False  # another queue's notification is ignored
+    finally:
+        mine.close()
+        other.close()
