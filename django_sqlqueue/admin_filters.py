@@ -203,7 +203,8 @@ class CheapPaginator(Paginator):
         qs = self.object_list
         if not isinstance(qs, QuerySet):
             return len(qs)
-        capped = qs[: self.count_cap + 1].count()
+        # values("pk"): count ids only, not the list's annotations (the error excerpt would read every row's error)
+        capped = qs.values("pk")[: self.count_cap + 1].count()
         if capped <= self.count_cap:
             return capped
         estimate = self._estimate(qs)
@@ -230,7 +231,8 @@ def date_hierarchy_context(cl: Any) -> dict[str, Any] | None:
     """Django's date hierarchy without its ``SELECT DISTINCT`` over the whole table.
 
     Django lists only the years / months / days that hold rows, which costs a full scan. This takes
-    the first and last date (two index seeks) and lists every year, month or day between them.
+    the table's first and last date (two index seeks) and lists every year, month or day between
+    them, within the period already chosen.
     """
     field_name = cl.date_hierarchy
     if not field_name:
@@ -241,7 +243,10 @@ def date_hierarchy_context(cl: Any) -> dict[str, Any] | None:
     def link(filters: dict[str, Any]) -> str:
         return cl.get_query_string(filters, [f"{field_name}__"])
 
-    bounds = cl.queryset.order_by().aggregate(first=Min(field_name), last=Max(field_name))
+    # The whole table's first and last date: two index seeks whatever the filters. (The filtered
+    # list's bounds would cost a scan for a search or a rare filter; a link may then lead to an
+    # empty period, which is cheap to show.)
+    bounds = cl.root_queryset.order_by().aggregate(first=Min(field_name), last=Max(field_name))
     if bounds["first"] is None:
         return {"show": False}
     first, last = (timezone.localtime(v) if timezone.is_aware(v) else v for v in (bounds["first"], bounds["last"]))

@@ -37,7 +37,7 @@ def counts_by_status(type_ids: list[int]) -> dict[int, dict[int, int]]:
     """{type id: {status id: jobs}} in one GROUP BY over the (status, type, queue) index."""
     counts: dict[int, dict[int, int]] = defaultdict(dict)
     rows = (Job.objects.filter(job_type_id__in=type_ids).order_by().values("job_type_id", "status_id")
-            .annotate(n=Count("pk")).values_list("job_type_id", "status_id", "n"))
+            .annotate(n=Count("*")).values_list("job_type_id", "status_id", "n"))
     for type_id, status_id, n in rows:
         counts[type_id][status_id] = n
     return counts
@@ -199,7 +199,7 @@ class WorkerAdmin(admin.ModelAdmin):
         if cl is not None:
             rows = list(cl.result_list)
             held = dict(Job.objects.filter(Q(status_id=Status.PROCESSING), worker__in=[w.name for w in rows])
-                        .order_by().values("worker").annotate(n=Count("pk")).values_list("worker", "n"))
+                        .order_by().values("worker").annotate(n=Count("*")).values_list("worker", "n"))
             for row in rows:
                 row._sqlqueue_held = held.get(row.name, 0)
         return response

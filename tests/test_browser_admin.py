@@ -70,7 +70,7 @@ def page(live_server):
     ARTIFACTS.mkdir(exist_ok=True)
     with playwright_sync.sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        context = browser.new_context(viewport={"width": 1800, "height": 1000})
         context.set_default_timeout(15_000)
         pg = context.new_page()
         pg.dialogs = []  # any alert() would mean a payload ran
