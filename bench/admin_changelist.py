@@ -88,7 +88,7 @@ def load(n: int) -> float:
                CASE WHEN s.status = 5 THEN jsonb_build_object('ok', true) END,
                CASE WHEN s.status IN (3, 4) THEN
                  'Traceback (most recent call last):' || chr(10) || '  File "handlers.py", line 42, in send' || chr(10)
-                 || CASE WHEN g %% 1000 = 0 THEN 'RareProblem: quota exceeded for tenant ' || g
+                 || CASE WHEN g %% 1000 = 75 THEN 'RareProblem: quota exceeded for tenant ' || g
                          ELSE 'SMTPServerDisconnected: Connection unexpectedly closed' END
                  ELSE '' END,
                t.enq,

@@ -325,8 +325,9 @@ class JobAdmin(admin_actions.JobActionPermissions, admin.ModelAdmin):
         extra_context = dict(extra_context or {})
         obj = self.get_object(request, object_id)
         if obj is not None:
+            # get_action_choices: (name, description) pairs on Django 6.0 and 6.1 alike
             extra_context["sqlqueue_actions"] = [
-                (name, desc) for name, (_f, _n, desc) in self.get_actions(request).items()
+                (name, desc) for name, desc in self.get_action_choices(request, default_choices=[])
                 if admin_actions.applies(name, obj.state)]
             extra_context["sqlqueue_job"] = obj
         return super().change_view(request, object_id, form_url, extra_context)

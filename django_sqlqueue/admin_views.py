@@ -97,6 +97,8 @@ def retry_at_view(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> 
         "capped": count > COUNT_CAP,
         "carried": carried,
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "server_now": timezone.localtime().strftime("%Y-%m-%d %H:%M:%S"),
+        "server_tz": timezone.get_current_timezone_name(),
         "media": modeladmin.media,
     }
     return TemplateResponse(request, "admin/django_sqlqueue/retry_at.html", context)

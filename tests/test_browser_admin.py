@@ -167,3 +167,23 @@ def test_script_payload_renders_as_text(page, live_server, operator_data) -> Non
     page.goto(f"{live_server.url}/admin/django_sqlqueue/job/?queue=xss")
     assert "<script>" in page.locator("#result_list .sqlqueue-error-excerpt").inner_text()
     assert page.evaluate("window.__pwned") is None and page.dialogs == []
+
+
+def test_retry_at_form_job_types_and_workers(page, live_server, operator_data) -> None:
+    login(page, live_server)
+    job = operator_data["xss"]
+    page.goto(f"{live_server.url}/admin/django_sqlqueue/job/{job.pk}/change/")
+    page.click("#sqlqueue-job-actions button[value=retry_at]")
+    page.wait_for_selector("#sqlqueue-retry-at-form")
+    page.fill("#id_delay", "15")
+    shot(page, "8-retry-at-form")
+    page.click("#sqlqueue-retry-at-form input[type=submit]")
+    page.wait_for_url(re.compile(rf"/job/{job.pk}/change/"))
+    assert "Retry at: 1 job changed." in page.locator("ul.messagelist").inner_text()
+    assert "Scheduled: due in 14" in page.locator(".field-diagnosis").inner_text()
+    page.goto(f"{live_server.url}/admin/django_sqlqueue/jobtype/")
+    assert "Failed" in page.locator("#result_list").inner_text()
+    shot(page, "9-job-types")
+    page.goto(f"{live_server.url}/admin/django_sqlqueue/worker/")
+    assert page.locator("#result_list .sqlqueue-stale").count() == 1
+    shot(page, "10-workers")
