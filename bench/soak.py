@@ -1,0 +1,607 @@
+"""Soak and chaos test: many jobs, real workers killed at random, a database restart; nothing lost, nothing doubled.
+
+Usage (from the repository root)::
+
+    python bench/soak.py                              # PostgreSQL (throwaway cluster), 50,000 enqueues
+    python bench/soak.py --db sqlite                  # SQLite: fewer workers, no database restart
+    python bench/soak.py --jobs 5000 --seconds 120    # smaller and shorter
+    python bench/soak.py --json report.json           # also write the report as JSON
+
+What one run does (details and the meaning of every check in docs/soak.md):
+
+- ``--producers`` processes (4) enqueue ``--jobs`` jobs between them (enqueue calls, dedupe included):
+  transactional and non-transactional handlers, a share with dedupe keys every producer enqueues at
+  the same moment, a share due a few seconds later, a share that fails once or twice first, a share of
+  an always-failing type;
+- ``--workers`` ``run_queue_worker`` processes (4) of ``--concurrency`` slots (2), with different names
+  and batch sizes, drain the queue;
+- chaos: every ``--kill-every`` seconds, ``kill -9`` of a random worker (its whole process group) and a
+  new one started under the same or a new name, or of a single slot; once, a restart of the PostgreSQL
+  server; once, SIGTERM to a worker, which must exit 0;
+- then every worker gets SIGTERM (each must exit 0) and the database is checked (``bench/soak_verify.py``).
+
+Exit status 0 only if every check passed. The run is bounded by ``--seconds``, talks to loopback only,
+and removes its processes, its temporary directory and its PostgreSQL cluster when it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+BATCHES = (1, 5, 10, 20)  # worker i claims BATCHES[i % 4] jobs per round trip
+GRACE_SECONDS = 10
+
+
+@dataclass
+class SoakConfig:
+    db: str = "postgres"
+    jobs: int = 50_000  # enqueue calls in all (dedupe calls included)
+    seconds: float = 600.0  # hard bound of the whole run
+    producers: int = 4
+    workers: int = 4
+    concurrency: int = 2
+    kill_every: float = 4.0  # seconds between kills (jittered)
+    max_kills: int | None = None  # None: keep killing until the work is done
+    slot_kill_share: float = 0.35  # share of kills that hit one slot instead of a whole worker
+    db_restart: bool = True  # PostgreSQL only, and only with a restart function
+    sigterm: bool = True
+    dedupe_share: float = 0.08
+    delayed_share: float = 0.10
+    delay_max: float = 15.0
+    flaky_share: float = 0.08
+    fail_share: float = 0.02
+    slow_share: float = 0.05
+    pause_ms: float = 0.0
+    max_backlog: int = 3000  # producers wait while more jobs than this are Pending
+    seed: str = ""
+
+    @classmethod
+    def ci(cls, db: str) -> SoakConfig:
+        """The short run of the test suite: about 3,000 jobs, one kill, one restart (PostgreSQL)."""
+        if db == "sqlite":
+            return cls(db=db, jobs=1500, seconds=100, producers=2, workers=2, concurrency=1, kill_every=2.0,
+                       max_kills=1, slot_kill_share=0.0, db_restart=False, delay_max=4.0, max_backlog=300)
+        return cls(db=db, jobs=3000, seconds=100, producers=4, workers=2, concurrency=2, kill_every=2.0,
+                   max_kills=1, slot_kill_share=0.0, delay_max=4.0, max_backlog=600)
+
+    def keys(self) -> int:
+        """Dedupe keys; every producer enqueues every key."""
+        return max(1, round(self.jobs * self.dedupe_share / self.producers))
+
+    def calls_per_producer(self) -> list[int]:
+        rest = self.jobs - self.keys() * self.producers
+        return [rest // self.producers + (1 if i < rest % self.producers else 0) for i in range(self.producers)]
+
+    def expected_jobs(self) -> int:
+        return sum(self.calls_per_producer()) + self.keys()
+
+
+@dataclass
+class WorkerProc:
+    name: str
+    batch: int
+    proc: subprocess.Popen
+    log: Path
+    started: float
+    leaving: bool = False  # we are stopping or killing it: its exit is not a crash
+
+
+@dataclass
+class Report:
+    config: dict[str, Any]
+    run: str
+    ok: bool = False
+    checks: list[Any] = field(default_factory=list)
+    numbers: dict[str, Any] = field(default_factory=dict)
+    chaos: dict[str, Any] = field(default_factory=dict)
+    timeline: list[str] = field(default_factory=list)
+
+    def text(self) -> str:
+        n, c = self.numbers, self.config
+        lines = [
+            f"soak run {self.run} on {c['db']} (seed {c['seed']}): {'OK' if self.ok else 'FAILED'}",
+            f"  {c['producers']} producers, {n.get('enqueue_calls')} enqueue calls -> {n.get('jobs')} jobs "
+            f"{n.get('jobs_by_type')}",
+            f"  {n.get('dedupe_calls')} dedupe enqueues of {n.get('dedupe_keys')} keys; "
+            f"{n.get('delayed_jobs')} delayed up to {c['delay_max']} s; {n.get('flaky_jobs')} flaky; "
+            f"producer retries {n.get('producer_retries')} (ambiguous commits {n.get('producer_ambiguous_commits')}), "
+            f"throttled {n.get('producer_throttled_seconds')} s",
+            f"  {n.get('worker_processes')} worker processes started ({c['workers']} at a time x {c['concurrency']} "
+            f"slots), {n.get('attempt_rows')} attempts, {n.get('side_effects')} side effects",
+            f"  final: {n.get('final_status')}",
+            f"  killed/lost attempts: {n.get('killed_attempts')} on {n.get('jobs_with_killed_attempts')} jobs; "
+            f"non-transactional re-runs: {n.get('nontx_reruns')} (each explained by a never-closed attempt)",
+            f"  unplanned errors (attempts retried): {n.get('unplanned_errors')}",
+            f"  worker logs: {n.get('worker_log')}",
+            f"  time: enqueue {n.get('producer_seconds')} s, all finished after {n.get('drain_seconds')} s, "
+            f"{n.get('jobs_per_second')} jobs/s; whole run {n.get('run_seconds')} s",
+            "  checks:",
+            *[ch.line() for ch in self.checks],
+        ]
+        return "\n".join(lines)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"run": self.run, "ok": self.ok, "config": self.config, "numbers": self.numbers, "chaos": self.chaos,
+                "checks": [asdict(ch) for ch in self.checks], "timeline": self.timeline}
+
+
+def _stat(pid: int) -> tuple[int, int] | None:
+    """(ppid, pgrp) of a live, non-zombie process, or None."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] == "Z":
+        return None
+    return int(fields[1]), int(fields[2])
+
+
+def _pids() -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def group_alive(pgid: int) -> bool:
+    return any((st := _stat(pid)) is not None and st[1] == pgid for pid in _pids())
+
+
+def slot_pids(supervisor: int) -> list[int]:
+    out = []
+    for pid in _pids():
+        st = _stat(pid)
+        if st is None or st[0] != supervisor:
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if b"spawn_main" in cmd:
+            out.append(pid)
+    return out
+
+
+class Soak:
+    """One soak run against a migrated database that Django in this process is set up for."""
+
+    def __init__(self, config: SoakConfig, url: str, workdir: Path,
+                 restart_db: Callable[[], None] | None = None, log: Callable[[str], None] | None = None) -> None:
+        self.c = config
+        self.url = url
+        self.workdir = Path(workdir)
+        self.restart_db = restart_db
+        self.print = log or (lambda s: print(s, flush=True))
+        self.run_id = secrets.token_hex(3)
+        if not config.seed:
+            config.seed = str(random.SystemRandom().randrange(10**9))
+        self.rng = random.Random(f"{config.seed}:chaos")
+        self.env = {**os.environ, "SQLQUEUE_DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "testproject.settings",
+                    "SQLQUEUE_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+        self.workers: list[WorkerProc] = []
+        self.all_workers: list[WorkerProc] = []
+        self.producers: list[subprocess.Popen] = []
+        self.next_name = 0
+        self.chaos: dict[str, Any] = {"kills": 0, "worker_kills": 0, "slot_kills": 0, "same_name": 0, "new_name": 0}
+        self.worker_events: dict[str, Any] = {"crashed": [], "bad_final_exit": [], "final_stopped": 0}
+        self.timeline: list[str] = []
+        self.t0 = time.monotonic()
+
+    # ----- small helpers -------------------------------------------------------------------------------
+    def note(self, text: str) -> None:
+        line = f"[{time.monotonic() - self.t0:7.1f}s] {text}"
+        self.timeline.append(line)
+        self.print(line)
+
+    def _db(self, fn: Callable[[], Any]) -> Any:
+        """Run a query of ours; None while the database is down (we reconnect next time)."""
+        from django.db import DatabaseError, connection
+
+        try:
+            return fn()
+        except DatabaseError:
+            try:
+                connection.close()
+            except Exception:
+                pass
+            return None
+
+    # ----- setup ---------------------------------------------------------------------------------------
+    def prepare(self) -> list[int]:
+        from django_sqlqueue import jobtypes
+        from django_sqlqueue.models import Job, JobType, Worker
+        from testproject.soakjobs.jobs import ALL_TYPES, ALWAYS_FAIL_OPTIONS, TYPE_OPTIONS
+        from testproject.soakjobs.models import SideEffect
+
+        ids = []
+        for name in ALL_TYPES:
+            opts = ALWAYS_FAIL_OPTIONS if name == "soak.AlwaysFail" else TYPE_OPTIONS
+            row, _ = JobType.objects.update_or_create(name=name, defaults={**opts, "paused": name == "soak.Dedupe"})
+            ids.append(row.pk)
+        # Leftovers of an earlier run in the same database would confuse the checks.
+        Job.objects.filter(job_type_id__in=ids).delete()
+        SideEffect.objects.all().delete()
+        Worker.objects.filter(name__startswith="soak-").delete()
+        jobtypes.clear_cache()
+        return ids
+
+    # ----- processes -----------------------------------------------------------------------------------
+    def start_worker(self, name: str | None = None) -> WorkerProc:
+        if name is None:
+            name = f"soak-{self.run_id}-w{self.next_name}"
+            self.next_name += 1
+        batch = BATCHES[len(self.all_workers) % len(BATCHES)]
+        log = self.workdir / "logs" / f"{name}.{len(self.all_workers)}.log"
+        out = open(log, "w", encoding="utf-8")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "run_queue_worker", "--no-progress", "--worker-name", name,
+             "--concurrency", str(self.c.concurrency), "--batch", str(batch), "--grace-seconds", str(GRACE_SECONDS),
+             "--log-level", "WARNING"],
+            cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        out.close()
+        w = WorkerProc(name, batch, proc, log, time.monotonic())
+        self.workers.append(w)
+        self.all_workers.append(w)
+        return w
+
+    def start_producers(self) -> None:
+        keys = self.c.keys()
+        for i, calls in enumerate(self.c.calls_per_producer()):
+            args = [sys.executable, "-m", "bench.soak_produce", "--workdir", str(self.workdir), "--run", self.run_id,
+                    "--index", str(i), "--seed", self.c.seed, "--calls", str(calls), "--keys", str(keys),
+                    "--fail-share", str(self.c.fail_share), "--flaky-share", str(self.c.flaky_share),
+                    "--slow-share", str(self.c.slow_share), "--delayed-share", str(self.c.delayed_share),
+                    "--delay-max", str(self.c.delay_max), "--pause-ms", str(self.c.pause_ms),
+                    "--max-backlog", str(self.c.max_backlog)]
+            out = open(self.workdir / "logs" / f"producer-{i}.log", "w", encoding="utf-8")  # noqa: SIM115
+            self.producers.append(subprocess.Popen(args, cwd=ROOT, env=self.env, stdin=subprocess.DEVNULL,
+                                                   stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            out.close()
+
+    def kill_group(self, w: WorkerProc) -> None:
+        w.leaving = True
+        try:
+            os.killpg(w.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        w.proc.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while group_alive(w.proc.pid) and time.monotonic() < deadline:  # slots die with their group
+            time.sleep(0.02)
+        if w in self.workers:
+            self.workers.remove(w)
+
+    # ----- chaos ---------------------------------------------------------------------------------------
+    def holders(self) -> set[str]:
+        """Names of workers holding a Processing job now (so that a kill hits work in flight)."""
+        from django_sqlqueue.models import Job
+        from django_sqlqueue.states import Status
+
+        names = self._db(lambda: set(Job.objects.filter(status_id=Status.PROCESSING)
+                                     .values_list("worker", flat=True).distinct()))
+        return {n.rsplit("/", 1)[0] for n in names or ()}
+
+    def kill_one(self) -> bool:
+        """kill -9 a worker (or one slot) that holds jobs; False when none does right now."""
+        busy = self.holders()
+        live = [w for w in self.workers if w.proc.poll() is None and w.name in busy]
+        if not live:
+            return False
+        w = self.rng.choice(live)
+        slots = slot_pids(w.proc.pid)
+        self.chaos["kills"] += 1
+        if slots and self.rng.random() < self.c.slot_kill_share:
+            pid = self.rng.choice(slots)
+            os.kill(pid, signal.SIGKILL)
+            self.chaos["slot_kills"] += 1
+            self.note(f"kill -9 slot pid {pid} of {w.name} (its supervisor restarts it under the same name)")
+            return True
+        self.kill_group(w)
+        self.chaos["worker_kills"] += 1
+        same = self.rng.random() < 0.5
+        self.chaos["same_name" if same else "new_name"] += 1
+        new = self.start_worker(w.name if same else None)
+        self.note(f"kill -9 worker {w.name} (pid {w.proc.pid} and its {len(slots)} slots); started "
+                  f"{new.name} ({'same' if same else 'new'} name)")
+        return True
+
+    def do_restart(self) -> None:
+        from django.db import connection
+
+        assert self.restart_db is not None
+        self.note("restarting PostgreSQL (pg_ctl stop -m fast; start)")
+        started = time.monotonic()
+        self.restart_db()
+        seconds = round(time.monotonic() - started, 2)
+        connection.close()
+        self.chaos["db_restart"] = {"seconds": seconds, "at": round(started - self.t0, 1)}
+        self.note(f"PostgreSQL back after {seconds} s")
+
+    def do_sigterm(self) -> None:
+        live = [w for w in self.workers if w.proc.poll() is None]
+        if not live:
+            return
+        w = self.rng.choice(live)
+        w.leaving = True
+        started = time.monotonic()
+        self.note(f"SIGTERM to worker {w.name} (pid {w.proc.pid})")
+        w.proc.send_signal(signal.SIGTERM)
+        try:
+            code = w.proc.wait(timeout=GRACE_SECONDS + 20)
+        except subprocess.TimeoutExpired:
+            code = None
+            self.kill_group(w)
+        seconds = round(time.monotonic() - started, 2)
+        self.chaos["sigterm"] = {"worker": w.name, "exit": code, "seconds": seconds}
+        if w in self.workers:
+            self.workers.remove(w)
+        self.note(f"{w.name} exited with {code} after {seconds} s; starting a replacement")
+        self.start_worker()
+
+    # ----- the run ---------------------------------------------------------------------------------------
+    def progress(self, type_ids: list[int]) -> tuple[int, int] | None:
+        """(jobs in the table, jobs finished) for this run's types."""
+        from django.db.models import Count
+
+        from django_sqlqueue.models import Job
+        from django_sqlqueue.states import FINISHED
+
+        rows = self._db(lambda: list(Job.objects.filter(job_type_id__in=type_ids).values("status_id")
+                                     .annotate(n=Count("id")).values_list("status_id", "n")))
+        if rows is None:
+            return None
+        return sum(n for _, n in rows), sum(n for s, n in rows if s in FINISHED)
+
+    def run(self) -> Report:
+        from bench.soak_verify import verify
+
+        c = self.c
+        (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
+        report = Report(config=asdict(c), run=self.run_id)
+        type_ids = self.prepare()
+        expected = c.expected_jobs()
+        restart_wanted = c.db == "postgres" and c.db_restart and self.restart_db is not None
+        self.note(f"run {self.run_id}: {c.jobs} enqueue calls ({expected} distinct jobs) by {c.producers} producers, "
+                  f"{c.workers} workers x {c.concurrency} slots, seed {c.seed}")
+        try:
+            for _ in range(c.workers):
+                self.start_worker()
+            self.start_producers()
+            (self.workdir / "go").touch()
+            deadline = self.t0 + c.seconds
+            next_kill = time.monotonic() + c.kill_every * self.rng.uniform(0.5, 1.5)
+            dedupe_open = False
+            finished_at = None
+            last_poll = 0.0
+            done = finished = 0
+            while time.monotonic() < deadline:
+                now = time.monotonic()
+                for w in list(self.workers):
+                    if w.proc.poll() is not None and not w.leaving:
+                        self.worker_events["crashed"].append((w.name, w.proc.returncode))
+                        self.note(f"worker {w.name} exited on its own with {w.proc.returncode}: starting another")
+                        self.workers.remove(w)
+                        self.start_worker()
+                producers_done = all(p.poll() is not None for p in self.producers)
+                if not dedupe_open and all((self.workdir / f"dedupe-done-{i}").exists() or p.poll() is not None
+                                           for i, p in enumerate(self.producers)):
+                    dedupe_open = self._db(self._open_dedupe) is not None
+                    if dedupe_open:
+                        self.note("every producer enqueued every dedupe key: soak.Dedupe unpaused")
+                if now - last_poll >= 1.0:
+                    last_poll = now
+                    got = self.progress(type_ids)
+                    if got is not None:
+                        done, finished = got
+                if producers_done and dedupe_open and done >= expected and finished >= done:
+                    finished_at = time.monotonic()
+                    break
+                share = finished / expected
+                if restart_wanted and "db_restart" not in self.chaos and share >= 0.3:
+                    self.do_restart()
+                elif c.sigterm and "sigterm" not in self.chaos and share >= 0.5:
+                    self.do_sigterm()
+                elif (c.kill_every > 0 and now >= next_kill and share < 0.97
+                      and (c.max_kills is None or self.chaos["kills"] < c.max_kills)):
+                    if self.kill_one():
+                        next_kill = time.monotonic() + c.kill_every * self.rng.uniform(0.5, 1.5)
+                time.sleep(0.2)
+            if finished_at is None:
+                self.note(f"time is up ({c.seconds} s): {finished} of {expected} jobs finished")
+            else:
+                self.note(f"all {finished} jobs finished")
+            self.stop_workers()
+            codes = [p.poll() for p in self.producers]
+        finally:
+            self.cleanup()
+        run_seconds = round(time.monotonic() - self.t0, 1)
+        numbers: dict[str, Any] = {}
+        checks = verify(run=self.run_id, workdir=self.workdir, producers=c.producers, planned_calls=c.jobs,
+                        producer_codes=codes, worker_events=self.worker_events, chaos=self.chaos,
+                        chaos_wanted={"min_kills": 1 if c.kill_every > 0 else 0, "db_restart": restart_wanted,
+                                      "sigterm": c.sigterm}, numbers=numbers)
+        drain = round(finished_at - self.t0, 1) if finished_at else None
+        numbers.update(
+            run_seconds=run_seconds, drain_seconds=drain,
+            jobs_per_second=round(numbers.get("jobs", 0) / drain, 1) if drain else None,
+            worker_processes=len(self.all_workers), worker_log=self.log_stats(),
+            **self.plan_numbers(),
+        )
+        report.checks, report.numbers, report.chaos = checks, numbers, self.chaos
+        report.timeline = self.timeline
+        report.ok = all(ch.ok for ch in checks) and finished_at is not None
+        return report
+
+    def _open_dedupe(self) -> bool:
+        from django_sqlqueue.models import JobType
+
+        JobType.objects.filter(name="soak.Dedupe").update(paused=False)
+        return True
+
+    def stop_workers(self) -> None:
+        """SIGTERM every worker at once; each must exit 0 within the grace period."""
+        for w in self.workers:
+            w.leaving = True
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGTERM)
+        for w in list(self.workers):
+            try:
+                code = w.proc.wait(timeout=GRACE_SECONDS + 20)
+            except subprocess.TimeoutExpired:
+                code = None
+                self.kill_group(w)
+            if code == 0:
+                self.worker_events["final_stopped"] += 1
+            else:
+                self.worker_events["bad_final_exit"].append((w.name, code))
+        self.note(f"workers stopped: {self.worker_events['final_stopped']} exited 0, "
+                  f"{len(self.worker_events['bad_final_exit'])} did not")
+
+    def cleanup(self) -> None:
+        """Kill whatever is left of our processes (a failed or interrupted run)."""
+        for w in self.all_workers:
+            if w.proc.poll() is None or group_alive(w.proc.pid):
+                self.kill_group(w)
+        for p in self.producers:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+
+    def plan_numbers(self) -> dict[str, Any]:
+        from bench.soak_produce import parse, plan
+
+        delayed = flaky = 0
+        for i, calls in enumerate(self.c.calls_per_producer()):
+            args = parse(["--workdir", ".", "--run", self.run_id, "--index", str(i), "--seed", self.c.seed,
+                          "--calls", str(calls), "--keys", "0", "--fail-share", str(self.c.fail_share),
+                          "--flaky-share", str(self.c.flaky_share), "--slow-share", str(self.c.slow_share),
+                          "--delayed-share", str(self.c.delayed_share), "--delay-max", str(self.c.delay_max)])
+            for spec in plan(args):
+                delayed += "delay" in spec
+                flaky += "fail" in spec
+        return {"delayed_jobs": delayed, "flaky_jobs": flaky}
+
+    def log_stats(self) -> dict[str, int]:
+        patterns = {"database_unavailable": "database_unavailable", "database_back": "database_back",
+                    "slot_died": "slot_died", "results_refused": "job_result_refused",
+                    "lease_lost": "lease_lost", "tracebacks": "Traceback (most recent call last)"}
+        counts = dict.fromkeys(patterns, 0)
+        for path in (self.workdir / "logs").glob("soak-*.log"):
+            text = path.read_text(encoding="utf-8", errors="replace")
+            for key, pattern in patterns.items():
+                counts[key] += text.count(pattern)
+        return counts
+
+
+# ----- command line ----------------------------------------------------------------------------------------
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--db", choices=("postgres", "sqlite"), default="postgres")
+    p.add_argument("--jobs", type=int, default=None, help="enqueue calls in all (default 50000; SQLite 10000)")
+    p.add_argument("--seconds", type=float, default=None, help="hard bound of the run (default 600)")
+    p.add_argument("--producers", type=int, default=4)
+    p.add_argument("--workers", type=int, default=None, help="worker processes (default 4; SQLite 2)")
+    p.add_argument("--concurrency", type=int, default=2, help="slots per worker (default 2)")
+    p.add_argument("--kill-every", type=float, default=4.0, help="seconds between kills (0: no kills)")
+    p.add_argument("--max-kills", type=int, default=None)
+    p.add_argument("--no-db-restart", action="store_true")
+    p.add_argument("--no-sigterm", action="store_true")
+    p.add_argument("--seed", default="")
+    p.add_argument("--database-url", default="",
+                   help="use this (loopback, migrated or empty) database instead of a throwaway one; "
+                        "no database restart then")
+    p.add_argument("--json", default="", help="also write the report to this file")
+    p.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, manifests)")
+    a = p.parse_args(argv)
+    for name, low in (("jobs", 10), ("seconds", 10), ("producers", 1), ("workers", 2), ("concurrency", 1)):
+        value = getattr(a, name)
+        if value is not None and value < low:
+            p.error(f"--{name} must be at least {low}")
+    if a.max_kills is not None and a.max_kills < 0:
+        p.error("--max-kills must be >= 0")
+    if a.kill_every < 0:
+        p.error("--kill-every must be >= 0")
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parse(argv)
+    sqlite = a.db == "sqlite"
+    config = SoakConfig(
+        db=a.db, jobs=a.jobs or (10_000 if sqlite else 50_000), seconds=a.seconds or 600.0, producers=a.producers,
+        workers=a.workers or (2 if sqlite else 4), concurrency=a.concurrency, kill_every=a.kill_every,
+        max_kills=a.max_kills, db_restart=not a.no_db_restart and not sqlite, sigterm=not a.no_sigterm, seed=a.seed,
+        slot_kill_share=0.35,
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="sqlqueue-soak-"))
+    cluster = None
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(130))  # unwind through the cleanup below
+    try:
+        if a.database_url:
+            host = urlparse(a.database_url).hostname
+            if not a.database_url.startswith("sqlite:") and host not in LOOPBACK:
+                print(f"refusing {host!r}: the soak talks to loopback only", file=sys.stderr)
+                return 2
+            url = a.database_url
+        elif sqlite:
+            url = f"sqlite:///{workdir}/soak.sqlite3"
+        else:
+            from tests.pgcluster import PgCluster
+
+            cluster = PgCluster().start()
+            url = cluster.url
+        os.environ["SQLQUEUE_DATABASE_URL"] = url
+        os.environ["DJANGO_SETTINGS_MODULE"] = "testproject.settings"
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        restart = cluster.restart if cluster is not None else None
+        report = Soak(config, url, workdir, restart_db=restart).run()
+        print()
+        print(report.text())
+        if a.json:
+            Path(a.json).write_text(json.dumps(report.as_json(), indent=2, default=str), encoding="utf-8")
+        if a.keep:
+            print(f"logs and manifests kept in {workdir}")
+        return 0 if report.ok else 1
+    finally:
+        from django.db import connections
+
+        try:
+            connections.close_all()
+        except Exception:
+            pass
+        if cluster is not None:
+            cluster.destroy()
+        if not a.keep:
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
