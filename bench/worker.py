@@ -47,7 +47,7 @@ def main() -> int:
     dbs = ["sqlite", "postgres"] if args.db == "both" else [args.db]
     print(f"{args.jobs} no-op jobs per run; cpu count {os.cpu_count()}")
     print(f"{'db':9} {'conc':>4} {'batch':>5} {'wall s':>7} {'wall jobs/s':>11} {'worker jobs/s':>13}  peak RSS MiB "
-          f"(supervisor; slots)")
+          f"(supervisor; slots; resource tracker)")
     for db in dbs:
         with tempfile.TemporaryDirectory(prefix="sqlqueue-bench-") as tmp:
             cluster = None
@@ -119,19 +119,25 @@ def measure(db: str, n: int, conc: int, batch: int) -> None:
     started = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)
     peaks: dict[int, int] = {}
+    trackers: set[int] = set()  # multiprocessing's resource tracker, started with the spawned slots
     while proc.poll() is None:
         for pid in _tree(proc.pid):
             peaks[pid] = max(peaks.get(pid, 0), _hwm_kib(pid))
+            if pid not in trackers and "resource_tracker" in _cmdline(pid):
+                trackers.add(pid)
         time.sleep(0.05)
     wall = time.monotonic() - started
     out = proc.stdout.read() if proc.stdout else ""
     done = Job.objects.filter(status_id=5).count()
     summary = dict(kv.split("=") for kv in out.split() if "=" in kv)
     sup = peaks.pop(proc.pid, 0)
-    slots = sorted((v for v in peaks.values() if v), reverse=True)
+    tracker = {pid: v for pid, v in peaks.items() if pid in trackers}
+    slots = sorted((v for pid, v in peaks.items() if v and pid not in tracker), reverse=True)
     note = "" if done == n and proc.returncode == 0 else f"  !! completed {done}/{n}, exit {proc.returncode}"
     print(f"{db:9} {conc:>4} {batch:>5} {wall:7.1f} {n / wall:11.0f} {float(summary.get('jobs_per_s', 0)):13.0f}  "
-          f"{sup / 1024:.0f}; {', '.join(f'{s / 1024:.0f}' for s in slots)}{note}", flush=True)
+          f"{sup / 1024:.0f}; {', '.join(f'{s / 1024:.0f}' for s in slots)}"
+          f"{'; tracker ' + ', '.join(f'{v / 1024:.0f}' for v in tracker.values()) if tracker else ''}{note}",
+          flush=True)
 
 
 def _tree(root: int) -> list[int]:
@@ -142,6 +148,14 @@ def _tree(root: int) -> list[int]:
     except OSError:
         pass
     return pids
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _hwm_kib(pid: int) -> int:

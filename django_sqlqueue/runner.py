@@ -157,11 +157,15 @@ class JobContext:
         raise Cancel(reason)
 
 
+class _BadReturn(InvalidPayload):
+    """The handler returned a value that cannot be stored as JSON."""
+
+
 def _check_json(value: Any, what: str) -> None:
     try:
         json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise InvalidPayload(
+        raise _BadReturn(
             f"{what} cannot be stored as JSON ({type(exc).__name__}: {exc}); the handler's work is done, "
             f"so the job is not retried"
         ) from exc
@@ -183,7 +187,7 @@ def run(ctx: JobContext) -> Outcome:
         outcome = Outcome(Kind.RETRY, ctx.job, error=str(exc), retry_in=exc.retry_in())
     except Cancel as exc:
         outcome = Outcome(Kind.CANCEL, ctx.job, error=exc.reason or "cancelled by its handler")
-    except (InvalidPayload, _UnknownStep) as exc:
+    except (_BadReturn, _UnknownStep) as exc:  # retrying cannot help
         outcome = Outcome(Kind.FATAL, ctx.job, error=str(exc))
     except Exception:  # the handler's failure is the job's, never the worker's
         outcome = Outcome(Kind.ERROR, ctx.job, error=traceback.format_exc())
