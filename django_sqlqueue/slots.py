@@ -28,6 +28,12 @@ class SlotChannel:
         with self.current.get_lock():
             self.current[0], self.current[1], self.current[2] = job_id, time.monotonic() + timeout, timeout
 
+    def handler_returned(self) -> None:
+        """The handler is done (no deadline any more), but its outcome is not recorded yet: if the slot
+        dies now, the job was started and must not be handed back as unstarted."""
+        with self.current.get_lock():
+            self.current[1] = float("inf")
+
     def clear_current(self) -> None:
         with self.current.get_lock():
             self.current[0] = self.current[1] = self.current[2] = 0

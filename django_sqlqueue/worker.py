@@ -227,8 +227,10 @@ class Worker:
                 outcome = runner.run(runner.JobContext(job, handler, self.name, self.stop_requested))
             finally:
                 if self.channel is not None:
-                    self.channel.clear_current()
+                    self.channel.handler_returned()
         self._db(self._record, outcome, retry_while_stopping=3)
+        if self.channel is not None:  # only now: a slot killed before this point ran the job
+            self.channel.clear_current()
         self.heartbeat.drop(job.pk, finished=True)
         self._running_id = None
 
