@@ -67,18 +67,18 @@ def test_slot_killed_while_recording_its_result_does_not_get_its_attempt_back(wo
     _vendor()
     JobType.objects.update_or_create(name="soak.NonTx", defaults={**TYPE_OPTIONS, "lease_seconds": 60})
     jobtypes.clear_cache()
-    job = Job.objects.enqueue("soak.NonTx", {"sleep": 1500})
+    job = Job.objects.enqueue("soak.NonTx", {"sleep_after": 1500})
     w = worker_procs("--worker-name", "race")
-    wu.wait_until(lambda: Job.objects.get(pk=job.pk).state == Status.PROCESSING, 30, what="the claim")
+    effect = wu.wait_until(lambda: SideEffect.objects.filter(job_id=job.pk).first(), 30,
+                           what="the handler's side effect")
     with transaction.atomic():
-        # Hold the job row: the slot's own completion waits on it (and so will the supervisor's release).
+        # Hold the job row while the handler finishes: the slot's completion waits on it (and so will
+        # the supervisor's clean-up after the kill).
         if connection.vendor == "postgresql":
             Job.objects.select_for_update().get(pk=job.pk)
         else:  # SQLite: an IMMEDIATE transaction holds the database's write lock
             Job.objects.filter(pk=job.pk).update(priority=0)
-        effect = wu.wait_until(lambda: SideEffect.objects.filter(job_id=job.pk).first(), 30,
-                               what="the handler's side effect")
-        time.sleep(0.5)  # the handler has returned; the slot is waiting to record its outcome
+        time.sleep(2.0)  # the handler has returned; the slot is waiting to record its outcome
         os.kill(effect.pid, signal.SIGKILL)
         wu.wait_until(lambda: not wu.pid_alive(effect.pid), 10, what="the slot to die")
         time.sleep(0.5)  # the supervisor notices and cleans up after the slot

@@ -1,7 +1,8 @@
 """Soak handlers (autodiscovered: this is the app's ``jobs`` module). Names start with ``soak.``.
 
 Payload keys: ``fail`` (the first N attempts raise: a transient failure), ``sleep`` (milliseconds the
-handler works before its side effect, so that chaos kills land mid-handler too).
+handler works before its side effect, so that chaos kills land mid-handler too); ``soak.NonTx`` also
+takes ``sleep_after`` (milliseconds between its side effect and its return, for tests).
 
 - ``soak.Tx`` and ``soak.Dedupe``: the side effect and the job's completion commit in ONE transaction.
   The queue runs the handler and records its outcome in separate transactions, so the handler
@@ -92,6 +93,8 @@ def soak_nontx(job: JobContext) -> Any:
     _prelude(job)
     using = job.job._state.db or "default"
     effect = _effect(job, SideEffect.NON_TRANSACTIONAL, using)  # autocommit: durable before the outcome
+    if job.payload.get("sleep_after"):  # tests: a window between the side effect and the outcome
+        time.sleep(float(job.payload["sleep_after"]) / 1000)
     return {"effect": effect.pk, "attempt": job.attempt_num}
 
 
