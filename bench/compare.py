@@ -1,0 +1,639 @@
+"""django-sqlqueue against the Django database queues, side by side, in one invocation.
+
+Usage (in a virtualenv with the ``bench`` extra, kept apart from the test environment)::
+
+    python -m venv /tmp/venv-bench && /tmp/venv-bench/bin/pip install -e ".[bench]"
+    /tmp/venv-bench/bin/python bench/compare.py                       # everything (~20 min)
+    /tmp/venv-bench/bin/python bench/compare.py --db postgres --slots 1 --jobs 5000 --latency-jobs 10
+
+Every system runs on the same machine, against the same database server (one throwaway PostgreSQL
+cluster with fsync=on and synchronous_commit=on; SQLite files in WAL mode with synchronous=NORMAL),
+with the same Django settings (bench/peers/settings.py), in a fresh database cloned from one
+migrated template for each measurement:
+
+- ``django-sqlqueue``: ``run_queue_worker --burst --concurrency N`` (``--batch`` as given);
+- ``django-tasks-db``: django-tasks' DatabaseBackend, N ``db_worker --batch`` processes, SQLite and
+  PostgreSQL, ``--interval`` the smallest it accepts (0) unless told otherwise;
+- ``procrastinate``: its Django integration, ``procrastinate worker --one-shot --concurrency N``
+  (PostgreSQL only), LISTEN/NOTIFY on (its default) and the same poll interval; with N > 1 also as
+  N one-slot processes (``procrastinate xN``), and the better of the two counts as the peer.
+
+For each (database, slots, system): enqueue ``--jobs`` no-op jobs one per transaction (timed), drain
+them (timed, launch to exit of every worker process), enqueue ``--jobs`` in bulk (timed: our
+``enqueue_many``; procrastinate's ``batch_defer``; django-tasks has no bulk API, so its jobs are
+enqueued in ONE transaction), drain again; then start the workers in forever mode, let them go idle,
+enqueue ``--latency-jobs`` jobs one at a time at random gaps and record, in each job's handler, the
+wall-clock time from just before its enqueue to the handler's start (p50/p99). Peak RSS of every
+worker process is sampled from /proc.
+
+Prints the table with our ratio to the best peer in each (database, slots) group (higher is better
+for us: throughput ours/peer, latency peer/ours), the durability settings in force, and writes the
+raw numbers to ``bench/results/compare-<time>.json`` (git-ignored).
+
+``--targets`` adds the issue's single-system targets: bulk enqueue of 100,000 jobs on PostgreSQL,
+and the peak RSS of one slot draining 100,000 jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tests.pgcluster, bench.peers
+RESULTS = ROOT / "bench" / "results"
+SETTINGS = "bench.peers.settings"
+OURS = "django-sqlqueue"
+PEERS_ON = {"sqlite": ["django-tasks-db"], "postgres": ["django-tasks-db", "procrastinate"]}
+
+
+# ====================================================================================================
+# Process helpers (outer and inner)
+# ====================================================================================================
+def _env(url: str, **extra: str) -> dict[str, str]:
+    """Environment of every benchmark process; BENCH_CODE puts another django_sqlqueue tree first."""
+    env = dict(os.environ)
+    path = f"{env['BENCH_CODE']}:{ROOT}" if env.get("BENCH_CODE") else str(ROOT)
+    env.update(PYTHONPATH=path, DJANGO_SETTINGS_MODULE=SETTINGS, BENCH_DATABASE_URL=url,
+               PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def _manage(*args: str) -> list[str]:
+    return [sys.executable, "-m", "django", *args]
+
+
+class RssSampler(threading.Thread):
+    """Polls /proc for a set of root processes and their descendants; keeps each pid's peak RSS."""
+
+    def __init__(self, roots: list[int], interval: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        self.roots = roots
+        self.interval = interval
+        self.peak_kb: dict[int, int] = {}
+        self._halt = threading.Event()
+
+    @staticmethod
+    def _children(pid: int) -> list[int]:
+        out: list[int] = []
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    out.extend(int(x) for x in f.read().split())
+        except OSError:
+            pass
+        return out
+
+    def _sample(self) -> None:
+        todo = list(self.roots)
+        while todo:
+            pid = todo.pop()
+            todo.extend(self._children(pid))
+            try:
+                with open(f"/proc/{pid}/status") as f:
+                    for line in f:
+                        if line.startswith("VmHWM:"):  # the kernel's own peak RSS of the process
+                            kb = int(line.split()[1])
+                            self.peak_kb[pid] = max(self.peak_kb.get(pid, 0), kb)
+                            break
+            except OSError:
+                pass
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            self._sample()
+            self._halt.wait(self.interval)
+
+    def stop(self) -> float:
+        self._halt.set()
+        self.join()
+        return max(self.peak_kb.values(), default=0) / 1024.0
+
+
+# ====================================================================================================
+# Inner side: runs inside Django (one process per measurement, fresh database)
+# ====================================================================================================
+class System:
+    name = ""
+
+    def __init__(self, url: str, slots: int, args: argparse.Namespace, logdir: Path) -> None:
+        self.url, self.slots, self.args, self.logdir = url, slots, args, logdir
+
+    # enqueue ------------------------------------------------------------------------------------
+    def warm_up(self) -> None:
+        """One enqueue before timing (imports, type rows, connection); drained with the rest."""
+        self.enqueue_one()
+
+    def enqueue_one(self) -> None:
+        raise NotImplementedError
+
+    def enqueue_bulk(self, n: int) -> None:
+        raise NotImplementedError
+
+    def enqueue_latency(self, t: float) -> None:
+        raise NotImplementedError
+
+    def done_count(self) -> int:
+        raise NotImplementedError
+
+    # workers ------------------------------------------------------------------------------------
+    def commands(self, burst: bool) -> list[list[str]]:
+        raise NotImplementedError
+
+    def start(self, burst: bool, tag: str, extra_env: dict[str, str] | None = None) -> list[subprocess.Popen]:
+        procs = []
+        for i, cmd in enumerate(self.commands(burst)):
+            log = open(self.logdir / f"{tag}-{i}.log", "wb")  # noqa: SIM115 (closed with the process)
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=_env(self.url, **(extra_env or {})), stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+        return procs
+
+    def drain(self, jobs: int, expected: int, tag: str) -> dict[str, float]:
+        """Run the workers in burst mode until they exit; ``expected`` jobs must then be done in all."""
+        start = time.perf_counter()
+        procs = self.start(True, tag)
+        sampler = RssSampler([p.pid for p in procs])
+        sampler.start()
+        codes = [p.wait(timeout=3600) for p in procs]
+        seconds = time.perf_counter() - start
+        rss = sampler.stop()
+        done = self.done_count()
+        if any(codes) or done < expected:
+            raise SystemExit(f"{self.name}: drain {tag} exit codes {codes}, {done}/{expected} done; see {self.logdir}")
+        return {"jobs": jobs, "seconds": seconds, "jobs_per_s": jobs / seconds, "peak_rss_mb": rss}
+
+    def latency(self, n: int, settle: float, gap: tuple[float, float]) -> dict[str, Any]:
+        path = self.logdir / f"latency-{self.name}-{self.slots}.txt"
+        path.unlink(missing_ok=True)
+        procs = self.start(False, "latency", {"BENCH_LATENCY_FILE": str(path)})
+        rng = random.Random(42)
+        try:
+            time.sleep(settle)  # let every worker go idle (poll backoff at its cap)
+            for _ in range(n):
+                self.enqueue_latency(time.time())
+                time.sleep(rng.uniform(*gap))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and _lines(path) < n:
+                time.sleep(0.05)
+        finally:
+            for p in procs:
+                _terminate(p)
+        values = sorted(float(x) * 1000 for x in path.read_text().split()) if path.exists() else []
+        if len(values) < n:
+            raise SystemExit(f"{self.name}: only {len(values)}/{n} latency jobs ran; see {self.logdir}")
+        return {"samples": len(values), "p50_ms": _pct(values, 50), "p99_ms": _pct(values, 99),
+                "max_ms": values[-1], "mean_ms": statistics.fmean(values)}
+
+
+def _lines(path: Path) -> int:
+    try:
+        return path.read_bytes().count(b"\n")
+    except OSError:
+        return 0
+
+
+def _pct(values: list[float], p: float) -> float:
+    """Nearest-rank percentile of sorted ``values``."""
+    k = max(0, min(len(values) - 1, int(round(p / 100 * len(values) + 0.5)) - 1))
+    return values[k]
+
+
+def _terminate(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+
+class Ours(System):
+    name = OURS
+
+    def __init__(self, *a: Any, batch: int = 1, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.batch = batch
+        if batch != 1:
+            self.name = f"{OURS} (batch {batch})"
+        from django_sqlqueue.managers import JobSpec
+        from django_sqlqueue.models import Job
+
+        self.Job, self.JobSpec = Job, JobSpec
+
+    def enqueue_one(self) -> None:
+        self.Job.objects.enqueue("bench.Noop")
+
+    def enqueue_bulk(self, n: int) -> None:
+        self.Job.objects.enqueue_many([self.JobSpec("bench.Noop") for _ in range(n)])
+
+    def enqueue_latency(self, t: float) -> None:
+        self.Job.objects.enqueue("bench.Latency", {"t": t})
+
+    def done_count(self) -> int:
+        from django_sqlqueue.states import Status
+
+        return self.Job.objects.filter(status_id=Status.COMPLETED).count()
+
+    def commands(self, burst: bool) -> list[list[str]]:
+        cmd = _manage("run_queue_worker", "--concurrency", str(self.slots), "--batch", str(self.batch),
+                      "--no-progress", "--log-level", "WARNING", "--worker-name", "bench")
+        return [cmd + (["--burst"] if burst else [])]
+
+
+class TasksDb(System):
+    name = "django-tasks-db"
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        from django_tasks_db.models import DBTaskResult
+
+        from bench.peers import tasks
+
+        self.tasks, self.Result = tasks, DBTaskResult
+
+    def enqueue_one(self) -> None:
+        self.tasks.noop.enqueue()
+
+    def enqueue_bulk(self, n: int) -> None:
+        from django.db import transaction
+
+        with transaction.atomic():  # no bulk API: every enqueue in one transaction is the closest
+            for _ in range(n):
+                self.tasks.noop.enqueue()
+
+    def enqueue_latency(self, t: float) -> None:
+        self.tasks.latency.enqueue(t)
+
+    def done_count(self) -> int:
+        return self.Result.objects.filter(status="SUCCESSFUL").count()
+
+    def commands(self, burst: bool) -> list[list[str]]:
+        cmd = _manage("db_worker", "--interval", str(self.args.peer_interval), "--no-startup-delay", "--no-reload",
+                      "--verbosity", "0")
+        return [cmd + (["--batch"] if burst else []) + ["--worker-id", f"bench-{i}"] for i in range(self.slots)]
+
+
+class Procrastinate(System):
+    name = "procrastinate"
+
+    def __init__(self, *a: Any, processes: bool = False, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.processes = processes
+        if processes:
+            self.name = f"procrastinate x{self.slots}"
+        from procrastinate.contrib.django.models import ProcrastinateJob
+
+        from bench.peers import pro_tasks
+
+        self.tasks, self.ProJob = pro_tasks, ProcrastinateJob
+
+    def enqueue_one(self) -> None:
+        self.tasks.noop.defer()
+
+    def enqueue_bulk(self, n: int) -> None:
+        self.tasks.noop.batch_defer(*({} for _ in range(n)))
+
+    def enqueue_latency(self, t: float) -> None:
+        self.tasks.latency.defer(t=t)
+
+    def done_count(self) -> int:
+        return self.ProJob.objects.filter(status="succeeded").count()
+
+    def commands(self, burst: bool) -> list[list[str]]:
+        per, count = (1, self.slots) if self.processes else (self.slots, 1)
+        cmd = _manage("procrastinate", "worker", "--concurrency", str(per),
+                      "--fetch-job-polling-interval", str(max(self.args.peer_interval, 0.001)))
+        return [cmd + (["--one-shot"] if burst else []) + ["--name", f"bench-{i}"] for i in range(count)]
+
+
+def make_system(spec: str, url: str, slots: int, args: argparse.Namespace, logdir: Path) -> System:
+    if spec.startswith(OURS):
+        batch = int(spec.split(":")[1]) if ":" in spec else 1
+        ours = Ours(url, slots, args, logdir, batch=batch)
+        if os.environ.get("BENCH_CODE"):
+            ours.name = ours.name.replace(OURS, f"{OURS} (baseline)" if batch == 1 else f"{OURS} baseline")
+        return ours
+    if spec == "django-tasks-db":
+        return TasksDb(url, slots, args, logdir)
+    if spec == "procrastinate":
+        return Procrastinate(url, slots, args, logdir)
+    if spec == "procrastinate-procs":
+        return Procrastinate(url, slots, args, logdir, processes=True)
+    raise SystemExit(f"unknown system {spec!r}")
+
+
+def durability() -> dict[str, str]:
+    from django.db import connection
+
+    with connection.cursor() as c:
+        if connection.vendor == "postgresql":
+            out = {}
+            for name in ("fsync", "synchronous_commit", "full_page_writes", "wal_sync_method", "server_version"):
+                c.execute(f"SHOW {name}")
+                out[name] = c.fetchone()[0]
+            return out
+        c.execute("PRAGMA journal_mode")
+        journal = c.fetchone()[0]
+        c.execute("PRAGMA synchronous")
+        sync = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}.get(c.fetchone()[0], "?")
+        c.execute("SELECT sqlite_version()")
+        return {"journal_mode": journal, "synchronous": sync, "sqlite_version": c.fetchone()[0]}
+
+
+def inner(args: argparse.Namespace) -> dict[str, Any]:
+    import django
+
+    django.setup()
+    logdir = Path(args.logdir)
+    system = make_system(args.system, args.inner_url, args.slots_one, args, logdir)
+    n = args.jobs
+    out: dict[str, Any] = {"system": system.name, "slots": args.slots_one, "durability": durability()}
+    if args.mode == "targets":
+        return {**out, **targets(system, args)}
+    system.warm_up()
+    t = time.perf_counter()
+    for _ in range(n):
+        system.enqueue_one()
+    out["enqueue_tx_per_s"] = n / (time.perf_counter() - t)
+    out["drain_after_tx"] = system.drain(n + 1, n + 1, "drain-tx")
+    t = time.perf_counter()
+    system.enqueue_bulk(n)
+    out["enqueue_bulk_per_s"] = n / (time.perf_counter() - t)
+    out["drain_after_bulk"] = system.drain(n, 2 * n + 1, "drain-bulk")
+    out["drain_per_s"] = statistics.fmean([out["drain_after_tx"]["jobs_per_s"], out["drain_after_bulk"]["jobs_per_s"]])
+    out["peak_rss_mb"] = max(out["drain_after_tx"]["peak_rss_mb"], out["drain_after_bulk"]["peak_rss_mb"])
+    if args.latency_jobs:
+        out["latency"] = system.latency(args.latency_jobs, args.settle, (args.gap_min, args.gap_max))
+    return out
+
+
+def targets(system: System, args: argparse.Namespace) -> dict[str, Any]:
+    """Ours only: bulk enqueue of ``--target-jobs`` and one slot draining them (time, peak RSS)."""
+    n = args.target_jobs
+    system.warm_up()
+    t = time.perf_counter()
+    for start in range(0, n, 20_000):  # what an app does: bulk calls of a bounded size
+        system.enqueue_bulk(min(20_000, n - start))
+    bulk = n / (time.perf_counter() - t)
+    drain = system.drain(n + 1, n + 1, "targets-drain")
+    return {"target_jobs": n, "enqueue_bulk_per_s": bulk, "drain": drain}
+
+
+# ====================================================================================================
+# Outer side: database server, templates, runs, table
+# ====================================================================================================
+@dataclass
+class Database:
+    kind: str
+    tmp: Path
+    cluster: Any = None
+    template: str = ""
+    counter: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def setup(self) -> None:
+        if self.kind == "postgres":
+            from tests.pgcluster import PgCluster
+
+            self.cluster = PgCluster(fsync=True).start()  # durable, as in production
+            self._pg("CREATE DATABASE bench_template")
+            self.template = self.cluster.url_for("bench_template")
+        else:
+            self.template = f"sqlite:///{self.tmp}/template.sqlite3"
+        subprocess.run(_manage("migrate", "-v0"), cwd=ROOT, env=_env(self.template), check=True)
+
+    def _pg(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(self.cluster.url, autocommit=True) as conn:
+            conn.execute(sql)
+
+    def fresh(self) -> str:
+        """A new database cloned from the migrated template."""
+        self.counter += 1
+        name = f"run{self.counter}"
+        if self.kind == "postgres":
+            self._pg(f"CREATE DATABASE {name} TEMPLATE bench_template")
+            self._pg("CHECKPOINT")
+            return self.cluster.url_for(name)
+        path = self.tmp / f"{name}.sqlite3"
+        shutil.copyfile(self.tmp / "template.sqlite3", path)
+        return f"sqlite:///{path}"
+
+    def drop(self, url: str) -> None:
+        if self.kind == "postgres":
+            self._pg(f"DROP DATABASE IF EXISTS {url.rsplit('/', 1)[1]} WITH (FORCE)")
+        else:
+            for suffix in ("", "-wal", "-shm"):
+                Path(url.removeprefix("sqlite:///") + suffix).unlink(missing_ok=True)
+
+    def teardown(self) -> None:
+        if self.cluster is not None:
+            self.cluster.destroy()
+
+
+def run_inner(db: Database, system: str, slots: int, args: argparse.Namespace, mode: str = "compare") -> dict:
+    baseline = system.endswith("@baseline")
+    system = system.removesuffix("@baseline")
+    url = db.fresh()
+    logdir = Path(tempfile.mkdtemp(prefix=f"bench-{db.kind}-{slots}-", dir=db.tmp))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--inner-url", url, "--system", system,
+           "--slots-one", str(slots), "--mode", mode, "--logdir", str(logdir), "--jobs", str(args.jobs),
+           "--latency-jobs", str(args.latency_jobs), "--settle", str(args.settle), "--gap-min", str(args.gap_min),
+           "--gap-max", str(args.gap_max), "--peer-interval", str(args.peer_interval),
+           "--target-jobs", str(args.target_jobs)]
+    print(f"  {db.kind:8} slots={slots} {system:28} ...", end="", flush=True, file=sys.stderr)
+    t = time.perf_counter()
+    try:
+        env = _env(url, **({"BENCH_CODE": args.baseline} if baseline else {}))
+        if baseline:
+            env["PYTHONPATH"] = f"{args.baseline}:{ROOT}"
+        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    finally:
+        db.drop(url)
+    if out.returncode:
+        print(" FAILED", file=sys.stderr)
+        print(out.stdout[-3000:], out.stderr[-5000:], file=sys.stderr)
+        for log in sorted(logdir.glob("*.log"))[:4]:
+            print(f"--- {log.name}\n{log.read_text()[-2000:]}", file=sys.stderr)
+        raise SystemExit(f"{system} on {db.kind} failed")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["database"] = db.kind
+    print(f" {time.perf_counter() - t:.0f} s: " + ", ".join(
+        f"{key} {_fmt(_value(result, key))}" for _, key, _ in COLUMNS if _value(result, key) is not None),
+        file=sys.stderr)
+    return result
+
+
+def _fmt(v: float | None, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    return f"{v:,.0f}{unit}" if v >= 100 else f"{v:,.1f}{unit}"
+
+
+COLUMNS = [("enqueue 1/tx /s", "enqueue_tx_per_s", True), ("enqueue bulk /s", "enqueue_bulk_per_s", True),
+           ("drain /s", "drain_per_s", True), ("p50 ms", "p50_ms", False), ("p99 ms", "p99_ms", False),
+           ("RSS MB", "peak_rss_mb", None)]
+
+
+def _value(r: dict, key: str) -> float | None:
+    if key in ("p50_ms", "p99_ms"):
+        return (r.get("latency") or {}).get(key)
+    return r.get(key)
+
+
+def table(results: list[dict]) -> str:
+    lines = []
+    head = f"{'database':9}{'slots':>5}  {'system':30}" + "".join(f"{c[0]:>17}" for c in COLUMNS)
+    lines += [head, "-" * len(head)]
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in results:
+        groups.setdefault((r["database"], r["slots"]), []).append(r)
+    for (dbk, slots), rows in groups.items():
+        for r in rows:
+            lines.append(f"{dbk:9}{slots:>5}  {r['system']:30}" + "".join(
+                f"{_fmt(_value(r, key)):>17}" for _, key, _ in COLUMNS))
+        ours = [r for r in rows if r["system"].startswith(OURS)]
+        peers = [r for r in rows if not r["system"].startswith(OURS)]
+        for o in ours:
+            cells = []
+            for _, key, higher in COLUMNS:
+                mine = _value(o, key)
+                theirs = [v for v in (_value(p, key) for p in peers) if v is not None]
+                if higher is None or mine is None or not theirs or not mine:
+                    cells.append("")
+                    continue
+                best = max(theirs) if higher else min(theirs)
+                cells.append(f"{(mine / best if higher else best / mine):.2f}x")
+            label = "  ours / best peer" + (f" ({o['system'][len(OURS):].strip()})" if o["system"] != OURS else "")
+            lines.append(f"{'':9}{'':>5}  {label:30}" + "".join(f"{c:>17}" for c in cells))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = ""
+    try:
+        mem = open("/proc/meminfo").readline().split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import importlib.metadata as md
+
+    versions = {"python": platform.python_version()}
+    for dist in ("Django", "psycopg", "django-tasks-db", "procrastinate", "django-sqlqueue"):
+        try:
+            versions[dist] = md.version(dist)
+        except md.PackageNotFoundError:
+            versions[dist] = "not installed"
+    return {"cpu": cpu, "cpus": os.cpu_count(), "memory": mem, "kernel": platform.release(), "versions": versions}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--db", choices=["sqlite", "postgres", "both"], default="both")
+    p.add_argument("--slots", default="1,4", help="worker slots to measure (default 1,4)")
+    p.add_argument("--jobs", type=int, default=20_000, help="jobs per workload (default 20,000)")
+    p.add_argument("--ours", default="1", help="our --batch values, comma-separated (default 1)")
+    p.add_argument("--systems", default="", help="only these systems (comma-separated names)")
+    p.add_argument("--latency-jobs", type=int, default=30, help="latency probes per row (0: skip)")
+    p.add_argument("--settle", type=float, default=4.0, help="seconds idle before the latency probes")
+    p.add_argument("--gap-min", type=float, default=0.3)
+    p.add_argument("--gap-max", type=float, default=1.5)
+    p.add_argument("--peer-interval", type=float, default=0.0,
+                   help="peers' poll interval (default 0, the smallest db_worker accepts; procrastinate gets 0.001)")
+    p.add_argument("--targets", action="store_true", help="also run the single-system targets (100,000 jobs)")
+    p.add_argument("--target-jobs", type=int, default=100_000)
+    p.add_argument("--baseline", metavar="TREE",
+                   help="also run django-sqlqueue from this source tree (e.g. `git archive` of an older "
+                        "commit), side by side with the working tree's")
+    p.add_argument("--output", help="JSON file (default bench/results/compare-<time>.json)")
+    # inner (one measurement, in its own process)
+    p.add_argument("--inner-url", help=argparse.SUPPRESS)
+    p.add_argument("--system", help=argparse.SUPPRESS)
+    p.add_argument("--slots-one", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--mode", default="compare", help=argparse.SUPPRESS)
+    p.add_argument("--logdir", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.inner_url:
+        print(json.dumps(inner(args)))
+        return 0
+
+    dbs = ["sqlite", "postgres"] if args.db == "both" else [args.db]
+    slots_list = [int(s) for s in args.slots.split(",")]
+    ours = [OURS if b == "1" else f"{OURS}:{b}" for b in args.ours.split(",")]
+    if args.baseline:
+        args.baseline = str(Path(args.baseline).resolve())
+        ours = [x for o in ours for x in (o + "@baseline", o)]
+    only = set(filter(None, args.systems.split(",")))
+    info = machine()
+    print(f"machine: {info['cpu']} x{info['cpus']}, {info['memory']}, Linux {info['kernel']}", file=sys.stderr)
+    print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()), file=sys.stderr)
+    results: list[dict] = []
+    durable: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="sqlqueue-compare-") as tmp:
+        for kind in dbs:
+            db = Database(kind, Path(tmp))
+            db.setup()
+            try:
+                for slots in slots_list:
+                    systems = ours + PEERS_ON[kind] + (["procrastinate-procs"] if kind == "postgres" and slots > 1 else [])
+                    for name in systems:
+                        if only and name.split(":")[0].split("@")[0] not in only and name not in only:
+                            continue
+                        r = run_inner(db, name, slots, args)
+                        durable[kind] = r.pop("durability")
+                        results.append(r)
+                if args.targets and (not only or OURS in only):
+                    tgt = run_inner(db, OURS, 1, args, mode="targets")
+                    tgt.pop("durability", None)
+                    results.append({**tgt, "target": True})
+            finally:
+                db.teardown()
+    compare_rows = [r for r in results if not r.get("target")]
+    text = table(compare_rows)
+    print()
+    print(text)
+    for kind, d in durable.items():
+        print(f"durability ({kind}): " + ", ".join(f"{k}={v}" for k, v in d.items()))
+    print(f"workload: {args.jobs:,} no-op jobs per enqueue; drain = launch to exit of the workers (mean of the "
+          f"drain after the one-per-transaction and the bulk enqueue); latency: {args.latency_jobs} jobs, one "
+          f"every {args.gap_min}-{args.gap_max} s to idle forever-mode workers; peers' poll interval "
+          f"{args.peer_interval} s (procrastinate >= 0.001 s, LISTEN/NOTIFY on); ours: production defaults.")
+    for r in results:
+        if r.get("target"):
+            print(f"targets ({r['database']}): bulk enqueue of {r['target_jobs']:,} jobs: "
+                  f"{r['enqueue_bulk_per_s']:,.0f} jobs/s; 1 slot drained them at {r['drain']['jobs_per_s']:,.0f} "
+                  f"jobs/s, peak RSS {r['drain']['peak_rss_mb']:.1f} MB per process")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = Path(args.output) if args.output else RESULTS / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps({"machine": info, "durability": durable, "args": vars(args), "results": results,
+                                "table": text}, indent=2))
+    print(f"raw numbers: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
