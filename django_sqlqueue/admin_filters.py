@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import calendar
 import datetime
+import threading
+import time
 from typing import Any
 
 from django.contrib import admin
@@ -52,6 +54,27 @@ def distinct_values(queryset: QuerySet, field: str, limit: int = MAX_DISTINCT_VA
     return values
 
 
+#: Seconds the queue and step dropdowns reuse their choices (per process). New queues and steps are rare;
+#: with the queue / step indexes a refresh costs a few seeks, without them a scan per value.
+CHOICES_TTL_SECONDS = 30.0
+_choices_cache: dict[tuple[str, str], tuple[float, list[Any]]] = {}
+_choices_lock = threading.Lock()
+
+
+def cached_distinct_values(queryset: QuerySet, field: str) -> list[Any]:
+    """:func:`distinct_values`, remembered for ``CHOICES_TTL_SECONDS`` per database and field."""
+    key = (queryset.db, field)
+    now = time.monotonic()
+    with _choices_lock:
+        hit = _choices_cache.get(key)
+    if hit is not None and now - hit[0] < CHOICES_TTL_SECONDS:
+        return hit[1]
+    values = distinct_values(queryset, field)
+    with _choices_lock:
+        _choices_cache[key] = (now, values)
+    return values
+
+
 class StatusFilter(SimpleDropdownFilter):
     title = _("status")
     parameter_name = "status"
@@ -87,7 +110,7 @@ class QueueFilter(SimpleDropdownFilter):
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
         from .models import Job
 
-        return [(q, q) for q in distinct_values(Job.objects.all(), "queue")]
+        return [(q, q) for q in cached_distinct_values(Job.objects.all(), "queue")]
 
     def queryset(self, request: Any, queryset: QuerySet) -> QuerySet | None:
         value = self.value()
@@ -101,7 +124,7 @@ class StepFilter(SimpleDropdownFilter):
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
         from .models import Job
 
-        steps = distinct_values(Job.objects.filter(step__gt=""), "step")
+        steps = cached_distinct_values(Job.objects.filter(step__gt=""), "step")
         return [("-", _("(no step)")), *((s, s) for s in steps)]
 
     def queryset(self, request: Any, queryset: QuerySet) -> QuerySet | None:

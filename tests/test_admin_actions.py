@@ -19,6 +19,7 @@ from tests.test_admin_support import (  # noqa: F401  (fixtures)
     change_url,
     changelist_url,
     fast_password_hasher,
+    fresh_admin_caches,
     make_job,
     messages_of,
     operator_client,

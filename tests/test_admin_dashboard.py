@@ -18,6 +18,7 @@ from django_sqlqueue.states import Status
 from tests.test_admin_support import (  # noqa: F401  (fixtures)
     TYPE_NAME,
     fast_password_hasher,
+    fresh_admin_caches,
     make_job,
     make_worker,
     messages_of,

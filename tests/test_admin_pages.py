@@ -18,6 +18,7 @@ from tests.test_admin_support import (  # noqa: F401  (fixtures)
     change_url,
     changelist_url,
     fast_password_hasher,
+    fresh_admin_caches,
     make_job,
     make_worker,
 )
@@ -156,6 +157,9 @@ def test_paginator_estimates_the_unfiltered_list_on_postgresql(admin_client, mon
 
 def test_the_list_costs_the_same_queries_for_5_or_50_jobs(admin_client) -> None:
     def queries_for_list() -> int:
+        from django_sqlqueue import admin_filters
+
+        admin_filters._choices_cache.clear()  # measure the choices' loose scans too
         with CaptureQueriesContext(connection) as ctx:
             assert admin_client.get(changelist_url()).status_code == 200
         return len(ctx.captured_queries)
@@ -258,3 +262,17 @@ def test_subtype_inline_hook(admin_client) -> None:
     finally:
         _custom.clear()
     assert "654321" in admin_client.get(change_url(job)).content.decode()
+
+
+def test_queue_choices_are_cached_briefly(admin_client, monkeypatch) -> None:
+    from django_sqlqueue import admin_filters
+
+    make_job(queue="first")
+    assert '?queue=first"' in admin_client.get(changelist_url()).content.decode()
+    assert admin_filters._choices_cache
+    make_job(queue="second")
+    with CaptureQueriesContext(connection) as ctx:
+        admin_client.get(changelist_url())
+    assert not [q for q in ctx.captured_queries if '"queue" >' in q["sql"]]  # no loose scan: cached
+    monkeypatch.setattr(admin_filters, "CHOICES_TTL_SECONDS", 0)
+    assert '?queue=second"' in admin_client.get(changelist_url()).content.decode()

@@ -104,6 +104,16 @@ def fast_password_hasher(settings):
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(autouse=True)
+def fresh_admin_caches():
+    """The queue / step dropdown choices are cached per process: start each test without them."""
+    from django_sqlqueue import admin_filters
+
+    admin_filters._choices_cache.clear()
+    yield
+    admin_filters._choices_cache.clear()
+
+
 @pytest.fixture
 def operator_client(client: Client):
     """A client logged in as a staff user with all four job permissions and view_job."""

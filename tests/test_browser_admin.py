@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from django_sqlqueue.models import Job, JobType
 from django_sqlqueue.states import Status
-from tests.test_admin_support import fast_password_hasher, make_job, make_worker  # noqa: F401
+from tests.test_admin_support import fast_password_hasher, fresh_admin_caches, make_job, make_worker  # noqa: F401
 
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
 
