@@ -17,8 +17,8 @@ import re
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import InvalidPayload
 from .handlers import Handler, registry
+from .runner import _BadReturn as _NotRetryable  # the worker fails these at once instead of retrying
 
 if TYPE_CHECKING:
     from .models import Job
@@ -153,7 +153,7 @@ class TaskExited(Exception):
     """The task raised SystemExit (or another BaseException that is not an Exception)."""
 
 
-class TaskReturnValueError(InvalidPayload, TypeError):
+class TaskReturnValueError(_NotRetryable, TypeError):
     """The task's return value cannot be stored as JSON.
 
     Its message is the formatted traceback of the underlying error, so that the job's stored error
