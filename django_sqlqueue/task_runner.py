@@ -38,7 +38,7 @@ def load_task(name: str) -> Any | None:
     Import errors of a module that does exist propagate: a task module that fails to import is a bug
     the operator must see (in the job's error), not an "unknown job type".
     """
-    if not _TASK_PATH.match(name):
+    if not isinstance(name, str) or not _TASK_PATH.match(name):
         return None
     try:
         from django.tasks import Task
@@ -62,7 +62,13 @@ def load_task(name: str) -> Any | None:
 
 
 def resolve(name: str) -> Handler | None:
-    """Registry resolver: a Handler running the task at import path ``name``, or None."""
+    """Registry resolver: a Handler running the task at import path ``name``, or None.
+
+    Only a dotted path is ever imported; anything else (a typed job's name, a non-string) is declined
+    before any import, so a bad name can never leave a handler behind in the registry.
+    """
+    if not isinstance(name, str) or not _TASK_PATH.match(name):
+        return None
     try:
         task = load_task(name)
     except Exception as exc:  # the module exists but cannot be imported: fail the job, loudly

@@ -18,7 +18,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskRes
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils import timezone
 
-from django_sqlqueue import Status, enqueue
+from django_sqlqueue import Status, enqueue, task_runner
 from django_sqlqueue.handlers import registry
 from django_sqlqueue.models import Job, JobType
 from django_sqlqueue.tasks import STATUS_MAP, SqlQueueBackend, TaskArgumentsError, exception_entry
@@ -333,8 +333,11 @@ def test_exception_entry_parsing() -> None:
 def test_resolver_knows_tasks_and_nothing_else() -> None:
     handler = registry.get(defs.calculate_meaning_of_life.module_path)
     assert handler.steps == ()
-    for name in ["Noop", "tests.test_tasks_defs.not_a_task", "no.such.module.fn", "os.path.join"]:
-        assert not registry.is_registered(name), name
+    for name in ["Noop", "tests.test_tasks_defs.not_a_task", "no.such.module.fn", "os.path.join", None, 42, ""]:
+        assert task_runner.resolve(name) is None, name
+        if isinstance(name, str) and name:
+            assert not registry.is_registered(name), name
+    assert all(isinstance(h.name, str) for h in registry.all())
 
 
 def test_task_job_types_are_created_on_first_enqueue() -> None:
