@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connections
 from django.utils import timezone
 
 from django_sqlqueue.models import Job, JobType
@@ -78,6 +79,10 @@ def page(live_server):
         yield pg
         context.close()
         browser.close()
+        # Database connections opened while Playwright runs (the test's own reads) belong to the
+        # context Playwright switched to, which pytest-django never sees: close them here, or the
+        # session's teardown cannot drop the PostgreSQL test database ("accessed by other users").
+        connections.close_all()
 
 
 def shot(page, name: str) -> None:
