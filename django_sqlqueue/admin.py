@@ -167,6 +167,7 @@ class JobAdmin(admin_actions.JobActionPermissions, admin.ModelAdmin):
     search_fields = ("=id", "=dedupe_key", "error")  # the search itself is get_search_results
     search_help_text = _("A job id, a dedupe key (exact), or text in the error.")
     show_full_result_count = False
+    empty_value_display = "—"
     show_facets = admin.ShowFacets.NEVER
     paginator = CheapPaginator
     actions = admin_actions.JOB_ACTIONS
