@@ -6,6 +6,7 @@ Read through :func:`get_settings` (not cached at import) so tests and ``override
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 from django.conf import settings as django_settings
 
@@ -56,9 +57,35 @@ _NUMERIC_MINIMUMS = {
 }
 
 
+#: (the user's items, the settings built from them): the hot path calls get_settings() per job.
+_cache: tuple[tuple[Any, ...], QueueSettings] | None = None
+
+
 def get_settings() -> QueueSettings:
-    """Return the effective settings, validating the user's ``SQLQUEUE`` dict."""
+    """Return the effective settings, validating the user's ``SQLQUEUE`` dict.
+
+    Rebuilt whenever the dict's items differ from last time (override_settings, a test that edits
+    it), otherwise served from a one-entry cache: building and validating costs more than a query's
+    worth of Python, and the worker asks several times per job.
+    """
+    global _cache
     user = getattr(django_settings, "SQLQUEUE", {}) or {}
+    try:
+        key: tuple[Any, ...] = tuple(user.items())
+        hash(key)
+    except TypeError:  # an unhashable value: let the validation below report it, uncached
+        key = ()
+    else:
+        cached = _cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+    result = _build(user)
+    if key or not user:
+        _cache = (key, result)
+    return result
+
+
+def _build(user: Any) -> QueueSettings:
     known = {f.name for f in fields(QueueSettings)}
     unknown = set(user) - known
     if unknown:

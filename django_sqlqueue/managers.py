@@ -15,6 +15,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, models, router, transaction
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from . import jobtypes
@@ -90,26 +92,57 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     def _alias(self, using: str | None) -> str:
         return using or self._db or get_settings().DATABASE or router.db_for_write(self.model)
 
+    def _converters(self, connection: Any) -> list[tuple[int, list[Any]]]:
+        """(column position, converters) for the JOB_COLUMNS that need any; computed once per connection."""
+        dialect = get_dialect(connection)
+        cached = getattr(dialect, "_job_converters", None)
+        if cached is None:
+            meta = self.model._meta
+            cached = []
+            for i, attname in enumerate(JOB_COLUMNS):
+                f = next(x for x in meta.concrete_fields if x.attname == attname)
+                col = f.get_col(meta.db_table)
+                convs = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
+                if convs:
+                    cached.append((i, convs))
+            dialect._job_converters = cached  # type: ignore[attr-defined]
+        return cached
+
     def _rows_to_jobs(self, rows: Iterable[Sequence[Any]], using: str) -> list[Job]:
-        """Build Job objects from raw JOB_COLUMNS rows, applying the backend's value converters."""
+        """Build Job objects from raw JOB_COLUMNS rows, applying the backend's value converters.
+
+        The claim's hot path: no query, no per-row field lookups (the converters are cached per
+        connection), and ``from_db`` as Django's own queryset iterator uses it.
+        """
         connection = connections[using]
-        meta = self.model._meta
-        converters = []
-        for attname in JOB_COLUMNS:
-            f = next(x for x in meta.concrete_fields if x.attname == attname)
-            col = f.get_col(meta.db_table)
-            converters.append(connection.ops.get_db_converters(col) + col.get_db_converters(connection))
+        converters = self._converters(connection)
+        model = self.model
+        from_db, names = model.from_db, list(JOB_COLUMNS)
+        # What Model.__init__ would do for a full row, minus its per-field argument handling: set the
+        # attributes, mark the instance as loaded from ``using``. Only when nobody listens to
+        # pre_init/post_init for Job (they would expect __init__ to run).
+        fast = not (pre_init.has_listeners(model) or post_init.has_listeners(model))
         jobs = []
         for row in rows:
-            values = []
-            for value, convs in zip(row, converters, strict=True):
+            values = list(row)
+            for i, convs in converters:
+                value = values[i]
                 for conv in convs:
                     value = conv(value, None, connection)
-                values.append(value)
-            jobs.append(self.model.from_db(using, list(JOB_COLUMNS), values))
+                values[i] = value
+            if fast:
+                job = model.__new__(model)
+                state = job._state = ModelState()
+                state.adding, state.db = False, using
+                job.__dict__.update(zip(names, values, strict=True))
+                jobs.append(job)
+            else:
+                jobs.append(from_db(using, names, values))
         return jobs
 
     def _prep(self, attname: str, value: Any, using: str) -> Any:
+        if value is None:
+            return None
         return self.model._meta.get_field(attname.removesuffix("_id")).get_db_prep_save(value, connections[using])
 
     # ----- enqueue ------------------------------------------------------------------------------
@@ -150,11 +183,15 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                    "payload", "error", "enqueued_at", "scheduled_for", "version", "updated_at", "worker",
                    "dedupe_key"]
         rows: list[list[Any]] = []
+        infos: dict[Any, jobtypes.TypeInfo] = {}  # one lookup per type name, not per job
         for spec in specs:
-            info = jobtypes.get_type(spec.job_type, using=alias, create=registry.is_registered(spec.job_type))
+            info = infos.get(spec.job_type)
+            if info is None:
+                info = jobtypes.get_type(spec.job_type, using=alias, create=registry.is_registered(spec.job_type))
+                infos[spec.job_type] = info
             rows.append(self._validated_row(spec, info, settings.MAX_PAYLOAD_BYTES, alias))
         per_row = len(columns) - 2  # enqueued_at / updated_at are stamped by the database
-        chunk = max(1, min(1000, dialect.max_params // per_row))
+        chunk = dialect.insert_chunk(per_row)
         jobs: list[Job | None] = [None] * len(specs)
         new_ids: set[int] = set()
         with transaction.atomic(using=alias), connection.cursor() as cursor:
@@ -257,13 +294,51 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         """
         if not isinstance(limit, int) or limit < 1 or limit > 10_000:
             raise InvalidArgument(f"limit must be an integer from 1 to 10000, got {limit!r}")
-        if not isinstance(worker, str) or not worker or len(worker) > 200:
+        return self.complete_and_claim((), worker, limit, queues=queues, types=types, using=using)[1]
+
+    def complete_many(self, done: Sequence[tuple[Job, Any]], *, using: str | None = None) -> list[Job]:
+        """Processing -> Completed for many jobs at once: ``done`` is (job, response) pairs.
+
+        One statement per chunk (on PostgreSQL one data-modifying CTE updates the jobs and closes their
+        history rows), all in one transaction. Each job must still carry the token it was claimed with:
+        a job whose token moved on (reclaimed after a stall, changed by an operator) is left alone and
+        missing from the result, exactly as :meth:`complete` would refuse it with :class:`StaleJob`.
+        Returns the updated rows of the jobs that were completed.
+        """
+        return self.complete_and_claim(done, "", 0, using=using)[0]
+
+    def complete_and_claim(
+        self,
+        done: Sequence[tuple[Job, Any]],
+        worker: str,
+        limit: int,
+        *,
+        queues: Sequence[str] = (),
+        types: Sequence[str] = (),
+        using: str | None = None,
+    ) -> tuple[list[Job], list[Job]]:
+        """Record finished jobs and claim the next ones in ONE transaction (one commit, not two).
+
+        ``done``: (job, response) pairs to complete, as :meth:`complete_many`; then up to ``limit``
+        jobs are claimed for ``worker`` as :meth:`claim` does (``limit=0``: complete only). A worker
+        that just finished a batch would otherwise commit its results and then, at once, commit a
+        claim: joining the two loses nothing (the results are committed before the new jobs run, and
+        a failure rolls both back, so the jobs are still Processing under the old token and the
+        caller records them again). Returns (completed rows, claimed jobs).
+        """
+        if not isinstance(limit, int) or limit < 0 or limit > 10_000:
+            raise InvalidArgument(f"limit must be an integer from 0 to 10000, got {limit!r}")
+        if limit and (not isinstance(worker, str) or not worker or len(worker) > 200):
             raise InvalidArgument("worker must be a non-empty string of at most 200 characters")
         alias = self._alias(using)
+        items = []
+        for job, response in done:
+            _encode_json(response, "response")
+            items.append((job.pk, job.version, self._prep("response", response, alias)))
         settings = get_settings()
-        type_ids = tuple(jobtypes.get_type(t, using=alias).id for t in types)
+        type_ids = tuple(jobtypes.get_type(t, using=alias).id for t in types) if limit else ()
         req = ClaimRequest(
-            worker=worker,
+            worker=worker or "-",
             limit=limit,
             queues=tuple(queues),
             types=type_ids,
@@ -275,18 +350,16 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         dialect = get_dialect(connection)
         for attempt in range(CLAIM_RETRIES):
             try:
-                if connection.vendor == "sqlite":  # the dialect opens its own IMMEDIATE transaction
-                    with connection.cursor() as cursor:
-                        rows = dialect.claim(cursor, req)
-                else:
-                    with transaction.atomic(using=alias), connection.cursor() as cursor:
-                        rows = dialect.claim(cursor, req)
-                return self._rows_to_jobs(rows, alias)
+                # SQLite: BEGIN IMMEDIATE (the write lock before the first read); others: atomic().
+                with connection.cursor() as cursor, dialect.write_transaction(cursor):
+                    finished = dialect.complete_many(cursor, items) if items else []
+                    rows = dialect.claim(cursor, req) if limit else []
+                return self._rows_to_jobs(finished, alias), self._rows_to_jobs(rows, alias)
             except DatabaseError as exc:
                 if attempt == CLAIM_RETRIES - 1 or not dialect.is_retryable_error(exc):
                     raise
                 time.sleep(0.01 * 2**attempt)
-        return []  # pragma: no cover
+        return [], []  # pragma: no cover
 
     # ----- modify -------------------------------------------------------------------------------
     def get_for_update(self, job_id: int, *, using: str | None = None) -> Job:

@@ -9,8 +9,11 @@ rendered as literals so that filtered indexes match at compile time.
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
 
 from ..states import CLAIMABLE, Status, sql_list
 
@@ -118,10 +121,69 @@ class Dialect:
         """Table hint for a read that must see the current committed row, not a version."""
         return ""
 
+    def write_transaction(self, cursor: CursorWrapper) -> AbstractContextManager[Any]:
+        """The transaction a claim (and the completions committed with it) runs in."""
+        return transaction.atomic(using=self.connection.alias)
+
     # ----- statements ---------------------------------------------------------------------------
     def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
-        """Claim up to ``req.limit`` jobs in ONE statement (or one batch); return JOB_COLUMNS rows."""
+        """Claim up to ``req.limit`` jobs in ONE statement (or one batch); return JOB_COLUMNS rows.
+
+        Runs inside :meth:`write_transaction`, opened by the caller.
+        """
         raise NotImplementedError
+
+    #: Most jobs one completion statement carries (3 parameters each; T-SQL VALUES takes 1000 rows).
+    complete_chunk: int = 500
+
+    def complete_many(self, cursor: CursorWrapper, items: list[tuple[int, int, Any]]) -> list[tuple[Any, ...]]:
+        """Complete jobs given as (id, token, response in database form); return their new JOB_COLUMNS rows.
+
+        Only Processing jobs whose token still matches are completed; their open history row is closed
+        in the same statement. Runs inside :meth:`write_transaction`.
+        """
+        out: list[tuple[Any, ...]] = []
+        for start in range(0, len(items), self.complete_chunk):
+            part = items[start:start + self.complete_chunk]
+            cursor.execute(self.complete_sql(len(part)), [p for item in part for p in item])
+            out.extend(cursor.fetchall())
+        return out
+
+    def complete_values(self, nrows: int) -> str:
+        """``(VALUES ...) AS v (vid, vversion, vresponse)``: the (id, token, response) rows to complete."""
+        row = "(" + ", ".join(self.complete_casts) + ")"
+        return f"(VALUES {', '.join([row] * nrows)}) AS v (vid, vversion, vresponse)"
+
+    #: Placeholders of one VALUES row of :meth:`complete_values` (casts where the vendor needs types).
+    complete_casts: tuple[str, str, str] = ("%s", "%s", "%s")
+
+    def complete_set_clause(self, alias: str) -> str:
+        """The SET list of a completion (modify's Processing -> Completed), ``alias`` the job table's."""
+        j = self.n.j
+        return (
+            f"{j['status_id']} = {int(Status.COMPLETED)}, {j['version']} = {alias}.{j['version']} + 1, "
+            f"{j['updated_at']} = {self.now()}, {j['response']} = v.vresponse, {j['finished_at']} = {self.now()}, "
+            f"{j['duration_ms']} = {self.ms_since(f'{alias}.' + j['started_at'])}, {j['lease_expires_at']} = NULL"
+        )
+
+    def complete_sql(self, nrows: int) -> str:
+        """PostgreSQL shape: one data-modifying CTE completes the jobs and closes their history rows.
+
+        Params: id, token, response for each of ``nrows`` jobs. Returns the completed jobs' rows.
+        """
+        n, j, a = self.n, self.n.j, self.n.a
+        cols = ", ".join(f"j.{c}" for c in n.job_columns)
+        return (
+            f"WITH done AS (UPDATE {n.job} j SET {self.complete_set_clause('j')} "
+            f"FROM {self.complete_values(nrows)} "
+            f"WHERE j.{j['id']} = v.vid AND j.{j['version']} = v.vversion "
+            f"AND j.{j['status_id']} = {int(Status.PROCESSING)} RETURNING {cols}), "
+            f"hist AS (UPDATE {n.attempt} a SET {a['finished_at']} = {self.now()}, "
+            f"{a['outcome_id']} = {int(Status.COMPLETED)}, {a['error']} = '', {a['duration_ms']} = done.{j['duration_ms']} "
+            f"FROM done WHERE a.{a['job_id']} = done.{j['id']} AND a.{a['attempt_num']} = done.{j['attempt_num']} "
+            f"AND a.{a['finished_at']} IS NULL) "
+            f"SELECT {', '.join(n.job_columns)} FROM done"
+        )
 
     def _effective(self, alias: str, attr: str, default_placeholder: str) -> str:
         """COALESCE(job override, type setting, default) for max_attempts / lease_seconds."""
@@ -333,6 +395,10 @@ class Dialect:
 
     #: Most parameters one statement may carry (SQL Server allows 2100).
     max_params: int = 30000
+
+    def insert_chunk(self, per_row: int) -> int:
+        """Rows per bulk INSERT statement, for rows of ``per_row`` parameters."""
+        return max(1, min(1000, self.max_params // per_row))
 
     def is_retryable_error(self, exc: BaseException) -> bool:
         """True for transient conflicts the caller should simply retry (deadlock victim, lock timeout)."""

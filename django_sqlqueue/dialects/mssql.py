@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..states import UNFINISHED, sql_list
+from ..states import UNFINISHED, Status, sql_list
 from .base import COL, JOB_COLUMNS, ClaimRequest, Dialect
 
 if TYPE_CHECKING:
@@ -107,6 +107,29 @@ class MssqlDialect(Dialect):
         sql, params = self.claim_sql(req)
         cursor.execute(sql, params)
         return cursor.fetchall()
+
+    def complete_sql(self, nrows: int) -> str:
+        """One batch: UPDATE ... OUTPUT INTO @done, close the history rows from @done, SELECT @done.
+
+        OUTPUT goes INTO a table variable (not straight to the client) so the history UPDATE can join
+        it, as in the claim. The UPDATE's own update locks make the token test current even under
+        READ_COMMITTED_SNAPSHOT (an UPDATE reads the latest committed row, never a version).
+        """
+        n, j, a = self.n, self.n.j, self.n.a
+        output = ", ".join(f"inserted.{c}" for c in n.job_columns)
+        return (
+            "SET NOCOUNT ON; "
+            f"{self._declare().replace('@claimed', '@done')}; "
+            f"UPDATE j SET {self.complete_set_clause('j')} OUTPUT {output} INTO @done "
+            f"FROM {n.job} AS j INNER JOIN {self.complete_values(nrows)} "
+            f"ON j.{j['id']} = v.vid AND j.{j['version']} = v.vversion "
+            f"WHERE j.{j['status_id']} = {int(Status.PROCESSING)}; "
+            f"UPDATE a SET {a['finished_at']} = SYSUTCDATETIME(), {a['outcome_id']} = {int(Status.COMPLETED)}, "
+            f"{a['error']} = N'', {a['duration_ms']} = d.{j['duration_ms']} "
+            f"FROM {n.attempt} AS a INNER JOIN @done AS d ON a.{a['job_id']} = d.{j['id']} "
+            f"AND a.{a['attempt_num']} = d.{j['attempt_num']} WHERE a.{a['finished_at']} IS NULL; "
+            f"SELECT {', '.join(n.job_columns)} FROM @done;"
+        )
 
     multi_row_dedupe = False
 

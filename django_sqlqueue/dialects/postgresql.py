@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
-from .base import ClaimRequest, Dialect
+from .base import JOB_COLUMNS, ClaimRequest, Dialect
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
@@ -52,10 +53,107 @@ class PostgresDialect(Dialect):
         )
         return sql, [*params, req.limit, *set_params]
 
+    # VALUES rows are typed by their first row; say the types so a NULL response is still jsonb.
+    complete_casts = ("%s::bigint", "%s::integer", "%s::jsonb")
+
     def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
         sql, params = self.claim_sql(req)
         cursor.execute(sql, params)
         return cursor.fetchall()
+
+    #: Rows per bulk INSERT: the unnest form below carries one array parameter per column, not one
+    #: parameter per value, so a statement may hold many rows without a huge query text to build,
+    #: send and parse.
+    insert_rows = 5000
+
+    def insert_chunk(self, per_row: int) -> int:
+        return self.insert_rows
+
+    def insert_unnest_sql(self, columns: list[str], dedupe: bool) -> str:
+        """``INSERT ... SELECT ... FROM unnest(%s::type[], ...)``: one array parameter per column.
+
+        Same rows, defaults and conflict rule as :meth:`insert_sql` (enqueued_at/updated_at from the
+        database clock, scheduled_for defaulting to it, ``ON CONFLICT DO NOTHING`` for dedupe).
+        """
+        from ..models import Job
+
+        arrays, names, select = [], [], []
+        for i, c in enumerate(columns):
+            if c in ("enqueued_at", "updated_at"):
+                select.append(self.now())
+                continue
+            field = next(f for f in Job._meta.concrete_fields if f.attname == c)
+            arrays.append(f"%s::{field.db_type(self.connection)}[]")
+            names.append(f"c{i}")
+            select.append(f"COALESCE(u.c{i}, {self.now()})" if c == "scheduled_for" else f"u.c{i}")
+        conflict = " ON CONFLICT DO NOTHING" if dedupe else ""
+        return (
+            f"INSERT INTO {self.n.job} ({self.insert_columns_sql(columns)}) SELECT {', '.join(select)} "
+            f"FROM unnest({', '.join(arrays)}) AS u({', '.join(names)}){conflict} "
+            f"RETURNING {', '.join(self.n.job_columns)}"
+        )
+
+    #: From this many rows without dedupe keys, bulk enqueue uses COPY (see :meth:`copy_jobs`).
+    copy_min_rows = 200
+
+    def insert_job(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]],
+                   dedupe: bool) -> list[tuple[Any, ...]]:
+        if len(rows) < 4:  # a few rows: the plain VALUES form is as cheap and its plan is cached
+            return super().insert_job(cursor, columns, rows, dedupe)
+        if not dedupe and len(rows) >= self.copy_min_rows:
+            return self.copy_jobs(cursor, columns, rows)
+        kept = [i for i, c in enumerate(columns) if c not in ("enqueued_at", "updated_at")]
+        cursor.execute(self.insert_unnest_sql(columns, dedupe), [[row[i] for row in rows] for i in kept])
+        return cursor.fetchall()
+
+    def copy_jobs(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]]) -> list[tuple[Any, ...]]:
+        """Bulk insert with ``COPY ... FROM STDIN``; return the JOB_COLUMNS rows it wrote.
+
+        COPY cannot return rows, so the ids are drawn from the table's identity sequence first
+        (``nextval``, safe beside concurrent inserts) and the database clock is read in the same
+        transaction: ``now()`` is the transaction's start time, exactly the value an INSERT would
+        have stamped. Only for rows without a dedupe key (those need ``ON CONFLICT``).
+        """
+        from ..models import Job
+
+        n = len(rows)
+        cursor.execute(
+            # now() in the first row only: one timestamp to parse, not one per job
+            "SELECT CASE WHEN g = 1 THEN now() END, nextval(pg_get_serial_sequence(%s, %s)) "
+            "FROM generate_series(1, %s) g",
+            [Job._meta.db_table, Job._meta.pk.column, n],
+        )
+        drawn = cursor.fetchall()
+        now = drawn[0][0]
+        index = {c: i for i, c in enumerate(columns)}
+        copy_cols = ["id", *columns]
+        out: list[tuple[Any, ...]] = []
+        cols_sql = ", ".join(self.n.j[c] for c in copy_cols)
+        with cursor.cursor.copy(f"COPY {self.n.job} ({cols_sql}) FROM STDIN") as copy:
+            for (_, job_id), row in zip(drawn, rows, strict=True):
+                values = list(row)
+                values[index["enqueued_at"]] = values[index["updated_at"]] = now
+                if values[index["scheduled_for"]] is None:
+                    values[index["scheduled_for"]] = now
+                payload = values[index["payload"]]
+                if hasattr(payload, "obj"):  # psycopg's Jsonb wrapper: encode once, for COPY and the row
+                    values[index["payload"]] = (payload.dumps or json.dumps)(payload.obj)
+                copy.write_row([job_id, *values])
+                out.append(self._returned_row(job_id, values, index))
+        return out
+
+    @staticmethod
+    def _returned_row(job_id: int, values: list[Any], index: dict[str, int]) -> tuple[Any, ...]:
+        """A JOB_COLUMNS row as the database would have returned it (payload is jsonb text, as Django reads it)."""
+        row: list[Any] = []
+        for c in JOB_COLUMNS:
+            if c == "id":
+                row.append(job_id)
+            elif c in index:
+                row.append(values[index[c]])
+            else:
+                row.append(None)  # response, started_at, finished_at, duration_ms, lease_expires_at
+        return tuple(row)
 
     def is_retryable_error(self, exc: BaseException) -> bool:
         # 40P01 deadlock_detected, 40001 serialization_failure, 55P03 lock_not_available

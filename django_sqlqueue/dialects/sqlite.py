@@ -7,8 +7,11 @@ reads, so two claimers are serialised by the database (the second waits up to th
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from ..states import Status
 from .base import COL, ClaimRequest, Dialect
 
 if TYPE_CHECKING:
@@ -50,27 +53,60 @@ class SqliteDialect(Dialect):
         )
         return sql, [*set_params, *params, req.limit]
 
-    def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
-        """Claim and write history in one IMMEDIATE transaction (or the caller's, if one is open)."""
-        sql, params = self.claim_sql(req)
-        own_tx = not self.connection.in_atomic_block
-        if own_tx:
-            cursor.execute("BEGIN IMMEDIATE", [])
+    @contextmanager
+    def write_transaction(self, cursor: CursorWrapper) -> Iterator[None]:
+        """``BEGIN IMMEDIATE`` ... ``COMMIT`` (or the caller's transaction, if one is open).
+
+        IMMEDIATE takes the write lock before the claim reads, so two claimers are serialised by the
+        database instead of both reading the same candidates.
+        """
+        if self.connection.in_atomic_block:
+            yield
+            return
+        cursor.execute("BEGIN IMMEDIATE", [])
         try:
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
-            if rows:
-                cursor.executemany(
-                    self.attempt_insert_sql(),
-                    [(r[COL["id"]], r[COL["attempt_num"]], r[COL["worker"]], r[COL["started_at"]]) for r in rows],
-                )
+            yield
         except BaseException:
-            if own_tx:
-                cursor.execute("ROLLBACK", [])
+            cursor.execute("ROLLBACK", [])
             raise
-        if own_tx:
-            cursor.execute("COMMIT", [])
+        cursor.execute("COMMIT", [])
+
+    def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
+        """Claim and write history (inside :meth:`write_transaction`)."""
+        sql, params = self.claim_sql(req)
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+        if rows:
+            cursor.executemany(
+                self.attempt_insert_sql(),
+                [(r[COL["id"]], r[COL["attempt_num"]], r[COL["worker"]], r[COL["started_at"]]) for r in rows],
+            )
         rows.sort(key=lambda r: (-r[COL["priority"]], r[COL["scheduled_for"]], r[COL["id"]]))
+        return rows
+
+    def complete_values(self, nrows: int) -> str:
+        # SQLite names VALUES columns column1, column2, ...: rename them in a subquery.
+        rows = ", ".join(["(%s, %s, %s)"] * nrows)
+        return f"(SELECT column1 AS vid, column2 AS vversion, column3 AS vresponse FROM (VALUES {rows})) AS v"
+
+    def complete_sql(self, nrows: int) -> str:
+        """UPDATE ... FROM (VALUES ...) RETURNING (no data-modifying CTEs in SQLite; history follows)."""
+        n, j = self.n, self.n.j
+        return (
+            f"UPDATE {n.job} SET {self.complete_set_clause(n.job)} FROM {self.complete_values(nrows)} "
+            f"WHERE {n.job}.{j['id']} = v.vid AND {n.job}.{j['version']} = v.vversion "
+            f"AND {n.job}.{j['status_id']} = {int(Status.PROCESSING)} RETURNING {', '.join(n.job_columns)}"
+        )
+
+    def complete_many(self, cursor: CursorWrapper, items: list[tuple[int, int, Any]]) -> list[tuple[Any, ...]]:
+        rows = super().complete_many(cursor, items)
+        if rows:
+            a = self.n.a
+            cursor.executemany(
+                f"UPDATE {self.n.attempt} SET {a['finished_at']} = {self.now()}, {a['outcome_id']} = "
+                f"{int(Status.COMPLETED)}, {a['error']} = '', {a['duration_ms']} = %s WHERE {self._open_attempt()}",
+                [(r[COL["duration_ms"]], r[COL["id"]], r[COL["attempt_num"]]) for r in rows],
+            )
         return rows
 
     max_params = 30000  # SQLite >= 3.32 allows 32766 host parameters

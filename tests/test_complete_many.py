@@ -1,0 +1,70 @@
+"""Batched completion: many jobs completed (and their history closed) in one statement, token-checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from django_sqlqueue import Status, enqueue
+from django_sqlqueue.conf import get_settings
+from django_sqlqueue.managers import JobSpec
+from django_sqlqueue.models import Job, JobAttempt, JobType
+
+pytestmark = pytest.mark.django_db
+
+
+def test_complete_many_completes_and_closes_history(noop_type: JobType) -> None:
+    Job.objects.enqueue_many([JobSpec("Noop", {"i": i}) for i in range(5)])
+    claimed = Job.objects.claim("w", 5)
+    done = Job.objects.complete_many([(job, {"i": job.payload["i"]}) for job in claimed])
+    assert sorted(j.pk for j in done) == sorted(j.pk for j in claimed)
+    for job in done:
+        assert job.state is Status.COMPLETED and job.response == job.payload
+        assert job.finished_at is not None and job.duration_ms is not None and job.lease_expires_at is None
+        assert job.version == next(c.version for c in claimed if c.pk == job.pk) + 1
+    attempts = JobAttempt.objects.filter(job__in=[j.pk for j in claimed])
+    assert attempts.count() == 5
+    for attempt in attempts:
+        assert attempt.outcome_id == Status.COMPLETED and attempt.finished_at is not None
+        assert attempt.duration_ms == Job.objects.get(pk=attempt.job_id).duration_ms and attempt.error == ""
+
+
+def test_stale_token_is_left_alone(noop_type: JobType) -> None:
+    enqueue("Noop")
+    enqueue("Noop")
+    first, second = Job.objects.claim("w", 2)
+    Job.objects.modify(first, first.version, Status.TERMINATED)  # an operator got there first
+    done = Job.objects.complete_many([(first, "late"), (second, None)])
+    assert [j.pk for j in done] == [second.pk]
+    first.refresh_from_db()
+    assert first.state is Status.TERMINATED and first.response is None
+    [open_attempt] = JobAttempt.objects.filter(job=second.pk).values_list("outcome_id", flat=True)
+    assert open_attempt == Status.COMPLETED
+    assert Job.objects.get(pk=second.pk).response is None  # None stays SQL NULL, as complete() stores it
+
+
+def test_complete_and_claim_is_one_transaction(noop_type: JobType) -> None:
+    Job.objects.enqueue_many([JobSpec("Noop") for _ in range(3)])
+    [a] = Job.objects.claim("w", 1)
+    done, claimed = Job.objects.complete_and_claim([(a, {"ok": True})], "w", 5)
+    assert [j.pk for j in done] == [a.pk] and done[0].state is Status.COMPLETED
+    assert len(claimed) == 2 and all(j.state is Status.PROCESSING for j in claimed)
+    assert a.pk not in {j.pk for j in claimed}
+    # limit 0: complete only
+    done, claimed = Job.objects.complete_and_claim([(j, None) for j in claimed], "w", 0)
+    assert len(done) == 2 and claimed == []
+    assert Job.objects.filter(status_id=Status.COMPLETED).count() == 3
+
+
+def test_many_chunks(noop_type: JobType) -> None:
+    Job.objects.enqueue_many([JobSpec("Noop") for _ in range(1200)])
+    claimed = Job.objects.claim("w", 1200)
+    assert len(Job.objects.complete_many([(j, None) for j in claimed])) == 1200
+    assert not JobAttempt.objects.filter(job__in=[j.pk for j in claimed], finished_at__isnull=True).exists()
+
+
+def test_settings_cache_follows_changes(settings) -> None:
+    settings.SQLQUEUE = {"MAX_ATTEMPTS": 7}
+    assert get_settings().MAX_ATTEMPTS == 7
+    settings.SQLQUEUE = {"MAX_ATTEMPTS": 9}
+    assert get_settings().MAX_ATTEMPTS == 9
+    assert get_settings() is get_settings()
