@@ -23,6 +23,31 @@ class SlotChannel:
         # [job id, monotonic deadline, timeout seconds]; a fresh array per incarnation, so a lock
         # left held by a killed process is never waited for again.
         self.current = ctx.Array("d", 3)
+        # Jobs whose handler returned success but whose outcome the slot has not recorded yet (it
+        # records successes in batches, see recorder.py): [count, id, id, ...]. If the slot dies,
+        # these ran: they must not be handed back as unstarted.
+        self.unrecorded = ctx.Array("q", 1 + self.unrecorded_capacity)
+
+    #: Most run-but-unrecorded jobs a slot keeps (it records at once when this is reached).
+    unrecorded_capacity = 1000
+
+    def set_unrecorded(self, job_ids: list[int]) -> None:
+        with self.unrecorded.get_lock():
+            raw = self.unrecorded.get_obj()
+            n = min(len(job_ids), self.unrecorded_capacity)
+            raw[1:1 + n] = job_ids[:n]
+            raw[0] = n
+
+    def unrecorded_ids(self) -> list[int]:
+        """Read by the supervisor after the slot died (a lock it held then is not waited for long)."""
+        lock = self.unrecorded.get_lock()
+        got = lock.acquire(timeout=1)
+        try:
+            raw = self.unrecorded.get_obj()
+            return list(raw[1:1 + max(0, min(raw[0], self.unrecorded_capacity))])
+        finally:
+            if got:
+                lock.release()
 
     def set_current(self, job_id: int, timeout: float) -> None:
         with self.current.get_lock():

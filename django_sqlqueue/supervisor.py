@@ -293,9 +293,12 @@ class Supervisor:
         from .models import Worker as WorkerRow
 
         using = self._using
+        # Its running job and the successes it had not recorded yet (batched, see recorder.py) were
+        # started: they stay Processing and are reclaimed as a new attempt, not handed back.
+        started = [running, *(slot.channel.unrecorded_ids() if slot.channel is not None else [])]
         try:
             for job in Job.objects.using(using).filter(worker=slot.name, status_id=Status.PROCESSING).exclude(
-                    pk=running):
+                    pk__in=started):
                 try:
                     Job.objects.release(job, using=using)
                 except (StaleJob, IllegalTransition, JobNotFound):

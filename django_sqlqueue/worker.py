@@ -34,6 +34,7 @@ from .conf import get_settings
 from .exceptions import IllegalTransition, JobNotFound, StaleJob, UnknownJobType
 from .handlers import registry
 from .heartbeat import Heartbeat, mark_stopped, register
+from .recorder import Recorder
 from .states import CLAIMABLE, Status
 from .support import DB_DOWN_ERRORS, close_connection, configure_logging, one_line, send, tidy_connections
 from .wakeup import PgListener
@@ -90,6 +91,8 @@ class Worker:
         self.heartbeat = Heartbeat(self.name, self.using, self.settings.HEARTBEAT_SECONDS,
                                    exit_with_parent=channel is not None)
         self._running_id: int | None = None
+        #: Successes recorded together (with the next claim when the batch is done): see recorder.py.
+        self.recorder = Recorder(self)
         self._listener: PgListener | None = None
         self._db_down_since: float | None = None
 
@@ -185,8 +188,9 @@ class Worker:
         if want == 0:
             return None
         try:
-            jobs = Job.objects.claim(self.name, want, queues=self.config.queues, types=self.config.types,
-                                     using=self.using)
+            # The batch's successes are committed with this claim: one transaction, not two.
+            jobs = self.recorder.flush(lambda done: Job.objects.complete_and_claim(
+                done, self.name, want, queues=self.config.queues, types=self.config.types, using=self.using))
         except BaseException:
             self._give_back(want)
             raise
@@ -228,10 +232,14 @@ class Worker:
             finally:
                 if self.channel is not None:
                     self.channel.handler_returned()
-        self._db(self._record, outcome, retry_while_stopping=3)
+        if outcome.kind is runner.Kind.SUCCESS:
+            self.recorder.add(outcome)  # published to the supervisor as run-but-unrecorded first
+        else:
+            self._db(self._record, outcome, retry_while_stopping=3)
         if self.channel is not None:  # only now: a slot killed before this point ran the job
             self.channel.clear_current()
-        self.heartbeat.drop(job.pk, finished=True)
+        if outcome.kind is not runner.Kind.SUCCESS:
+            self.heartbeat.drop(job.pk, finished=True)  # the recorder drops a success once recorded
         self._running_id = None
 
     def _record(self, outcome: runner.Outcome) -> None:
@@ -359,7 +367,10 @@ class Worker:
     def _shutdown(self) -> None:
         from .models import Job
 
-        leftover = [job_id for job_id in self.heartbeat.held() if job_id != self._running_id]
+        self.recorder.close()  # record pending successes first: they ran, they are not "unstarted"
+        unrecorded = set(self.recorder.pending_ids())  # the database is down: reclaimed later, as run
+        leftover = [job_id for job_id in self.heartbeat.held()
+                    if job_id != self._running_id and job_id not in unrecorded]
         if leftover:  # only after an unexpected error: a normal stop released them already
             rows = self._db(lambda: list(Job.objects.using(self.using).filter(
                 pk__in=leftover, worker=self.name, status_id=Status.PROCESSING)), retry_while_stopping=2)

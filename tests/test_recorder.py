@@ -1,0 +1,92 @@
+"""Batched recording of successes (recorder.py): committed with the next claim, delay bounded,
+token-checked, and a slot's run-but-unrecorded jobs are never handed back as unstarted."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+
+import pytest
+
+from django_sqlqueue import signals
+from django_sqlqueue.managers import JobSpec
+from django_sqlqueue.models import Job, JobAttempt, Worker
+from django_sqlqueue.states import Status
+from tests import workerutil as wu
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+job_log = wu.job_log
+
+
+@pytest.mark.parametrize("batch", [1, 7])
+def test_batches_are_recorded_completed_with_history(batch: int) -> None:
+    Job.objects.enqueue_many([JobSpec("test.Noop") for _ in range(20)])
+    seen: list[int] = []
+
+    def on_success(sender, job, **kwargs):
+        assert job.state == Status.COMPLETED
+        seen.append(job.pk)
+
+    signals.job_succeeded.connect(on_success, dispatch_uid="test-recorder")
+    try:
+        counters = wu.run_worker("rec", batch=batch)
+    finally:
+        signals.job_succeeded.disconnect(dispatch_uid="test-recorder")
+    assert counters[0] == 20 and len(seen) == 20
+    assert Job.objects.filter(status_id=Status.COMPLETED).count() == 20
+    assert not JobAttempt.objects.filter(finished_at__isnull=True).exists()
+    assert set(JobAttempt.objects.values_list("outcome_id", flat=True)) == {Status.COMPLETED}
+    assert Worker.objects.get(name="rec").jobs_done == 20
+
+
+def test_a_success_is_recorded_while_the_next_job_runs_long(job_log) -> None:
+    quick = Job.objects.enqueue("test.Noop", priority=5)
+    slow = Job.objects.enqueue("test.Sleep", {"seconds": 3, "log": str(job_log.path)})
+    states: list[int] = []
+
+    def watch() -> None:  # once the slow job runs, the quick one must already be Completed
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not job_log.events(slow.pk):
+            time.sleep(0.02)
+        time.sleep(1.0)  # well past RECORD_DELAY_SECONDS, well before the slow job ends
+        states.append(Job.objects.get(pk=quick.pk).status_id)
+        from django.db import connection
+
+        connection.close()
+
+    t = threading.Thread(target=watch)
+    t.start()
+    wu.run_worker("rec", batch=2)
+    t.join()
+    assert states == [Status.COMPLETED]
+    assert Job.objects.get(pk=slow.pk).state == Status.COMPLETED
+
+
+def test_a_stale_success_is_refused_not_written() -> None:
+    [job] = Job.objects.enqueue_many([JobSpec("test.Noop")])
+    [claimed] = Job.objects.claim("rec", 1)
+    Job.objects.modify(claimed, claimed.version, Status.TERMINATED)
+    from django_sqlqueue.recorder import Recorder
+    from django_sqlqueue.runner import Kind, Outcome
+    from django_sqlqueue.worker import Worker as SlotWorker
+    from django_sqlqueue.worker import WorkerConfig
+
+    worker = SlotWorker(WorkerConfig(name="rec"))
+    recorder = Recorder(worker)
+    recorder.add(Outcome(Kind.SUCCESS, claimed, response={"late": True}))
+    assert recorder.flush() == []
+    assert recorder.pending_ids() == []
+    assert Job.objects.get(pk=job.pk).state == Status.TERMINATED and worker.counters[0] == 0
+
+
+def test_slot_channel_keeps_unrecorded_ids() -> None:
+    from django_sqlqueue.slots import SlotChannel
+
+    ctx = multiprocessing.get_context("spawn")
+    channel = SlotChannel(ctx, ctx.Event(), ctx.RawArray("q", 5), None)
+    assert channel.unrecorded_ids() == []
+    channel.set_unrecorded([5, 9, 11])
+    assert channel.unrecorded_ids() == [5, 9, 11]
+    channel.set_unrecorded([9])
+    assert channel.unrecorded_ids() == [9]
