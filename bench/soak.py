@@ -435,7 +435,7 @@ class Soak:
         finally:
             self.cleanup()
         run_seconds = round(time.monotonic() - self.t0, 1)
-        numbers: dict[str, Any] = {}
+        numbers: dict[str, Any] = {"worker_log": self.log_stats()}
         checks = verify(run=self.run_id, workdir=self.workdir, producers=c.producers, planned_calls=c.jobs,
                         producer_codes=codes, worker_events=self.worker_events, chaos=self.chaos,
                         chaos_wanted={"min_kills": 1 if c.kill_every > 0 else 0, "db_restart": restart_wanted,
@@ -444,7 +444,7 @@ class Soak:
         numbers.update(
             run_seconds=run_seconds, drain_seconds=drain,
             jobs_per_second=round(numbers.get("jobs", 0) / drain, 1) if drain else None,
-            worker_processes=len(self.all_workers), worker_log=self.log_stats(),
+            worker_processes=len(self.all_workers),
             **self.plan_numbers(),
         )
         report.checks, report.numbers, report.chaos = checks, numbers, self.chaos
@@ -506,10 +506,19 @@ class Soak:
                     "slot_died": "slot_died", "results_refused": "job_result_refused",
                     "lease_lost": "lease_lost", "tracebacks": "Traceback (most recent call last)"}
         counts = dict.fromkeys(patterns, 0)
+        crashes: dict[str, int] = {}
         for path in (self.workdir / "logs").glob("soak-*.log"):
             text = path.read_text(encoding="utf-8", errors="replace")
             for key, pattern in patterns.items():
                 counts[key] += text.count(pattern)
+            lines = text.splitlines()
+            for i, line in enumerate(lines):
+                if line.startswith("Traceback (most recent call last)"):
+                    # The exception line: the first one after the frames that is not indented.
+                    last = next((x for x in lines[i + 1:] if x and not x[0].isspace()), "?")[:160]
+                    crashes[last] = crashes.get(last, 0) + 1
+        self.worker_events["crashes"] = crashes
+        self.worker_events["slot_died"] = counts["slot_died"]
         return counts
 
 

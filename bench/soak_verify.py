@@ -19,6 +19,7 @@ Each check has a name, passes or fails, and carries its numbers and a few exampl
 - ``transient``: no job failed more often, by plan, than its payload said.
 - ``dedupe``: one job per key, and every enqueue of a key was answered with that job.
 - ``workers``: the worker sent SIGTERM exited 0, every worker exited 0 at the end, none died on its own.
+- ``no_crashes``: no traceback in any worker log, and no slot died except those the chaos killed.
 - ``chaos``: the kills, the database restart and the SIGTERM the run asked for all happened.
 """
 
@@ -264,6 +265,12 @@ def verify(*, run: str, workdir: Path, producers: int, planned_calls: int, produ
                         f"{term.get('seconds') if term else '-'} s; {len(crashed)} died on their own; "
                         f"{worker_events.get('final_stopped', 0)} stopped with exit 0 at the end, "
                         f"{len(bad_exit)} did not", crashed + bad_exit))
+    crashes = worker_events.get("crashes", {})
+    died = worker_events.get("slot_died", 0)
+    checks.append(Check("no_crashes", not crashes and died == chaos.get("slot_kills", 0),
+                        f"{sum(crashes.values())} tracebacks in the worker logs; {died} slot deaths seen by the "
+                        f"supervisors for {chaos.get('slot_kills', 0)} slots killed on purpose",
+                        sorted(crashes.items(), key=lambda kv: -kv[1])))
     missing = []
     if chaos.get("kills", 0) < chaos_wanted.get("min_kills", 0):
         missing.append(f"kills {chaos.get('kills', 0)} < {chaos_wanted['min_kills']}")
