@@ -16,7 +16,7 @@ import time
 import pytest
 from django.db import connection, transaction
 
-from bench.soak import Soak, SoakConfig
+from bench.soak import Soak, SoakConfig, slot_pids
 from django_sqlqueue import jobtypes
 from django_sqlqueue.models import Job, JobAttempt, JobType
 from django_sqlqueue.states import Status
@@ -91,3 +91,44 @@ def test_slot_killed_while_recording_its_result_does_not_get_its_attempt_back(wo
     assert runs == [1, 2], (runs, history)
     assert history == [(1, False), (2, True)]
     assert Job.objects.get(pk=job.pk).attempt_num == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_restarted_slot_that_dies_does_not_hand_back_its_predecessors_job(worker_procs) -> None:
+    """A job still held under a slot's name by an EARLIER process (a worker killed -9 and restarted under
+    the same name) ran in that process: the new slot dying must not hand it back as unstarted.
+
+    Found by the soak (seed 391666473: a non-transactional job whose side effect was recorded twice under
+    attempt 1, with one history row). When a slot dies, the supervisor releases every Processing job
+    carrying the slot's name except the ones that slot process reported as started, which includes jobs
+    the previous incarnation of the worker claimed and ran before it was killed, if the new slot has not
+    reclaimed them yet. Here the test holds the job's row so that the new slot cannot reclaim it before
+    it is killed.
+    """
+    _vendor()
+    JobType.objects.update_or_create(name="soak.NonTx", defaults={**TYPE_OPTIONS, "lease_seconds": 60})
+    jobtypes.clear_cache()
+    job = Job.objects.enqueue("soak.NonTx", {"sleep_after": 3000})
+    first = worker_procs("--worker-name", "gen")
+    wu.wait_until(lambda: SideEffect.objects.filter(job_id=job.pk).exists(), 30, what="the first run's effect")
+    first.kill_group()  # the whole worker, kill -9, while the handler still runs: attempt 1 is lost
+    with transaction.atomic():
+        # Hold the job so that the restarted slot cannot take it back (PostgreSQL: its claim skips the
+        # locked row; SQLite: it waits for the write lock).
+        if connection.vendor == "postgresql":
+            Job.objects.select_for_update().get(pk=job.pk)
+        else:
+            Job.objects.filter(pk=job.pk).update(priority=0)
+        second = worker_procs("--worker-name", "gen")
+        slots = wu.wait_until(lambda: slot_pids(second.pid), 30, what="the new slot")
+        time.sleep(2.5)  # set up, registered (PostgreSQL) and claiming
+        os.kill(slots[0], signal.SIGKILL)
+        wu.wait_until(lambda: "slot_died" in second.stderr(), 10, what="the supervisor to see the slot die")
+        time.sleep(0.5)
+    wu.wait_until(lambda: Job.objects.get(pk=job.pk).state == Status.COMPLETED, 60, what="the job to complete")
+    second.signal(signal.SIGTERM)
+    assert second.wait(30) == 0, second.output()
+    runs = sorted(SideEffect.objects.filter(job_id=job.pk).values_list("attempt_num", flat=True))
+    history = [(a.attempt_num, a.finished_at is not None) for a in JobAttempt.objects.filter(job_id=job.pk)]
+    assert runs == [1, 2], (runs, history)
+    assert history == [(1, False), (2, True)]
