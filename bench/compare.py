@@ -174,7 +174,8 @@ class System:
         done = self.done_count()
         if any(codes) or done < expected:
             raise SystemExit(f"{self.name}: drain {tag} exit codes {codes}, {done}/{expected} done; see {self.logdir}")
-        return {"jobs": jobs, "seconds": seconds, "jobs_per_s": jobs / seconds, "peak_rss_mb": rss}
+        return {"jobs": jobs, "seconds": seconds, "jobs_per_s": jobs / seconds if seconds else 0.0,
+                "peak_rss_mb": rss}
 
     def latency(self, n: int, settle: float, gap: tuple[float, float]) -> dict[str, Any]:
         path = self.logdir / f"latency-{self.name}-{self.slots}.txt"
@@ -323,10 +324,10 @@ class Procrastinate(System):
 
 def make_system(spec: str, url: str, slots: int, args: argparse.Namespace, logdir: Path) -> System:
     if spec.startswith(OURS):
-        batch = int(spec.split(":")[1]) if ":" in spec else 1
+        batch = int(spec.split(":")[1]) if ":" in spec else (args.target_batch if args.mode == "targets" else 1)
         ours = Ours(url, slots, args, logdir, batch=batch)
         if os.environ.get("BENCH_CODE"):
-            ours.name = ours.name.replace(OURS, f"{OURS} (baseline)" if batch == 1 else f"{OURS} baseline")
+            ours.name = f"{OURS} (baseline)" if batch == 1 else f"{OURS} (baseline, batch {batch})"
         return ours
     if spec == "django-tasks-db":
         return TasksDb(url, slots, args, logdir)
@@ -365,6 +366,9 @@ def inner(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"system": system.name, "slots": args.slots_one, "durability": durability()}
     if args.mode == "targets":
         return {**out, **targets(system, args)}
+    # Launch-to-exit on an empty queue: the fixed cost inside every drain time below (process start,
+    # Django setup, connections). Reported in the JSON; the table's drain rates include it.
+    out["startup_s"] = system.drain(0, 0, "startup")["seconds"]
     system.warm_up()
     t = time.perf_counter()
     for _ in range(n):
@@ -456,7 +460,8 @@ def run_inner(db: Database, system: str, slots: int, args: argparse.Namespace, m
            "--slots-one", str(slots), "--mode", mode, "--logdir", str(logdir), "--jobs", str(args.jobs),
            "--latency-jobs", str(args.latency_jobs), "--settle", str(args.settle), "--gap-min", str(args.gap_min),
            "--gap-max", str(args.gap_max), "--peer-interval", str(args.peer_interval),
-           "--target-jobs", str(args.target_jobs)]
+           "--target-jobs", str(args.target_jobs),
+           "--target-batch", str(args.target_batch)]
     print(f"  {db.kind:8} slots={slots} {system:28} ...", end="", flush=True, file=sys.stderr)
     t = time.perf_counter()
     try:
@@ -499,14 +504,14 @@ def _value(r: dict, key: str) -> float | None:
 
 def table(results: list[dict]) -> str:
     lines = []
-    head = f"{'database':9}{'slots':>5}  {'system':30}" + "".join(f"{c[0]:>17}" for c in COLUMNS)
+    head = f"{'database':9}{'slots':>5}  {'system':40}" + "".join(f"{c[0]:>17}" for c in COLUMNS)
     lines += [head, "-" * len(head)]
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in results:
         groups.setdefault((r["database"], r["slots"]), []).append(r)
     for (dbk, slots), rows in groups.items():
         for r in rows:
-            lines.append(f"{dbk:9}{slots:>5}  {r['system']:30}" + "".join(
+            lines.append(f"{dbk:9}{slots:>5}  {r['system']:40}" + "".join(
                 f"{_fmt(_value(r, key)):>17}" for _, key, _ in COLUMNS))
         ours = [r for r in rows if r["system"].startswith(OURS)]
         peers = [r for r in rows if not r["system"].startswith(OURS)]
@@ -520,8 +525,8 @@ def table(results: list[dict]) -> str:
                     continue
                 best = max(theirs) if higher else min(theirs)
                 cells.append(f"{(mine / best if higher else best / mine):.2f}x")
-            label = "  ours / best peer" + (f" ({o['system'][len(OURS):].strip()})" if o["system"] != OURS else "")
-            lines.append(f"{'':9}{'':>5}  {label:30}" + "".join(f"{c:>17}" for c in cells))
+            label = "  ours / best peer" + (f" {o['system'][len(OURS):].strip()}" if o["system"] != OURS else "")
+            lines.append(f"{'':9}{'':>5}  {label:40}" + "".join(f"{c:>17}" for c in cells))
         lines.append("")
     return "\n".join(lines)
 
@@ -566,6 +571,7 @@ def main() -> int:
                    help="peers' poll interval (default 0, the smallest db_worker accepts; procrastinate gets 0.001)")
     p.add_argument("--targets", action="store_true", help="also run the single-system targets (100,000 jobs)")
     p.add_argument("--target-jobs", type=int, default=100_000)
+    p.add_argument("--target-batch", type=int, default=50, help="our --batch for the 100,000-job drain")
     p.add_argument("--baseline", metavar="TREE",
                    help="also run django-sqlqueue from this source tree (e.g. `git archive` of an older "
                         "commit), side by side with the working tree's")
@@ -625,7 +631,8 @@ def main() -> int:
     for r in results:
         if r.get("target"):
             print(f"targets ({r['database']}): bulk enqueue of {r['target_jobs']:,} jobs: "
-                  f"{r['enqueue_bulk_per_s']:,.0f} jobs/s; 1 slot drained them at {r['drain']['jobs_per_s']:,.0f} "
+                  f"{r['enqueue_bulk_per_s']:,.0f} jobs/s; 1 slot (--batch {args.target_batch}) drained them at "
+                  f"{r['drain']['jobs_per_s']:,.0f} "
                   f"jobs/s, peak RSS {r['drain']['peak_rss_mb']:.1f} MB per process")
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = Path(args.output) if args.output else RESULTS / f"compare-{time.strftime('%Y%m%d-%H%M%S')}.json"
