@@ -374,6 +374,12 @@ class Dialect:
         cursor.execute(self.insert_sql(columns, len(rows), dedupe), params)
         return cursor.fetchall()
 
+    def insert_job_notify(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]], channel: str,
+                          payload: str) -> list[tuple[Any, ...]]:
+        """:meth:`insert_job` (no dedupe) as ONE statement that also wakes idle workers when ``channel``
+        is set (where the vendor can: see :meth:`notify_sql`)."""
+        return self.insert_job(cursor, columns, rows, False)
+
     def insert_values_sql(self, columns: list[str]) -> str:
         """One ``(%s, ..., COALESCE(%s, now), now, now)`` values group for :meth:`insert_job`."""
         parts = []

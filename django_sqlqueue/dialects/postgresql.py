@@ -93,6 +93,19 @@ class PostgresDialect(Dialect):
             f"RETURNING {', '.join(self.n.job_columns)}"
         )
 
+    def insert_job_notify(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]], channel: str,
+                          payload: str) -> list[tuple[Any, ...]]:
+        if not channel:
+            return super().insert_job_notify(cursor, columns, rows, channel, payload)
+        # The INSERT in a data-modifying CTE, pg_notify once per inserted row in the SELECT that
+        # returns it (PostgreSQL folds identical notifications of one transaction into one). NOTIFY
+        # is delivered on commit, so a worker never wakes for a job it cannot see yet.
+        insert = self.insert_sql(columns, len(rows), False)
+        sql = f"WITH ins AS ({insert}) SELECT ins.*, pg_notify(%s, %s) FROM ins"
+        params = [p for row in rows for p in self.insert_params(columns, row, False)]
+        cursor.execute(sql, [*params, channel, payload])
+        return [r[:-1] for r in cursor.fetchall()]
+
     #: From this many rows without dedupe keys, bulk enqueue uses COPY (see :meth:`copy_jobs`).
     copy_min_rows = 200
 
