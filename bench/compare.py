@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # tests.pgcluster, bench.peers
+sys.path.append(str(ROOT))  # tests.pgcluster, bench.peers (last: PYTHONPATH picks django_sqlqueue)
 RESULTS = ROOT / "bench" / "results"
 SETTINGS = "bench.peers.settings"
 OURS = "django-sqlqueue"
@@ -64,10 +64,29 @@ PEERS_ON = {"sqlite": ["django-tasks-db"], "postgres": ["django-tasks-db", "proc
 # ====================================================================================================
 # Process helpers (outer and inner)
 # ====================================================================================================
+#: sitecustomize for every benchmark process: drop setuptools' editable-install finders, which would
+#: otherwise import the installed django_sqlqueue whatever PYTHONPATH says (``pip install -e``).
+SITECUSTOMIZE = """import sys
+sys.meta_path[:] = [f for f in sys.meta_path if not str(getattr(f, "__module__", "")).startswith("__editable__")]
+"""
+
+
+def _site_dir() -> str:
+    """A directory holding that sitecustomize.py (made once per run, shared through the environment)."""
+    path = os.environ.get("BENCH_SITE")
+    if not path:
+        path = tempfile.mkdtemp(prefix="bench-site-")
+        Path(path, "sitecustomize.py").write_text(SITECUSTOMIZE)
+        os.environ["BENCH_SITE"] = path
+    return path
+
+
 def _env(url: str, **extra: str) -> dict[str, str]:
     """Environment of every benchmark process; BENCH_CODE puts another django_sqlqueue tree first."""
     env = dict(os.environ)
     path = f"{env['BENCH_CODE']}:{ROOT}" if env.get("BENCH_CODE") else str(ROOT)
+    if env.get("BENCH_SITE"):
+        path = f"{env['BENCH_SITE']}:{path}"
     env.update(PYTHONPATH=path, DJANGO_SETTINGS_MODULE=SETTINGS, BENCH_DATABASE_URL=url,
                PYTHONUNBUFFERED="1", **extra)
     return env
@@ -158,7 +177,8 @@ class System:
         procs = []
         for i, cmd in enumerate(self.commands(burst)):
             log = open(self.logdir / f"{tag}-{i}.log", "wb")  # noqa: SIM115 (closed with the process)
-            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=_env(self.url, **(extra_env or {})), stdout=log,
+            # cwd: not the repository, whose django_sqlqueue ``python -m`` would put first on sys.path
+            procs.append(subprocess.Popen(cmd, cwd=self.logdir, env=_env(self.url, **(extra_env or {})), stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True))
         return procs
 
@@ -363,7 +383,10 @@ def inner(args: argparse.Namespace) -> dict[str, Any]:
     logdir = Path(args.logdir)
     system = make_system(args.system, args.inner_url, args.slots_one, args, logdir)
     n = args.jobs
-    out: dict[str, Any] = {"system": system.name, "slots": args.slots_one, "durability": durability()}
+    import django_sqlqueue
+
+    out: dict[str, Any] = {"system": system.name, "slots": args.slots_one, "durability": durability(),
+                           "code": str(Path(django_sqlqueue.__file__).parent)}
     if args.mode == "targets":
         return {**out, **targets(system, args)}
     # Launch-to-exit on an empty queue: the fixed cost inside every drain time below (process start,
@@ -467,8 +490,8 @@ def run_inner(db: Database, system: str, slots: int, args: argparse.Namespace, m
     try:
         env = _env(url, **({"BENCH_CODE": args.baseline} if baseline else {}))
         if baseline:
-            env["PYTHONPATH"] = f"{args.baseline}:{ROOT}"
-        out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+            env["PYTHONPATH"] = f"{env['BENCH_SITE']}:{args.baseline}:{ROOT}"
+        out = subprocess.run(cmd, cwd=logdir, env=env, capture_output=True, text=True)
     finally:
         db.drop(url)
     if out.returncode:
@@ -594,6 +617,7 @@ def main() -> int:
         args.baseline = str(Path(args.baseline).resolve())
         ours = [x for o in ours for x in (o + "@baseline", o)]
     only = set(filter(None, args.systems.split(",")))
+    _site_dir()  # before any process starts: PYTHONPATH, not an editable install, picks the code
     info = machine()
     print(f"machine: {info['cpu']} x{info['cpus']}, {info['memory']}, Linux {info['kernel']}", file=sys.stderr)
     print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()), file=sys.stderr)
