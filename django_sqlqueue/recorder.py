@@ -18,6 +18,9 @@ What stays true (at-least-once, and honest history):
 - Each completion is token-checked like :meth:`JobManager.complete`; a job whose token moved on
   (an operator's change, a reclaim after a stall) is left alone and logged as refused.
 - Errors, retries, cancellations and failures are not batched: the worker records them at once.
+
+``job_succeeded`` is sent once the success is committed (not when the handler returns), from the
+slot's main thread or, for a success the watchdog recorded, from the watchdog thread.
 """
 
 from __future__ import annotations
