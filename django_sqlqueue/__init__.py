@@ -46,11 +46,28 @@ __all__ = [
     "SubtypeMismatch",
     "UnknownJobType",
     "UnsupportedDatabase",
+    "Retry",
+    "Cancel",
+    "JobContext",
+    "signals",
     "__version__",
     "enqueue",
     "handler",
     "registry",
 ]
+
+
+_LAZY = {"Retry": "runner", "Cancel": "runner", "JobContext": "runner", "signals": None}
+
+
+def __getattr__(name: str) -> Any:
+    """Lazy exports: these modules import models, which must wait until Django's apps are ready."""
+    if name in _LAZY:
+        import importlib
+
+        module = importlib.import_module(f".{_LAZY[name] or name}", __name__)
+        return module if _LAZY[name] is None else getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def enqueue(job_type: str, payload: Any = None, **options: Any) -> Job:

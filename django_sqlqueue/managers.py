@@ -8,6 +8,7 @@ admin and the API alike.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -58,11 +59,52 @@ class JobSpec:
     subtypes: Sequence[JobData] = field(default_factory=tuple)
 
 
+#: Longest delay or retry a caller may ask for (a century): beyond it no timestamp column can hold the date.
+MAX_DELAY_SECONDS = 100 * 365 * 86400
+
+
+def unstorable(value: Any) -> str | None:
+    """Why ``value`` (JSON-serialisable) cannot be stored on every vendor, or None.
+
+    PostgreSQL's jsonb and text refuse the NUL character, and no UTF-8 column holds a lone surrogate;
+    SQLite stores both. Refused everywhere so that what works on SQLite works on PostgreSQL too.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return "it contains a NUL character (\\u0000), which PostgreSQL cannot store"
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "it contains a lone surrogate, which is not valid UTF-8"
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return None
+
+
+def finite_seconds(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
+        and 0 <= value <= MAX_DELAY_SECONDS
+
+
+def storable_error(text: str) -> str:
+    """Error text as every vendor can store it (NUL and lone surrogates escaped), truncated."""
+    return text[:MAX_ERROR_CHARS].replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _encode_json(value: Any, what: str, limit: int | None = None) -> str:
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidPayload(f"{what} must be JSON-serialisable: {exc}") from exc
+    why = unstorable(value)
+    if why:
+        raise InvalidPayload(f"{what} cannot be stored: {why}")
     if limit is not None and len(text.encode()) > limit:
         raise InvalidPayload(f"{what} is {len(text.encode())} bytes; the limit is {limit} (SQLQUEUE['MAX_PAYLOAD_BYTES'])")
     return text
@@ -237,8 +279,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             if when is not None:
                 raise InvalidArgument("give scheduled_for or delay, not both")
             seconds = spec.delay.total_seconds() if isinstance(spec.delay, timedelta) else spec.delay
-            if not isinstance(seconds, int | float) or seconds < 0:
-                raise InvalidArgument(f"delay must be a non-negative number of seconds, got {spec.delay!r}")
+            if not finite_seconds(seconds):
+                raise InvalidArgument(f"delay must be a non-negative number of seconds up to "
+                                      f"{MAX_DELAY_SECONDS}, got {spec.delay!r}")
             when = timezone.now() + timedelta(seconds=seconds) if seconds else None
         if when is not None and timezone.is_naive(when):
             raise InvalidArgument("scheduled_for must be timezone-aware")
@@ -421,7 +464,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             raise IllegalTransition(f"job {job.pk}: {current.label} -> {new.label} is not allowed")
         if scheduled_for is not None and timezone.is_naive(scheduled_for):
             raise InvalidArgument("scheduled_for must be timezone-aware")
-        if run_in is not None and (scheduled_for is not None or not isinstance(run_in, int | float) or run_in < 0):
+        if run_in is not None and (scheduled_for is not None or not finite_seconds(run_in)):
             raise InvalidArgument("run_in must be a non-negative number of seconds, without scheduled_for")
         connection = connections[alias]
         dialect = get_dialect(connection)
@@ -466,7 +509,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             params.append(self._prep("response", response, alias))
         if error is not None:
             sets.append(f"{j['error']} = %s")
-            params.append(str(error)[:MAX_ERROR_CHARS])
+            params.append(storable_error(str(error)))
         if scheduled_for is not None:
             sets.append(f"{j['scheduled_for']} = %s")
             params.append(self._prep("scheduled_for", scheduled_for, alias))

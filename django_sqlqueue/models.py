@@ -116,7 +116,13 @@ class Job(models.Model):
             ),
             # Operator screens and retention.
             models.Index(fields=["status", "job_type", "queue"], name="sqlqueue_job_status_type"),
-            models.Index(fields=["finished_at"], name="sqlqueue_job_finished"),
+            models.Index(fields=["finished_at", "status"], name="sqlqueue_job_finished"),
+            # Admin filters and search: every filter is backed by an index.
+            models.Index(fields=["queue", "id"], name="sqlqueue_job_queue"),
+            models.Index(fields=["step", "id"], name="sqlqueue_job_step"),
+            models.Index(fields=["worker", "id"], name="sqlqueue_job_worker"),
+            models.Index(fields=["id"], name="sqlqueue_job_has_error", condition=Q(error__gt="")),
+            models.Index(fields=["dedupe_key"], name="sqlqueue_job_dedupe_key", condition=Q(dedupe_key__isnull=False)),
             models.Index(fields=["enqueued_at"], name="sqlqueue_job_enqueued"),
         ]
         constraints = [

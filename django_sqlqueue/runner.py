@@ -53,8 +53,11 @@ class Retry(SqlQueueError):
             raise ValueError("at must be timezone-aware")
         if isinstance(delay, timedelta):
             delay = delay.total_seconds()
-        if delay is not None and (not isinstance(delay, int | float) or delay < 0):
-            raise ValueError(f"delay must be a non-negative number of seconds, got {delay!r}")
+        if delay is not None:
+            from .managers import MAX_DELAY_SECONDS, finite_seconds
+
+            if not finite_seconds(delay):
+                raise ValueError(f"delay must be a non-negative number of seconds up to {MAX_DELAY_SECONDS}, got {delay!r}")
         self.reason = reason
         self.delay = delay
         self.at = at
@@ -162,13 +165,18 @@ class _BadReturn(InvalidPayload):
 
 
 def _check_json(value: Any, what: str) -> None:
+    from .managers import unstorable
+
     try:
         json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise _BadReturn(
             f"{what} cannot be stored as JSON ({type(exc).__name__}: {exc}); the handler's work is done, "
             f"so the job is not retried"
         ) from exc
+    why = unstorable(value)
+    if why:
+        raise _BadReturn(f"{what} cannot be stored: {why}; the handler's work is done, so the job is not retried")
 
 
 def run(ctx: JobContext) -> Outcome:
@@ -189,7 +197,11 @@ def run(ctx: JobContext) -> Outcome:
         outcome = Outcome(Kind.CANCEL, ctx.job, error=exc.reason or "cancelled by its handler")
     except (_BadReturn, _UnknownStep) as exc:  # retrying cannot help
         outcome = Outcome(Kind.FATAL, ctx.job, error=str(exc))
-    except Exception:  # the handler's failure is the job's, never the worker's
+    except BaseException as exc:  # the handler's failure is the job's, never the worker's
+        # BaseException too: asyncio.CancelledError, SystemExit and GeneratorExit raised inside a handler
+        # are its failures. KeyboardInterrupt is not (the worker's own signal handling never raises it).
+        if isinstance(exc, KeyboardInterrupt):
+            raise
         outcome = Outcome(Kind.ERROR, ctx.job, error=traceback.format_exc())
     outcome.duration = time.monotonic() - started
     return outcome

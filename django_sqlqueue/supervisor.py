@@ -66,6 +66,7 @@ class Slot:
     restart_at: float = 0.0
     failures: int = 0
     done: bool = False
+    pid: int = 0  # of the current (or last) process: its worker row tells what it claimed
 
 
 @dataclass
@@ -188,6 +189,7 @@ class Supervisor:
         slot.proc = self._ctx.Process(target=slot_main, args=(self._slot_config(slot), slot.channel, self.log_level),
                                       name=f"sqlqueue-slot-{slot.index}")
         slot.proc.start()
+        slot.pid = slot.proc.pid
         slot.started = time.monotonic()
         log.debug("slot_started worker=%s pid=%s", slot.name, slot.proc.pid)
 
@@ -297,8 +299,14 @@ class Supervisor:
         # started: they stay Processing and are reclaimed as a new attempt, not handed back.
         started = [running, *(slot.channel.unrecorded_ids() if slot.channel is not None else [])]
         try:
-            for job in Job.objects.using(using).filter(worker=slot.name, status_id=Status.PROCESSING).exclude(
-                    pk__in=started):
+            # Only jobs the dead PROCESS claimed: a job held under the same name since an earlier process
+            # (a worker killed -9 and restarted under its name) may have run there; it is reclaimed as a
+            # new attempt, never handed back. The process's claims are those made after it registered
+            # (both stamps are the database clock); one that died before registering claimed nothing.
+            row = WorkerRow.objects.using(using).filter(name=slot.name, pid=slot.pid).first()
+            mine = Job.objects.none() if row is None else Job.objects.using(using).filter(
+                worker=slot.name, status_id=Status.PROCESSING, started_at__gte=row.started_at)
+            for job in mine.exclude(pk__in=started):
                 try:
                     Job.objects.release(job, using=using)
                 except (StaleJob, IllegalTransition, JobNotFound):

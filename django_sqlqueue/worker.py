@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import connections
+from django.db import DataError, IntegrityError, connections
 from django.db.models import Q
 from django.utils import timezone
 
@@ -261,6 +261,16 @@ class Worker:
             log.warning("job_result_refused worker=%s job=%s outcome=%s reason=%s", self.name, job.pk,
                         kind.value, exc)
             return
+        except (DataError, IntegrityError) as exc:
+            # The database refused the outcome itself (a value it cannot store): retrying the same write
+            # cannot help, and crashing would re-run the job in a loop. Park the job with the reason.
+            log.error("job_outcome_unstorable worker=%s job=%s outcome=%s error=%s", self.name, job.pk,
+                      kind.value, one_line(exc))
+            try:
+                new = M.modify(job, job.version, Status.FAILED, using=self.using,
+                               error=f"the outcome ({kind.value}) could not be stored: {one_line(exc)}")
+            except (StaleJob, IllegalTransition, JobNotFound):
+                return
         common = {"job": new, "worker": self.name, "duration": outcome.duration}
         if new.state == Status.COMPLETED:
             self.counters[SUCCEEDED] += 1

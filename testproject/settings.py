@@ -111,6 +111,8 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+TASKS = {"default": {"BACKEND": "django_sqlqueue.tasks.SqlQueueBackend", "QUEUES": ["default", "emails"]}}
+
 SQLQUEUE = {
     # Fast retries keep the demo and the tests short; production keeps the defaults.
     "BACKOFF_BASE_SECONDS": float(os.environ.get("SQLQUEUE_BACKOFF_BASE", "1")),

@@ -26,6 +26,9 @@ if _TEST_DB == "postgres" and not os.environ.get("SQLQUEUE_DATABASE_URL"):
 elif _TEST_DB == "sqlite" and not os.environ.get("SQLQUEUE_DATABASE_URL"):
     # A file database (threads and worker processes need to share it), in a fresh temp dir.
     _tmp = tempfile.mkdtemp(prefix="sqlqueue-test-")
+    import shutil
+
+    atexit.register(shutil.rmtree, _tmp, True)
     os.environ["SQLQUEUE_DATABASE_URL"] = f"sqlite:///{_tmp}/db.sqlite3"
     os.environ["SQLQUEUE_SQLITE_TEST_NAME"] = f"{_tmp}/test.sqlite3"
 elif _TEST_DB == "mssql" and not os.environ.get("SQLQUEUE_DATABASE_URL"):
