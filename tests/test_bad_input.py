@@ -366,7 +366,7 @@ def test_worker_started_before_its_database_exists_runs_once_it_does(tmp_path) -
     log = tmp_path / "worker.log"
     proc = _worker(url, "--worker-name", "early", log=log)
     try:
-        wu.wait_until(lambda: "database_unavailable" in log.read_text(), 30, what="the first retry")
+        wu.wait_until(lambda: "database_unavailable" in log.read_text(), 90, what="the first retry")
         time.sleep(2)
         db.parent.mkdir()
         env = {**os.environ, "SQLQUEUE_DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "testproject.settings"}

@@ -120,7 +120,7 @@ def test_a_restarted_slot_that_dies_does_not_hand_back_its_predecessors_job(work
         else:
             Job.objects.filter(pk=job.pk).update(priority=0)
         second = worker_procs("--worker-name", "gen")
-        slots = wu.wait_until(lambda: slot_pids(second.pid), 30, what="the new slot")
+        slots = wu.wait_until(lambda: slot_pids(second.pid), 90, what="the new slot")
         time.sleep(2.5)  # set up, registered (PostgreSQL) and claiming
         os.kill(slots[0], signal.SIGKILL)
         wu.wait_until(lambda: "slot_died" in second.stderr(), 10, what="the supervisor to see the slot die")

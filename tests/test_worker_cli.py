@@ -50,8 +50,11 @@ def test_unknown_type_is_refused() -> None:
 
 @pytest.mark.django_db
 @pytest.mark.timeout(60)
-def test_command_line_exit_code_and_help() -> None:
+def test_command_line_exit_code_and_help(tmp_path) -> None:
     env = procutil.test_db_env()
+    if env["SQLQUEUE_DATABASE_URL"].startswith("sqlite"):
+        # no database access in this test: give the child a file of its own to open for system checks
+        env["SQLQUEUE_DATABASE_URL"] = f"sqlite:///{tmp_path}/cli.sqlite3"
     cmd = [sys.executable, str(REPO / "manage.py"), "run_queue_worker"]
     bad = subprocess.run([*cmd, "--batch", "-3"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1
