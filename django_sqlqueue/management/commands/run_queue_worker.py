@@ -29,6 +29,10 @@ class Command(BaseCommand):
         "renew leases, recover from crashes and database outages. Runs until SIGTERM/SIGINT unless "
         "--burst, --max-jobs or --max-seconds says otherwise."
     )
+    # Django's own system checks may open the database (on Django 6.1 the SQLite JSONField probe does,
+    # and reports fields.E180 when the file cannot be opened yet). A worker must start while the
+    # database is away and wait for it, so it runs only checks that need no connection.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("-q", "--queue", action="append", dest="queues", default=[], metavar="NAME",
@@ -61,6 +65,11 @@ class Command(BaseCommand):
                             help="No progress bar (by default --burst shows one on stderr when it is a terminal).")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        from ...checks import check_queue_database
+
+        errors = [e for e in check_queue_database() if e.is_serious()]
+        if errors:
+            raise CommandError("; ".join(f"{e.id}: {e.msg}" for e in errors))
         config, supervisor = self.build(options)
         configure_logging(options["log_level"])
         self.check_types(config)
