@@ -39,7 +39,7 @@ from .admin_filters import (
     WorkerFilter,
     date_hierarchy_context,
 )
-from .admin_subtypes import subtype_inlines_for
+from .admin_subtypes import ReadOnlyJobInline, subtype_inlines_for
 from .admin_types import JobTypeAdmin, WorkerAdmin, status_badge
 from .admin_views import dashboard_view
 from .conf import get_settings
@@ -89,7 +89,7 @@ def human_ms(ms: int | None) -> str:
     return f"{seconds / 60:.1f} min"
 
 
-class JobAttemptInline(admin.TabularInline):
+class JobAttemptInline(ReadOnlyJobInline, admin.TabularInline):
     """The job's attempt history, one row per claim, read-only."""
 
     model = JobAttempt
@@ -128,20 +128,6 @@ class JobAttemptInline(admin.TabularInline):
         first = obj.error.strip().splitlines()[-1] if obj.error.strip() else ""
         return format_html('<details class="sqlqueue-attempt-error"><summary>{}</summary><pre>{}</pre></details>',
                            first[:ERROR_EXCERPT_CHARS], obj.error)
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return request.user.has_perm("django_sqlqueue.view_job") or request.user.has_perm(
-            "django_sqlqueue.change_job")
-
 
 class JobChangeList(ChangeList):
     """The list reads an excerpt of the error and neither payload nor response (they may be large)."""

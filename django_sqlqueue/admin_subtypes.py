@@ -30,14 +30,9 @@ from .models import Job, JobData
 _custom: dict[type[JobData], type[admin.options.InlineModelAdmin] | None] = {}
 
 
-class SubtypeInline(admin.StackedInline):
-    """Read-only inline for one subtype table; the default for every subtype without its own."""
-
-    fk_name = "job"
-    extra = 0
-    max_num = 0
-    can_delete = False
-    classes = ["sqlqueue-subtype"]
+class ReadOnlyJobInline:
+    """Mixin for inlines on the job page (history, subtype rows): never editable, visible to whoever
+    may see the job."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -49,9 +44,19 @@ class SubtypeInline(admin.StackedInline):
         return False
 
     def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Subtype rows are part of the job: whoever may see the job sees them.
         return request.user.has_perm("django_sqlqueue.view_job") or request.user.has_perm(
             "django_sqlqueue.change_job")
+
+
+class SubtypeInline(ReadOnlyJobInline, admin.StackedInline):
+    """Read-only inline for one subtype table; the default for every subtype without its own."""
+
+    fk_name = "job"
+    extra = 0
+    max_num = 0
+    can_delete = False
+    classes = ["sqlqueue-subtype"]
+
 
 
 def register_subtype_inline(model: type[JobData], inline: type[admin.options.InlineModelAdmin] | None = ...,  # type: ignore[assignment]
