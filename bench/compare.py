@@ -246,10 +246,10 @@ def _terminate(p: subprocess.Popen) -> None:
 class Ours(System):
     name = OURS
 
-    def __init__(self, *a: Any, batch: int = 1, **kw: Any) -> None:
+    def __init__(self, *a: Any, batch: str = "auto", **kw: Any) -> None:
         super().__init__(*a, **kw)
         self.batch = batch
-        if batch != 1:
+        if batch != "auto":
             self.name = f"{OURS} (batch {batch})"
         from django_sqlqueue.managers import JobSpec
         from django_sqlqueue.models import Job
@@ -271,7 +271,9 @@ class Ours(System):
         return self.Job.objects.filter(status_id=Status.COMPLETED).count()
 
     def commands(self, burst: bool) -> list[list[str]]:
-        cmd = _manage("run_queue_worker", "--concurrency", str(self.slots), "--batch", str(self.batch),
+        # "auto" is the default: left unsaid, so an older tree (--baseline) runs with its own default
+        batch = [] if self.batch == "auto" else ["--batch", str(self.batch)]
+        cmd = _manage("run_queue_worker", "--concurrency", str(self.slots), *batch,
                       "--no-progress", "--log-level", "WARNING", "--worker-name", "bench")
         return [cmd + (["--burst"] if burst else [])]
 
@@ -344,10 +346,10 @@ class Procrastinate(System):
 
 def make_system(spec: str, url: str, slots: int, args: argparse.Namespace, logdir: Path) -> System:
     if spec.startswith(OURS):
-        batch = int(spec.split(":")[1]) if ":" in spec else (args.target_batch if args.mode == "targets" else 1)
+        batch = spec.split(":")[1] if ":" in spec else (args.target_batch if args.mode == "targets" else "auto")
         ours = Ours(url, slots, args, logdir, batch=batch)
         if os.environ.get("BENCH_CODE"):
-            ours.name = f"{OURS} (baseline)" if batch == 1 else f"{OURS} (baseline, batch {batch})"
+            ours.name = f"{OURS} (baseline)" if batch == "auto" else f"{OURS} (baseline, batch {batch})"
         return ours
     if spec == "django-tasks-db":
         return TasksDb(url, slots, args, logdir)
@@ -584,7 +586,8 @@ def main() -> int:
     p.add_argument("--db", choices=["sqlite", "postgres", "both"], default="both")
     p.add_argument("--slots", default="1,4", help="worker slots to measure (default 1,4)")
     p.add_argument("--jobs", type=int, default=20_000, help="jobs per workload (default 20,000)")
-    p.add_argument("--ours", default="1", help="our --batch values, comma-separated (default 1)")
+    p.add_argument("--ours", default="auto", help="our --batch values, comma-separated (default auto, "
+                                                  "the production default)")
     p.add_argument("--systems", default="", help="only these systems (comma-separated names)")
     p.add_argument("--latency-jobs", type=int, default=30, help="latency probes per row (0: skip)")
     p.add_argument("--settle", type=float, default=4.0, help="seconds idle before the latency probes")
@@ -594,7 +597,7 @@ def main() -> int:
                    help="peers' poll interval (default 0, the smallest db_worker accepts; procrastinate gets 0.001)")
     p.add_argument("--targets", action="store_true", help="also run the single-system targets (100,000 jobs)")
     p.add_argument("--target-jobs", type=int, default=100_000)
-    p.add_argument("--target-batch", type=int, default=50, help="our --batch for the 100,000-job drain")
+    p.add_argument("--target-batch", default="auto", help="our --batch for the 100,000-job drain (default auto)")
     p.add_argument("--baseline", metavar="TREE",
                    help="also run django-sqlqueue from this source tree (e.g. `git archive` of an older "
                         "commit), side by side with the working tree's")
@@ -612,7 +615,7 @@ def main() -> int:
 
     dbs = ["sqlite", "postgres"] if args.db == "both" else [args.db]
     slots_list = [int(s) for s in args.slots.split(",")]
-    ours = [OURS if b == "1" else f"{OURS}:{b}" for b in args.ours.split(",")]
+    ours = [OURS if b == "auto" else f"{OURS}:{b}" for b in args.ours.split(",")]
     if args.baseline:
         args.baseline = str(Path(args.baseline).resolve())
         ours = [x for o in ours for x in (o + "@baseline", o)]

@@ -39,6 +39,10 @@ class QueueSettings:
     POLL_MAX_SECONDS: float = 2.0
     #: PostgreSQL only: wake idle workers with LISTEN/NOTIFY on this channel ("" turns it off).
     NOTIFY_CHANNEL: str = "sqlqueue"
+    #: ``--batch auto`` (the default): most jobs a slot claims at once, and the seconds a claimed batch
+    #: may take before its unstarted jobs are handed back to other slots (see batching.py).
+    BATCH_MAX: int = 50
+    BATCH_SECONDS: float = 0.5
 
 
 _NUMERIC_MINIMUMS = {
@@ -54,6 +58,8 @@ _NUMERIC_MINIMUMS = {
     "TYPE_CACHE_SECONDS": 0,
     "POLL_MIN_SECONDS": 0.001,
     "POLL_MAX_SECONDS": 0.001,
+    "BATCH_MAX": 1,
+    "BATCH_SECONDS": 0.001,
 }
 
 
@@ -95,4 +101,6 @@ def _build(user: Any) -> QueueSettings:
         value = getattr(result, name)
         if not isinstance(value, int | float) or value < minimum:
             raise SqlQueueConfigError(f"SQLQUEUE[{name!r}] must be a number >= {minimum}, got {value!r}")
+    if not isinstance(result.BATCH_MAX, int) or result.BATCH_MAX > 1000:
+        raise SqlQueueConfigError(f"SQLQUEUE['BATCH_MAX'] must be an integer from 1 to 1000, got {result.BATCH_MAX!r}")
     return result

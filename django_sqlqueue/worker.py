@@ -28,8 +28,9 @@ from django.db import DataError, IntegrityError, connections
 from django.db.models import Q
 from django.utils import timezone
 
-from . import jobtypes, runner, signals
+from . import jobtypes, runner, signals, wakeup
 from .backoff import backoff_seconds
+from .batching import BatchSizer
 from .conf import get_settings
 from .exceptions import IllegalTransition, JobNotFound, StaleJob, UnknownJobType
 from .handlers import registry
@@ -37,7 +38,6 @@ from .heartbeat import Heartbeat, mark_stopped, register
 from .recorder import Recorder
 from .states import CLAIMABLE, Status
 from .support import DB_DOWN_ERRORS, close_connection, configure_logging, one_line, send, tidy_connections
-from .wakeup import PgListener
 
 if TYPE_CHECKING:
     from .models import Job
@@ -67,7 +67,8 @@ class WorkerConfig:
     name: str
     queues: tuple[str, ...] = ()
     types: tuple[str, ...] = ()
-    batch: int = 1
+    #: Jobs per claim: None adapts it to the queue and the jobs' pace (see batching.py); N fixes it.
+    batch: int | None = None
     burst: bool = False
     #: Burst mode: keep going while a matching job becomes due within this many seconds.
     wait_due: float = 0.0
@@ -93,7 +94,9 @@ class Worker:
         self._running_id: int | None = None
         #: Successes recorded together (with the next claim when the batch is done): see recorder.py.
         self.recorder = Recorder(self)
-        self._listener: PgListener | None = None
+        self.sizer = BatchSizer(config.batch, self.settings.BATCH_MAX, self.settings.BATCH_SECONDS)
+        self._asked = 0
+        self._listener: wakeup.Waker | None = None
         self._db_down_since: float | None = None
 
     # ----- lifecycle ------------------------------------------------------------------------------
@@ -113,9 +116,10 @@ class Worker:
         if self._db(register, self.name, self.using) is None:
             return EXIT_OK  # told to stop before the database was reachable
         self.heartbeat.start()
-        self._listener = PgListener.for_alias(self.using, self.settings.NOTIFY_CHANNEL, self.config.queues)
+        self._listener = wakeup.for_alias(self.using, self.settings.NOTIFY_CHANNEL, self.config.queues)
         log.info("worker_started worker=%s pid=%s queues=%s types=%s batch=%s burst=%s", self.name, os.getpid(),
-                 ",".join(self.config.queues) or "*", ",".join(self.config.types) or "*", self.config.batch,
+                 ",".join(self.config.queues) or "*", ",".join(self.config.types) or "*",
+                 self.config.batch or f"auto(max {self.sizer.max_size})",
                  self.config.burst)
         try:
             self._loop()
@@ -153,11 +157,18 @@ class Worker:
                 idle = min(idle * 2, s.POLL_MAX_SECONDS)
                 continue
             idle = s.POLL_MIN_SECONDS
-            for i, job in enumerate(jobs):
+            started, ran = time.monotonic(), 0
+            for job in jobs:
                 if self.stop_requested():
-                    self._release(jobs[i:])
+                    self._release(jobs[ran:])
                     return
+                if ran and self.sizer.over_budget(started):
+                    # A slow job in a batch of short ones: let other slots have the jobs not started.
+                    self._give_back(self._release(jobs[ran:], reason="batch_over_time"))
+                    break
                 self._run_one(job)
+                ran += 1
+            self.sizer.record(self._asked, len(jobs), ran, time.monotonic() - started)
             tidy_connections()
         log.info("worker_stopping worker=%s reason=signal", self.name)
 
@@ -165,7 +176,8 @@ class Worker:
         """Wait up to ``seconds`` for work to appear; returns early when a stop is requested.
 
         On PostgreSQL (with ``SQLQUEUE['NOTIFY_CHANNEL']`` set) it also returns as soon as an enqueue
-        for one of this worker's queues commits (LISTEN/NOTIFY); elsewhere it simply sleeps.
+        for one of this worker's queues commits (LISTEN/NOTIFY); on SQLite as soon as any other
+        connection commits (``PRAGMA data_version``, see wakeup.py); on SQL Server it simply sleeps.
         """
         if self._listener is not None:
             self._listener.wait(seconds, self.stop_requested)
@@ -184,9 +196,10 @@ class Worker:
     def _claim(self) -> list[Job] | None:
         from .models import Job
 
-        want = self._reserve(self.config.batch)
+        want = self._reserve(self.sizer.next_size())
         if want == 0:
             return None
+        self._asked = want
         try:
             # The batch's successes are committed with this claim: one transaction, not two.
             jobs = self.recorder.flush(lambda done: Job.objects.complete_and_claim(
@@ -292,19 +305,22 @@ class Worker:
             log.warning("job_finished worker=%s job=%s attempt=%s status=%s seconds=%.3f error=%r", self.name,
                         job.pk, job.attempt_num, new.state.label, outcome.duration, last)
 
-    def _release(self, jobs: list[Job]) -> None:
-        """Hand claimed-but-unstarted jobs back to Pending, their attempt not spent."""
+    def _release(self, jobs: list[Job], reason: str = "stopping") -> int:
+        """Hand claimed-but-unstarted jobs back to Pending, their attempt not spent; return how many."""
         from .models import Job
 
+        released = 0
         for job in jobs:
             try:
-                self._db(Job.objects.release, job, using=self.using, retry_while_stopping=3)
-                self.counters[RELEASED] += 1
+                if self._db(Job.objects.release, job, using=self.using, retry_while_stopping=3) is not None:
+                    released += 1
+                    self.counters[RELEASED] += 1
             except (StaleJob, IllegalTransition, JobNotFound):
                 pass
             self.heartbeat.drop(job.pk, finished=False)
         if jobs:
-            log.info("worker_released worker=%s jobs=%s", self.name, len(jobs))
+            log.info("worker_released worker=%s jobs=%s reason=%s", self.name, released, reason)
+        return released
 
     def _due_soon(self) -> bool:
         """Burst mode: is a matching job due now or within ``wait_due`` seconds (so worth waiting)?"""

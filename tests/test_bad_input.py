@@ -289,7 +289,7 @@ def test_a_result_the_database_cannot_store_does_not_crash_the_worker(odd_handle
 @pytest.mark.parametrize(("args", "message"), [
     (["--concurrency", "257"], "--concurrency must be an integer from 1 to 256, got 257"),
     (["--concurrency", "1e3"], "invalid int value"),
-    (["--batch", "1.5"], "invalid int value"),
+    (["--batch", "1.5"], "--batch must be 'auto' or an integer from 1 to 1000, got '1.5'"),
     (["--max-jobs", str(10**13)], "--max-jobs must be an integer from 1 to"),
     (["--max-jobs=-1"], "--max-jobs must be an integer from 1"),
     (["--grace-seconds", "1e9"], "--grace-seconds must be a number of seconds from 0 to"),

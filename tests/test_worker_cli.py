@@ -19,8 +19,9 @@ from tests.workerutil import REPO
         (["--concurrency", "0"], "--concurrency must be an integer from 1 to 256"),
         (["--concurrency", "100000"], "--concurrency must be an integer from 1 to 256"),
         (["--concurrency", "two"], "invalid int value"),
-        (["--batch", "0"], "--batch must be an integer from 1 to 1000"),
-        (["--batch", "5000"], "--batch must be an integer from 1 to 1000"),
+        (["--batch", "0"], "--batch must be 'auto' or an integer from 1 to 1000, got '0'"),
+        (["--batch", "5000"], "--batch must be 'auto' or an integer from 1 to 1000"),
+        (["--batch", "lots"], "--batch must be 'auto' or an integer from 1 to 1000, got 'lots'"),
         (["--max-jobs", "0"], "--max-jobs must be an integer from 1"),
         (["--max-seconds=-5"], "--max-seconds must be a number of seconds"),
         (["--max-seconds", "0"], "--max-seconds must be greater than 0"),
@@ -58,7 +59,7 @@ def test_command_line_exit_code_and_help(tmp_path) -> None:
     cmd = [sys.executable, str(REPO / "manage.py"), "run_queue_worker"]
     bad = subprocess.run([*cmd, "--batch", "-3"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1
-    assert "CommandError: --batch must be an integer from 1 to 1000, got -3" in bad.stderr
+    assert "CommandError: --batch must be 'auto' or an integer from 1 to 1000, got '-3'" in bad.stderr
     usage = subprocess.run([*cmd, "--help"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert usage.returncode == 0
     for option in ("--queue", "--type", "--concurrency", "--batch", "--burst", "--until-empty", "--wait-due",

@@ -228,3 +228,35 @@ def test_idle_wait_wakes_on_postgresql_notify() -> None:
     finally:
         mine.close()
         other.close()
+
+
+def test_idle_wait_wakes_on_a_sqlite_commit_by_another_connection() -> None:
+    import threading
+    import time
+
+    from django.db import connection
+
+    from django_sqlqueue.wakeup import SqliteWatcher
+
+    if connection.vendor != "sqlite":
+        pytest.skip("PRAGMA data_version is SQLite only")
+    watcher = SqliteWatcher.for_alias("default")
+    assert watcher is not None
+    assert watcher.wait(0.05, lambda: False) is False  # nothing committed meanwhile
+
+    def enqueue_elsewhere() -> None:  # another thread: another connection
+        time.sleep(0.2)
+        Job.objects.enqueue("test.Noop")
+        connection.close()
+
+    thread = threading.Thread(target=enqueue_elsewhere)
+    started = time.monotonic()
+    thread.start()
+    try:
+        assert watcher.wait(10, lambda: False) is True
+        assert 0.15 < time.monotonic() - started < 2
+    finally:
+        thread.join()
+    Job.objects.enqueue("test.Noop")  # this connection's own commit: nothing to wake for
+    assert watcher.wait(0.2, lambda: False) is False
+    assert watcher.wait(5, lambda: True) is False  # a stop request ends the wait at once

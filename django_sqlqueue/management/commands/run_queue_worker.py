@@ -41,9 +41,10 @@ class Command(BaseCommand):
                             help="Claim jobs of this job type only (repeatable; default: every type).")
         parser.add_argument("--concurrency", type=int, default=1, metavar="N",
                             help=f"Job slots, each its own OS process (1-{MAX_CONCURRENCY}; default 1).")
-        parser.add_argument("--batch", type=int, default=1, metavar="N",
-                            help=f"Jobs a slot claims per round trip (1-{MAX_BATCH}; default 1). Larger batches "
-                                 f"are faster for short jobs; claimed jobs wait their turn in the slot.")
+        parser.add_argument("--batch", default="auto", metavar="N|auto",
+                            help=f"Jobs a slot claims per round trip: 'auto' (default) grows the batch while "
+                                 f"the queue is deep and the jobs are short (SQLQUEUE BATCH_MAX, BATCH_SECONDS); "
+                                 f"N (1-{MAX_BATCH}) fixes it. Claimed jobs wait their turn in the slot.")
         parser.add_argument("--burst", "--until-empty", action="store_true", dest="burst",
                             help="Drain the jobs that are due, then exit 0 (default: run until stopped).")
         parser.add_argument("--wait-due", type=float, default=0.0, metavar="SECONDS",
@@ -82,7 +83,7 @@ class Command(BaseCommand):
     # ----- validation ----------------------------------------------------------------------------
     def build(self, o: dict[str, Any]) -> tuple[WorkerConfig, Supervisor]:
         _int_range("--concurrency", o["concurrency"], 1, MAX_CONCURRENCY)
-        _int_range("--batch", o["batch"], 1, MAX_BATCH)
+        batch = _batch(o["batch"])
         if o["max_jobs"] is not None:
             _int_range("--max-jobs", o["max_jobs"], 1, 10**12)
         _seconds("--grace-seconds", o["grace_seconds"], 0, 7 * 86400)
@@ -108,7 +109,7 @@ class Command(BaseCommand):
             raise CommandError(f"--worker-name must be 1-190 printable characters, got {name!r}")
         config = WorkerConfig(
             name=name, queues=tuple(dict.fromkeys(o["queues"])), types=tuple(dict.fromkeys(o["types"])),
-            batch=o["batch"], burst=o["burst"], wait_due=o["wait_due"], max_jobs=o["max_jobs"],
+            batch=batch, burst=o["burst"], wait_due=o["wait_due"], max_jobs=o["max_jobs"],
             using=get_settings().DATABASE,
         )
         supervisor = Supervisor(config, concurrency=o["concurrency"], grace_seconds=o["grace_seconds"],
@@ -136,3 +137,16 @@ def _int_range(option: str, value: int, low: int, high: int) -> None:
 def _seconds(option: str, value: float, low: float, high: float) -> None:
     if not math.isfinite(value) or not low <= value <= high:
         raise CommandError(f"{option} must be a number of seconds from {low} to {high}, got {value}")
+
+
+def _batch(value: Any) -> int | None:
+    """``--batch``: 'auto' (None: adaptive, see batching.py) or a fixed size from 1 to MAX_BATCH."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise CommandError(f"--batch must be 'auto' or an integer from 1 to {MAX_BATCH}, got {value!r}") from None
+    if isinstance(value, float) or not 1 <= n <= MAX_BATCH:
+        raise CommandError(f"--batch must be 'auto' or an integer from 1 to {MAX_BATCH}, got {value!r}")
+    return n
