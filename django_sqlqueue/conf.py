@@ -43,6 +43,9 @@ class QueueSettings:
     #: may take before its unstarted jobs are handed back to other slots (see batching.py).
     BATCH_MAX: int = 50
     BATCH_SECONDS: float = 0.5
+    #: A busy worker's claims take only due jobs; every RECLAIM_SECONDS (and whenever a claim comes back
+    #: empty) a claim also takes stuck Processing jobs: expired leases, dead or stopped workers' jobs.
+    RECLAIM_SECONDS: float = 1.0
 
 
 _NUMERIC_MINIMUMS = {
@@ -60,6 +63,7 @@ _NUMERIC_MINIMUMS = {
     "POLL_MAX_SECONDS": 0.001,
     "BATCH_MAX": 1,
     "BATCH_SECONDS": 0.001,
+    "RECLAIM_SECONDS": 0,
 }
 
 

@@ -370,6 +370,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         queues: Sequence[str] = (),
         types: Sequence[str] = (),
         using: str | None = None,
+        reclaim: bool = True,
     ) -> tuple[list[Job], list[Job]]:
         """Record finished jobs and claim the next ones in ONE transaction (one commit, not two).
 
@@ -379,6 +380,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         claim: joining the two loses nothing (the results are committed before the new jobs run, and
         a failure rolls both back, so the jobs are still Processing under the old token and the
         caller records them again). Returns (completed rows, claimed jobs).
+
+        ``reclaim=False`` claims only due Pending/Error jobs, not stuck Processing ones: a busy worker
+        uses it between periodic full claims because it is much cheaper (see worker.py).
         """
         if not isinstance(limit, int) or limit < 0 or limit > 10_000:
             raise InvalidArgument(f"limit must be an integer from 0 to 10000, got {limit!r}")
@@ -399,6 +403,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             default_max_attempts=settings.MAX_ATTEMPTS,
             default_lease_seconds=settings.LEASE_SECONDS,
             worker_dead_after_seconds=settings.WORKER_DEAD_AFTER_SECONDS,
+            reclaim=reclaim,
         )
         connection = connections[alias]
         dialect = get_dialect(connection)

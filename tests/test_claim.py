@@ -93,6 +93,20 @@ def test_expired_lease_is_reclaimed_by_another_worker(noop_type: JobType) -> Non
     assert Job.objects.get(pk=job.pk).state is Status.PROCESSING
 
 
+def test_a_due_only_claim_leaves_stuck_jobs_for_the_next_full_claim(noop_type: JobType) -> None:
+    stuck = enqueue("Noop", priority=9)
+    Job.objects.claim("dead/0", 1)
+    expire_lease(stuck)
+    due = enqueue("Noop")
+    # reclaim=False (a busy worker between its periodic looks): due jobs only, the stuck one waits
+    _, got = Job.objects.complete_and_claim((), "alive/0", 5, reclaim=False)
+    assert [j.pk for j in got] == [due.pk]
+    _, got = Job.objects.complete_and_claim((), "alive/0", 5, reclaim=False)
+    assert got == []
+    # the full claim (the default) takes it (another name: a claim also takes back its own leftovers)
+    assert [j.pk for j in Job.objects.claim("other/0", 5)] == [stuck.pk]
+
+
 def test_worker_with_stale_heartbeat_is_dead_at_once(noop_type: JobType) -> None:
     job = enqueue("Noop")
     Job.objects.claim("gone/0", 1)

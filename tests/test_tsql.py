@@ -57,6 +57,7 @@ def hints(table: exp.Table) -> set[str]:
 @pytest.mark.parametrize("req", [
     ClaimRequest("host:1/0", 1),
     ClaimRequest("host:1/0", 50, queues=("emails", "sms"), types=(3, 4)),
+    ClaimRequest("host:1/0", 50, reclaim=False),
 ])
 def test_claim_batch(dialect: MssqlDialect, req: ClaimRequest) -> None:
     sql, params = dialect.claim_sql(req)
@@ -68,11 +69,12 @@ def test_claim_batch(dialect: MssqlDialect, req: ClaimRequest) -> None:
     cte = update.find(exp.CTE)
     assert cte is not None and cte.alias == "picked"
     job_reads = [t for t in cte.find_all(exp.Table) if t.name == "django_sqlqueue_job"]
-    assert len(job_reads) == 2
+    branches = 2 if req.reclaim else 1  # due jobs, and (with reclaim) stuck Processing ones
+    assert len(job_reads) == branches
     for table in job_reads:
         assert hints(table) == {"UPDLOCK", "ROWLOCK", "READPAST"}
     # TOP (n) with ORDER BY in each branch and in the CTE: the order the claim promises.
-    assert len(list(cte.find_all(exp.Order))) == 3
+    assert len(list(cte.find_all(exp.Order))) == branches + 1
     # OUTPUT inserted.<every returned column> INTO the table variable.
     output = update.args.get("returning")
     assert output is not None
@@ -81,7 +83,7 @@ def test_claim_batch(dialect: MssqlDialect, req: ClaimRequest) -> None:
         assert f"inserted.{column}" in out_sql
     assert "@claimed" in out_sql
     # status ids are literals (filtered indexes match at compile time); everything else is a parameter
-    assert "IN (1, 3)" in sql and "[status_id] = 2" in sql
+    assert "IN (1, 3)" in sql and ("j.[status_id] = 2" in sql) == req.reclaim
     assert req.worker not in sql and all(q not in sql for q in req.queues)
     # the history rows come from the same batch
     assert statements[3].find(exp.Table).name == "django_sqlqueue_jobattempt"

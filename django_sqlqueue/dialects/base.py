@@ -63,6 +63,9 @@ class ClaimRequest:
     default_max_attempts: int = 3
     default_lease_seconds: int = 60
     worker_dead_after_seconds: float = 60.0
+    #: Also take stuck Processing jobs (this worker's own, expired leases, dead or stopped workers).
+    #: A busy worker leaves this off between periodic looks: the due-only claim is much cheaper.
+    reclaim: bool = True
 
 
 class Names:
@@ -197,10 +200,11 @@ class Dialect:
 
     def candidate_branches(self, req: ClaimRequest, *, lock: str = "", hint: str = "", top: str = "",
                            limit: str = "") -> tuple[list[str], list[Any]]:
-        """The two candidate sets of the claim, as SELECTs of (id, priority, scheduled_for).
+        """The candidate sets of the claim, as SELECTs of (id, priority, scheduled_for).
 
-        Branch 1: claimable (Pending/Error), due, attempts left. Branch 2: Processing rows whose holder is
-        this worker name (a restart), whose lease expired, or whose worker's heartbeat is stale.
+        Branch 1: claimable (Pending/Error), due, attempts left. Branch 2 (only with ``req.reclaim``):
+        Processing rows whose holder is this worker name (a restart), whose lease expired, or whose
+        worker's heartbeat is stale.
         Both skip paused types and honour the queue/type filters. They are separate SELECTs (joined by
         UNION ALL by the caller) so that each can seek its own partial index in claim order; one WHERE
         with an OR would scan.
@@ -245,7 +249,16 @@ class Dialect:
             *filter_params,
             *self._limit_params(req, limit),
         ]
+        if not req.reclaim:
+            return [due], params_due
         return [due, reclaim], [*params_due, *params_reclaim]
+
+    @staticmethod
+    def union_all(branches: list[str], alias: bool = False) -> str:
+        """``SELECT * FROM (b1) [AS due] UNION ALL SELECT * FROM (b2) [AS reclaim]``, or the one branch."""
+        names = ("due", "reclaim")
+        return " UNION ALL ".join(
+            f"SELECT * FROM ({b})" + (f" AS {names[i]}" if alias else "") for i, b in enumerate(branches))
 
     @staticmethod
     def _top_params(req: ClaimRequest, top: str) -> list[Any]:

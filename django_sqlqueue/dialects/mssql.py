@@ -91,7 +91,7 @@ class MssqlDialect(Dialect):
             "SET NOCOUNT ON; "
             f"{self._declare()}; "
             f"WITH picked AS (SELECT TOP (%s) c.id FROM ("
-            f"SELECT * FROM ({branches[0]}) AS due UNION ALL SELECT * FROM ({branches[1]}) AS reclaim"
+            f"{self.union_all(branches, alias=True)}"
             f") AS c ORDER BY c.priority DESC, c.scheduled_for, c.id) "
             # INTO without a column list: @claimed is declared in exactly the OUTPUT order.
             f"UPDATE j SET {set_sql} OUTPUT {output} INTO @claimed "

@@ -38,10 +38,12 @@ class PostgresDialect(Dialect):
         )
         set_sql, set_params = self.claim_set_clause(req, alias="j")
         returning = ", ".join(f"j.{c}" for c in n.job_columns)
+        names = ["due", "reclaim"][:len(branches)]
         sql = (
-            f"WITH due AS ({branches[0]}), reclaim AS ({branches[1]}), "
-            f"picked AS (SELECT id FROM (SELECT * FROM due UNION ALL SELECT * FROM reclaim) c "
-            f"ORDER BY priority DESC, scheduled_for, id LIMIT %s), "
+            "WITH " + "".join(f"{name} AS ({b}), " for name, b in zip(names, branches, strict=True))
+            + "picked AS (SELECT id FROM ("
+            + " UNION ALL ".join(f"SELECT * FROM {name}" for name in names)
+            + ") c ORDER BY priority DESC, scheduled_for, id LIMIT %s), "
             f"claimed AS (UPDATE {n.job} j SET {set_sql} FROM picked WHERE j.{j['id']} = picked.id "
             f"RETURNING {returning}), "
             # The history row is written by the same statement: a claim without its history row

@@ -47,7 +47,7 @@ class SqliteDialect(Dialect):
         set_sql, set_params = self.claim_set_clause(req)
         sql = (
             f"UPDATE {n.job} SET {set_sql} WHERE {j['id']} IN ("
-            f"SELECT id FROM (SELECT * FROM ({branches[0]}) UNION ALL SELECT * FROM ({branches[1]})) "
+            f"SELECT id FROM ({self.union_all(branches)}) "
             f"ORDER BY priority DESC, scheduled_for, id LIMIT %s) "
             f"RETURNING {', '.join(n.job_columns)}"
         )
