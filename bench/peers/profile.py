@@ -22,7 +22,7 @@ import time
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--jobs", type=int, default=3000)
-    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--batch", default="auto", help="'auto' (the default) or a fixed size")
     p.add_argument("--top", type=int, default=0, help="also print the N most expensive functions")
     args = p.parse_args()
     import django
@@ -40,7 +40,7 @@ def main() -> int:
         for model in (JobAttempt, Job):
             c.execute(f"DELETE FROM {connection.ops.quote_name(model._meta.db_table)}")
     Job.objects.enqueue_many([JobSpec("bench.Noop") for _ in range(args.jobs)])
-    worker = Worker(WorkerConfig(name="profile", batch=args.batch, burst=True))
+    worker = Worker(WorkerConfig(name="profile", batch=None if args.batch == "auto" else int(args.batch), burst=True))
     prof = cProfile.Profile()
     start = time.perf_counter()
     prof.enable()
