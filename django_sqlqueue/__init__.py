@@ -48,6 +48,7 @@ __all__ = [
     "UnsupportedDatabase",
     "Retry",
     "Cancel",
+    "Fail",
     "JobContext",
     "signals",
     "__version__",
@@ -57,7 +58,7 @@ __all__ = [
 ]
 
 
-_LAZY = {"Retry": "runner", "Cancel": "runner", "JobContext": "runner", "signals": None}
+_LAZY = {"Retry": "runner", "Cancel": "runner", "Fail": "runner", "JobContext": "runner", "signals": None}
 
 
 def __getattr__(name: str) -> Any:

@@ -78,12 +78,25 @@ class Cancel(SqlQueueError):
         super().__init__(f"cancelled{': ' + reason if reason else ''}")
 
 
+class Fail(SqlQueueError):
+    """The job cannot succeed by being run again: it becomes Failed now, whatever attempts it has left.
+
+    Raise it from a handler for a permanent error (a record that no longer exists, input that will
+    never validate); the message is stored as the job's error. The worker raises subclasses of it
+    itself for a return value it cannot store and an unknown step.
+    """
+
+    def __init__(self, reason: str = "") -> None:
+        self.reason = reason
+        super().__init__(reason or "failed by its handler")
+
+
 class Kind(Enum):
     SUCCESS = "success"
     ERROR = "error"  # an exception: Error (retried with backoff) or Failed when attempts are exhausted
     RETRY = "retry"  # explicit Retry: like ERROR, at the time the handler asked for
     CANCEL = "cancel"
-    FATAL = "fatal"  # cannot succeed by retrying (bad return value, unknown step): Failed at once
+    FATAL = "fatal"  # cannot succeed by retrying (Fail, bad return value, unknown step): Failed at once
 
 
 @dataclass
@@ -159,8 +172,11 @@ class JobContext:
     def cancel(self, reason: str = "") -> NoReturn:
         raise Cancel(reason)
 
+    def fail(self, reason: str = "") -> NoReturn:
+        raise Fail(reason)
 
-class _BadReturn(InvalidPayload):
+
+class _BadReturn(Fail, InvalidPayload):
     """The handler returned a value that cannot be stored as JSON."""
 
 
@@ -195,7 +211,7 @@ def run(ctx: JobContext) -> Outcome:
         outcome = Outcome(Kind.RETRY, ctx.job, error=str(exc), retry_in=exc.retry_in())
     except Cancel as exc:
         outcome = Outcome(Kind.CANCEL, ctx.job, error=exc.reason or "cancelled by its handler")
-    except (_BadReturn, _UnknownStep) as exc:  # retrying cannot help
+    except Fail as exc:  # retrying cannot help (the handler says so, or its result cannot be stored)
         outcome = Outcome(Kind.FATAL, ctx.job, error=str(exc))
     except BaseException as exc:  # the handler's failure is the job's, never the worker's
         # BaseException too: asyncio.CancelledError, SystemExit and GeneratorExit raised inside a handler
@@ -207,7 +223,7 @@ def run(ctx: JobContext) -> Outcome:
     return outcome
 
 
-class _UnknownStep(SqlQueueError):
+class _UnknownStep(Fail):
     """The job's stored step is not one of its handler's steps."""
 
 

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from .handlers import Handler, registry
-from .runner import _BadReturn as _NotRetryable  # the worker fails these at once instead of retrying
+from .runner import Fail  # the worker fails these at once instead of retrying
 
 if TYPE_CHECKING:
     from .models import Job
@@ -159,7 +159,7 @@ class TaskExited(Exception):
     """The task raised SystemExit (or another BaseException that is not an Exception)."""
 
 
-class TaskReturnValueError(_NotRetryable, TypeError):
+class TaskReturnValueError(Fail, TypeError):
     """The task's return value cannot be stored as JSON.
 
     Its message is the formatted traceback of the underlying error, so that the job's stored error

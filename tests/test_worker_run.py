@@ -106,6 +106,20 @@ def test_cancel_from_handler_is_final(job_log) -> None:
     assert history(job) == [(1, "Cancelled", "inproc")]
 
 
+def test_fail_from_handler_is_final_with_attempts_left(job_log) -> None:
+    import django_sqlqueue as sqlqueue
+    from django_sqlqueue.runner import Fail
+
+    assert sqlqueue.Fail is Fail
+    job = Job.objects.enqueue("test.FailNow", {"log": str(job_log.path)})
+    wu.run_worker(wait_due=1)
+    job.refresh()
+    assert job.state == Status.FAILED and job.attempt_num == 1  # of the type's 5 attempts
+    assert job.error == "the record is gone for good"
+    assert len(job_log.events(job.pk)) == 1
+    assert history(job) == [(1, "Failed", "inproc")]
+
+
 def test_non_json_return_value_fails_without_retry() -> None:
     job = Job.objects.enqueue("test.BadReturn")
     wu.run_worker(wait_due=1)

@@ -91,6 +91,12 @@ def cancel(job: JobContext) -> Any:
     raise Cancel("nothing to do for this one")
 
 
+@sqlqueue.handler("test.FailNow", max_attempts=5)
+def fail_now(job: JobContext) -> Any:
+    _log(job, "run")
+    job.fail(job.payload.get("reason", "the record is gone for good"))
+
+
 @sqlqueue.handler("test.BadReturn")
 def bad_return(job: JobContext) -> Any:
     _log(job, "run")
