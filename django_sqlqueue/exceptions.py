@@ -16,6 +16,10 @@ class SqlQueueConfigError(SqlQueueError, ImproperlyConfigured):
     """django-sqlqueue is not configured correctly."""
 
 
+class WorkerNameInUse(SqlQueueConfigError):
+    """A live worker already runs under this name; two would run each other's jobs twice."""
+
+
 class UnsupportedDatabase(SqlQueueConfigError):
     """This database vendor is not supported (SQL Server, PostgreSQL and SQLite are)."""
 

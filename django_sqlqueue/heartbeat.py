@@ -13,25 +13,79 @@ import socket
 import threading
 import time
 
-from django.db import connections
-from django.db.models import F
+from django.db import IntegrityError, connections, transaction
+from django.db.models import DateTimeField, F, Q
+from django.db.models.expressions import RawSQL
 
+from .conf import get_settings
+from .dialects import get_dialect
+from .exceptions import WorkerNameInUse
 from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line
 
 log = logging.getLogger("django_sqlqueue.worker")
 
 
 def register(name: str, using: str) -> bool:
-    """Upsert the worker row at start: host, pid, started now, heartbeat now, not stopped."""
+    """Take the worker row at start (host, pid, started now, heartbeat now, not stopped), if it is free.
+
+    A claim treats Processing jobs held by its own name as its own leftovers and takes them back at
+    once, so two live workers under one name would run each other's jobs twice. The name is free
+    when its row is missing, stopped, or its heartbeat is older than ``WORKER_DEAD_AFTER_SECONDS``,
+    or when the row was written from this host by a process that no longer exists (a restart) or by
+    this very process. Otherwise :class:`WorkerNameInUse` is raised and nothing is written.
+
+    The test and the write are one conditional UPDATE (or an INSERT that the unique name decides), so
+    two workers starting at the same moment under one name cannot both get it.
+    """
     from .models import Worker
 
+    host, pid = socket.gethostname()[:200], os.getpid()
     now = db_now(using)
-    values = {"host": socket.gethostname()[:200], "pid": os.getpid(), "started_at": now,
-              "last_heartbeat": now, "stopped_at": None}
+    values = {"host": host, "pid": pid, "started_at": now, "last_heartbeat": now, "stopped_at": None}
     rows = Worker.objects.using(using)
-    if not rows.filter(name=name).update(**values):
-        rows.create(name=name, **values)
-    return True
+    dead_after = get_settings().WORKER_DEAD_AFTER_SECONDS
+    stale = RawSQL(get_dialect(connections[using]).now_plus("%s"), [-float(dead_after)],
+                   output_field=DateTimeField())
+    free = Q(stopped_at__isnull=False) | Q(last_heartbeat__lt=stale)
+    for _ in range(5):
+        holder = rows.filter(name=name).exclude(free).values("host", "pid", "last_heartbeat").first()
+        mine = free
+        if holder is not None:
+            if holder["host"] != host or (holder["pid"] != pid and _pid_alive(holder["pid"])):
+                raise WorkerNameInUse(
+                    f"worker name {name!r} is in use by a live worker: host {holder['host']!r}, pid "
+                    f"{holder['pid']}, last heartbeat {holder['last_heartbeat']:%Y-%m-%d %H:%M:%S} UTC. Two "
+                    f"live workers under one name would run each other's jobs twice: stop that worker or "
+                    f"give this one another --worker-name (a worker that died on another host frees its "
+                    f"name once its heartbeat is WORKER_DEAD_AFTER_SECONDS={dead_after:g} s old)")
+            mine = free | Q(host=host, pid=holder["pid"])
+        if rows.filter(mine, name=name).update(**values):
+            return True
+        if holder is None and not rows.filter(name=name).exists():
+            try:
+                with transaction.atomic(using=using):
+                    rows.create(name=name, **values)
+                return True
+            except IntegrityError:
+                pass  # another worker created it just now: look again
+    raise WorkerNameInUse(f"worker name {name!r} keeps changing hands; is another worker starting under it?")
+
+
+def _pid_alive(pid: int | None) -> bool:
+    """Is process ``pid`` of this host alive (a zombie counts as dead)?"""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(") ", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def mark_stopped(name: str, using: str, jobs_done: int = 0) -> int:
