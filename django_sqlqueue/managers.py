@@ -350,8 +350,10 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             raise InvalidArgument(f"limit must be an integer from 1 to 10000, got {limit!r}")
         return self.complete_and_claim((), worker, limit, queues=queues, types=types, using=using)[1]
 
-    def complete_many(self, done: Sequence[tuple[Job, Any]], *, using: str | None = None) -> list[Job]:
-        """Processing -> Completed for many jobs at once: ``done`` is (job, response) pairs.
+    def complete_many(self, done: Sequence[tuple[Job, Any] | tuple[Job, Any, float | None]], *,
+                      using: str | None = None) -> list[Job]:
+        """Processing -> Completed for many jobs at once: ``done`` is (job, response) pairs, or (job,
+        response, seconds the handler ran) triples: without it the duration is claim to completion.
 
         One statement per chunk (on PostgreSQL one data-modifying CTE updates the jobs and closes their
         history rows), all in one transaction. Each job must still carry the token it was claimed with:
@@ -363,7 +365,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
     def complete_and_claim(
         self,
-        done: Sequence[tuple[Job, Any]],
+        done: Sequence[tuple[Job, Any] | tuple[Job, Any, float | None]],
         worker: str,
         limit: int,
         *,
@@ -390,9 +392,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             raise InvalidArgument("worker must be a non-empty string of at most 200 characters")
         alias = self._alias(using)
         items = []
-        for job, response in done:
+        for job, response, *ran in done:
             _encode_json(response, "response")
-            items.append((job.pk, job.version, self._prep("response", response, alias)))
+            seconds = ran[0] if ran else None
+            ms = round(seconds * 1000) if seconds is not None and finite_seconds(seconds) else None
+            items.append((job.pk, job.version, self._prep("response", response, alias), ms))
         settings = get_settings()
         type_ids = tuple(jobtypes.get_type(t, using=alias).id for t in types) if limit else ()
         req = ClaimRequest(

@@ -44,7 +44,7 @@ log = logging.getLogger("django_sqlqueue.worker")
 #: The longest a success waits to be recorded (the watchdog's deadline).
 RECORD_DELAY_SECONDS = 0.2
 
-ClaimFn = Callable[[list[tuple["Job", Any]]], tuple[list["Job"], list["Job"]]]
+ClaimFn = Callable[[list[tuple["Job", Any, float]]], tuple[list["Job"], list["Job"]]]
 
 
 class Recorder:
@@ -93,7 +93,7 @@ class Recorder:
 
         with self._lock:
             items = list(self._pending)
-            done = [(o.job, o.response) for o in items]
+            done = [(o.job, o.response, o.duration) for o in items]
             if claim is not None:
                 completed, claimed = claim(done)
             elif done:

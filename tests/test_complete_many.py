@@ -28,6 +28,17 @@ def test_complete_many_completes_and_closes_history(noop_type: JobType) -> None:
         assert attempt.duration_ms == Job.objects.get(pk=attempt.job_id).duration_ms and attempt.error == ""
 
 
+def test_a_measured_run_time_is_the_duration(noop_type: JobType) -> None:
+    # A job that waited its turn in a batch did not run all the time since its claim: the worker
+    # passes the handler's own run time, and that is what the job and its history row show.
+    Job.objects.enqueue_many([JobSpec("Noop") for _ in range(2)])
+    measured, unmeasured = Job.objects.claim("w", 2)
+    done = {j.pk: j for j in Job.objects.complete_many([(measured, None, 1.2345), (unmeasured, None)])}
+    assert done[measured.pk].duration_ms == 1234 or done[measured.pk].duration_ms == 1235
+    assert JobAttempt.objects.get(job=measured.pk).duration_ms == done[measured.pk].duration_ms
+    assert 0 <= done[unmeasured.pk].duration_ms < 60_000  # claim to completion, by the database clock
+
+
 def test_stale_token_is_left_alone(noop_type: JobType) -> None:
     enqueue("Noop")
     enqueue("Noop")

@@ -10,7 +10,7 @@ from tests.test_tsql import dialect, parse  # noqa: F401  (the module's renderin
 
 def test_complete_many_batch(dialect: MssqlDialect) -> None:  # noqa: F811
     sql = dialect.complete_sql(3)
-    statements = parse(sql, [1, 2, "{}"] * 3)
+    statements = parse(sql, [1, 2, "{}", 15] * 3)
     assert [type(s).__name__ for s in statements] == ["Set", "Declare", "Update", "Update", "Select"]
     jobs, history = statements[2], statements[3]
     # the token test: id and version joined from the VALUES rows, Processing as a literal
@@ -19,6 +19,7 @@ def test_complete_many_batch(dialect: MssqlDialect) -> None:  # noqa: F811
     assert "[status_id] = 2" in jobs.args["where"].sql("tsql")
     assert "@done" in jobs.args["returning"].sql("tsql")  # OUTPUT inserted.* INTO @done
     assert "[status_id] = 5" in sql and "SYSUTCDATETIME()" in sql
+    assert "COALESCE(v.vduration, " in sql  # the measured run time, else claim to completion
     assert "django_sqlqueue_jobattempt" in {t.name for t in history.find_all(exp.Table)}
     assert "@done" in history.sql("tsql")
 

@@ -136,11 +136,13 @@ class Dialect:
         """
         raise NotImplementedError
 
-    #: Most jobs one completion statement carries (3 parameters each; T-SQL VALUES takes 1000 rows).
+    #: Most jobs one completion statement carries (4 parameters each; T-SQL VALUES takes 1000 rows).
     complete_chunk: int = 500
 
-    def complete_many(self, cursor: CursorWrapper, items: list[tuple[int, int, Any]]) -> list[tuple[Any, ...]]:
-        """Complete jobs given as (id, token, response in database form); return their new JOB_COLUMNS rows.
+    def complete_many(self, cursor: CursorWrapper, items: list[tuple[int, int, Any, int | None]]
+                      ) -> list[tuple[Any, ...]]:
+        """Complete jobs given as (id, token, response in database form, run time in ms or None); return
+        their new JOB_COLUMNS rows.
 
         Only Processing jobs whose token still matches are completed; their open history row is closed
         in the same statement. Runs inside :meth:`write_transaction`.
@@ -153,12 +155,12 @@ class Dialect:
         return out
 
     def complete_values(self, nrows: int) -> str:
-        """``(VALUES ...) AS v (vid, vversion, vresponse)``: the (id, token, response) rows to complete."""
+        """``(VALUES ...) AS v (vid, vversion, vresponse, vduration)``: the rows to complete."""
         row = "(" + ", ".join(self.complete_casts) + ")"
-        return f"(VALUES {', '.join([row] * nrows)}) AS v (vid, vversion, vresponse)"
+        return f"(VALUES {', '.join([row] * nrows)}) AS v (vid, vversion, vresponse, vduration)"
 
     #: Placeholders of one VALUES row of :meth:`complete_values` (casts where the vendor needs types).
-    complete_casts: tuple[str, str, str] = ("%s", "%s", "%s")
+    complete_casts: tuple[str, ...] = ("%s", "%s", "%s", "%s")
 
     def complete_set_clause(self, alias: str) -> str:
         """The SET list of a completion (modify's Processing -> Completed), ``alias`` the job table's."""
@@ -166,7 +168,10 @@ class Dialect:
         return (
             f"{j['status_id']} = {int(Status.COMPLETED)}, {j['version']} = {alias}.{j['version']} + 1, "
             f"{j['updated_at']} = {self.now()}, {j['response']} = v.vresponse, {j['finished_at']} = {self.now()}, "
-            f"{j['duration_ms']} = {self.ms_since(f'{alias}.' + j['started_at'])}, {j['lease_expires_at']} = NULL"
+            # The handler's own run time when the worker measured it: a job that waited its turn in a
+            # batch, or for its success to be recorded, did not run all that time.
+            f"{j['duration_ms']} = COALESCE(v.vduration, {self.ms_since(f'{alias}.' + j['started_at'])}), "
+            f"{j['lease_expires_at']} = NULL"
         )
 
     def complete_sql(self, nrows: int) -> str:

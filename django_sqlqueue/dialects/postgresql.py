@@ -56,7 +56,7 @@ class PostgresDialect(Dialect):
         return sql, [*params, req.limit, *set_params]
 
     # VALUES rows are typed by their first row; say the types so a NULL response is still jsonb.
-    complete_casts = ("%s::bigint", "%s::integer", "%s::jsonb")
+    complete_casts = ("%s::bigint", "%s::integer", "%s::jsonb", "%s::bigint")
 
     def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
         sql, params = self.claim_sql(req)

@@ -86,8 +86,9 @@ class SqliteDialect(Dialect):
 
     def complete_values(self, nrows: int) -> str:
         # SQLite names VALUES columns column1, column2, ...: rename them in a subquery.
-        rows = ", ".join(["(%s, %s, %s)"] * nrows)
-        return f"(SELECT column1 AS vid, column2 AS vversion, column3 AS vresponse FROM (VALUES {rows})) AS v"
+        rows = ", ".join(["(%s, %s, %s, %s)"] * nrows)
+        return (f"(SELECT column1 AS vid, column2 AS vversion, column3 AS vresponse, column4 AS vduration "
+                f"FROM (VALUES {rows})) AS v")
 
     def complete_sql(self, nrows: int) -> str:
         """UPDATE ... FROM (VALUES ...) RETURNING (no data-modifying CTEs in SQLite; history follows)."""
@@ -98,7 +99,8 @@ class SqliteDialect(Dialect):
             f"AND {n.job}.{j['status_id']} = {int(Status.PROCESSING)} RETURNING {', '.join(n.job_columns)}"
         )
 
-    def complete_many(self, cursor: CursorWrapper, items: list[tuple[int, int, Any]]) -> list[tuple[Any, ...]]:
+    def complete_many(self, cursor: CursorWrapper, items: list[tuple[int, int, Any, int | None]]
+                      ) -> list[tuple[Any, ...]]:
         rows = super().complete_many(cursor, items)
         if rows:
             a = self.n.a
