@@ -44,24 +44,37 @@ _TYPE_OPTIONS = {"max_attempts", "timeout_seconds", "lease_seconds", "backoff_ba
 Resolver = Callable[[str], "Handler | None"]
 
 
+#: Most unresolvable names remembered (see Registry._unresolved).
+MAX_UNRESOLVED = 10_000
+
+
 class Registry:
     """Name -> Handler. Resolvers supply handlers for names not declared up front (Django tasks)."""
 
     def __init__(self) -> None:
         self._handlers: dict[str, Handler] = {}
         self._resolvers: list[Resolver] = []
+        #: Names no resolver knew (asked once per process: a task resolver's import attempt costs more
+        #: than the enqueue that asks). Forgotten when a handler is registered or a resolver added.
+        self._unresolved: set[str] = set()
 
     def add_resolver(self, resolver: Resolver) -> None:
         """Ask ``resolver(name)`` for a Handler when ``name`` is not registered (first hit is kept)."""
         if resolver not in self._resolvers:
             self._resolvers.append(resolver)
+            self._unresolved.clear()
 
     def _resolve(self, name: str) -> Handler | None:
+        if name in self._unresolved:
+            return None
         for resolver in self._resolvers:
             found = resolver(name)
             if found is not None:
                 self._handlers[name] = found
                 return found
+        if len(self._unresolved) >= MAX_UNRESOLVED:  # bounded, whatever names callers make up
+            self._unresolved.clear()
+        self._unresolved.add(name)
         return None
 
     def register(self, name: str, func: HandlerFunc, *, steps: Sequence[str] = (), **options: Any) -> Handler:
@@ -78,6 +91,7 @@ class Registry:
                 raise InvalidArgument(f"job type {name!r} already has a handler: {existing.func!r}")
         handler = Handler(name, func, tuple(steps), dict(options))
         self._handlers[name] = handler
+        self._unresolved.discard(name)
         return handler
 
     def unregister(self, name: str) -> None:

@@ -116,3 +116,24 @@ def run_one(worker: str = "w1") -> Any:
         return Job.objects.fail(job, outcome.error, retry_in=0 if outcome.retry_in is None else outcome.retry_in)
     status = Status.CANCELLED if kind is runner.Kind.CANCEL else Status.FAILED
     return Job.objects.modify(job, job.version, status, error=outcome.error)
+
+
+def test_the_registry_asks_its_resolvers_once_per_unknown_name() -> None:
+    from django_sqlqueue.handlers import Registry
+
+    asked: list[str] = []
+
+    def resolver(name: str):
+        asked.append(name)
+        return None
+
+    reg = Registry()
+    reg.add_resolver(resolver)
+    assert not reg.is_registered("pkg.missing") and not reg.is_registered("pkg.missing")
+    assert asked == ["pkg.missing"]  # the miss is remembered: no import attempt per enqueue
+    reg.register("pkg.missing", lambda job: None)  # a handler registered later is found at once
+    assert reg.is_registered("pkg.missing")
+    reg.unregister("pkg.missing")
+    reg.add_resolver(lambda name: None)  # a new resolver may know it: ask again
+    assert not reg.is_registered("pkg.missing")
+    assert asked == ["pkg.missing", "pkg.missing"]

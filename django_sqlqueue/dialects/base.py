@@ -9,6 +9,7 @@ rendered as literals so that filtered indexes match at compile time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -102,6 +103,7 @@ class Dialect:
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
         self.n = Names(connection)
+        self._insert_sql_cache: dict[tuple[Any, ...], str] = {}
 
     # ----- fragments each vendor provides -------------------------------------------------------
     def now(self) -> str:
@@ -357,18 +359,24 @@ class Dialect:
     #: False where a dedupe insert must go one row per statement (SQL Server's NOT EXISTS guard).
     multi_row_dedupe: bool = True
 
-    def insert_sql(self, columns: list[str], nrows: int, dedupe: bool) -> str:
-        """INSERT of ``nrows`` job rows returning JOB_COLUMNS; with ``dedupe`` a key conflict inserts nothing.
+    def insert_sql(self, columns: list[str], nrows: int, dedupe: bool, returning: Sequence[str] = ()) -> str:
+        """INSERT of ``nrows`` job rows returning JOB_COLUMNS (or just the ``returning`` attnames); with
+        ``dedupe`` a key conflict inserts nothing.
 
         PostgreSQL and SQLite: ``ON CONFLICT DO NOTHING`` against the partial unique dedupe index (a
         racing second enqueue waits for the first to commit, then inserts nothing).
         """
-        values = ", ".join([self.insert_values_sql(columns)] * nrows)
-        conflict = " ON CONFLICT DO NOTHING" if dedupe else ""
-        return (
-            f"INSERT INTO {self.n.job} ({self.insert_columns_sql(columns)}) VALUES {values}{conflict} "
-            f"RETURNING {', '.join(self.n.job_columns)}"
-        )
+        key = (tuple(columns), nrows, dedupe, tuple(returning))
+        sql = self._insert_sql_cache.get(key)
+        if sql is None:  # built once per shape: an app's enqueue asks for the same few shapes
+            values = ", ".join([self.insert_values_sql(columns)] * nrows)
+            conflict = " ON CONFLICT DO NOTHING" if dedupe else ""
+            back = ", ".join(self.n.j[c] for c in returning) if returning else ", ".join(self.n.job_columns)
+            sql = (f"INSERT INTO {self.n.job} ({self.insert_columns_sql(columns)}) VALUES {values}{conflict} "
+                   f"RETURNING {back}")
+            if len(self._insert_sql_cache) < 64:
+                self._insert_sql_cache[key] = sql
+        return sql
 
     def insert_params(self, columns: list[str], row: list[Any], dedupe: bool) -> list[Any]:
         return self.values_params(columns, row)

@@ -102,11 +102,32 @@ class PostgresDialect(Dialect):
         # The INSERT in a data-modifying CTE, pg_notify once per inserted row in the SELECT that
         # returns it (PostgreSQL folds identical notifications of one transaction into one). NOTIFY
         # is delivered on commit, so a worker never wakes for a job it cannot see yet.
-        insert = self.insert_sql(columns, len(rows), False)
-        sql = f"WITH ins AS ({insert}) SELECT ins.*, pg_notify(%s, %s) FROM ins"
+        # Only what the database decided comes back (id and the clock stamps): the rest of the row is
+        # what was sent, and sending the payload back and parsing it again cost a sixth of an enqueue.
+        insert = self.insert_sql(columns, len(rows), False, returning=self.STAMPED)
+        sql = f"WITH ins AS ({insert}) SELECT ins.*, pg_notify(%s, %s) FROM ins ORDER BY 1"
         params = [p for row in rows for p in self.insert_params(columns, row, False)]
         cursor.execute(sql, [*params, channel, payload])
-        return [r[:-1] for r in cursor.fetchall()]
+        index = {c: i for i, c in enumerate(columns)}
+        out = []
+        # Ids are drawn in VALUES order (the same rule enqueue_many pairs rows by).
+        for (job_id, *stamps, _), row in zip(cursor.fetchall(), rows, strict=True):
+            values = list(row)
+            for c, value in zip(self.STAMPED[1:], stamps, strict=True):
+                values[index[c]] = value
+            values[index["payload"]] = self._json_text(values[index["payload"]])
+            out.append(self._returned_row(job_id, values, index))
+        return out
+
+    #: What the database decides when a job is inserted: its id and its clock stamps.
+    STAMPED = ("id", "enqueued_at", "scheduled_for", "updated_at")
+
+    @staticmethod
+    def _json_text(value: Any) -> Any:
+        """A payload in database form as the database would return it (jsonb text, as Django reads it)."""
+        if hasattr(value, "obj"):  # psycopg's Jsonb wrapper
+            return (value.dumps or json.dumps)(value.obj)
+        return value
 
     #: From this many rows without dedupe keys, bulk enqueue uses COPY (see :meth:`copy_jobs`).
     copy_min_rows = 200
@@ -150,9 +171,8 @@ class PostgresDialect(Dialect):
                 values[index["enqueued_at"]] = values[index["updated_at"]] = now
                 if values[index["scheduled_for"]] is None:
                     values[index["scheduled_for"]] = now
-                payload = values[index["payload"]]
-                if hasattr(payload, "obj"):  # psycopg's Jsonb wrapper: encode once, for COPY and the row
-                    values[index["payload"]] = (payload.dumps or json.dumps)(payload.obj)
+                # psycopg's Jsonb wrapper: encode once, for COPY and the row
+                values[index["payload"]] = self._json_text(values[index["payload"]])
                 copy.write_row([job_id, *values])
                 out.append(self._returned_row(job_id, values, index))
         return out
