@@ -165,3 +165,11 @@ def test_bulk_enqueue_stays_under_the_parameter_limit(dialect: MssqlDialect) -> 
 def test_every_returned_column_has_a_declared_type(dialect: MssqlDialect) -> None:
     [declare] = parse(dialect._declare())
     assert declare.sql("tsql").count("[") >= len(JOB_COLUMNS)
+
+
+def test_an_insert_can_return_only_what_the_database_decides(dialect: MssqlDialect) -> None:
+    columns = ["queue", "job_type_id", "status_id", "scheduled_for", "enqueued_at", "updated_at"]
+    sql = dialect.insert_sql(columns, 2, False, returning=("id", "enqueued_at", "scheduled_for", "updated_at"))
+    [insert] = parse(sql, ["default", 1, 1, None] * 2)
+    output = insert.args["returning"].sql("tsql")
+    assert output == "OUTPUT inserted.[id], inserted.[enqueued_at], inserted.[scheduled_for], inserted.[updated_at]"

@@ -11,6 +11,7 @@ SQL Server is configured (see tests/test_mssql_live.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..states import UNFINISHED, Status, sql_list
@@ -133,8 +134,9 @@ class MssqlDialect(Dialect):
 
     multi_row_dedupe = False
 
-    def insert_sql(self, columns: list[str], nrows: int, dedupe: bool) -> str:
-        output = ", ".join(f"inserted.{c}" for c in self.n.job_columns)
+    def insert_sql(self, columns: list[str], nrows: int, dedupe: bool, returning: Sequence[str] = ()) -> str:
+        back = [self.n.j[c] for c in returning] if returning else self.n.job_columns
+        output = ", ".join(f"inserted.{c}" for c in back)
         cols = self.insert_columns_sql(columns)
         if not dedupe:
             values = ", ".join([self.insert_values_sql(columns)] * nrows)
