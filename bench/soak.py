@@ -47,7 +47,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
-BATCHES = (1, 5, 10, 20)  # worker i claims BATCHES[i % 4] jobs per round trip
+BATCHES = ("auto", 1, "auto", 20)  # worker i runs with --batch BATCHES[i % 4] (auto: the default)
 GRACE_SECONDS = 10
 
 
@@ -98,7 +98,7 @@ class SoakConfig:
 @dataclass
 class WorkerProc:
     name: str
-    batch: int
+    batch: int | str
     proc: subprocess.Popen
     log: Path
     started: float
