@@ -99,19 +99,19 @@ class PostgresDialect(Dialect):
                           payload: str) -> list[tuple[Any, ...]]:
         if not channel:
             return super().insert_job_notify(cursor, columns, rows, channel, payload)
-        # The INSERT in a data-modifying CTE, pg_notify once per inserted row in the SELECT that
-        # returns it (PostgreSQL folds identical notifications of one transaction into one). NOTIFY
-        # is delivered on commit, so a worker never wakes for a job it cannot see yet.
+        # pg_notify is called in the RETURNING list, once per inserted row (PostgreSQL folds identical
+        # notifications of one transaction into one); NOTIFY is delivered on commit, so a worker never
+        # wakes for a job it cannot see yet. (A data-modifying CTE with the notify in the outer SELECT
+        # does the same and cost 20 % more per enqueue.)
         # Only what the database decided comes back (id and the clock stamps): the rest of the row is
         # what was sent, and sending the payload back and parsing it again cost a sixth of an enqueue.
-        insert = self.insert_sql(columns, len(rows), False, returning=self.STAMPED)
-        sql = f"WITH ins AS ({insert}) SELECT ins.*, pg_notify(%s, %s) FROM ins ORDER BY 1"
+        sql = self.insert_sql(columns, len(rows), False, returning=self.STAMPED) + ", pg_notify(%s, %s)"
         params = [p for row in rows for p in self.insert_params(columns, row, False)]
         cursor.execute(sql, [*params, channel, payload])
         index = {c: i for i, c in enumerate(columns)}
         out = []
-        # Ids are drawn in VALUES order (the same rule enqueue_many pairs rows by).
-        for (job_id, *stamps, _), row in zip(cursor.fetchall(), rows, strict=True):
+        # RETURNING order is not promised; ids are drawn in VALUES order (the rule enqueue_many pairs by).
+        for (job_id, *stamps, _), row in zip(sorted(cursor.fetchall(), key=lambda r: r[0]), rows, strict=True):
             values = list(row)
             for c, value in zip(self.STAMPED[1:], stamps, strict=True):
                 values[index[c]] = value
