@@ -20,7 +20,7 @@ from django.db.models.expressions import RawSQL
 from .conf import get_settings
 from .dialects import get_dialect
 from .exceptions import WorkerNameInUse
-from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line
+from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line, pid_alive
 
 log = logging.getLogger("django_sqlqueue.worker")
 
@@ -51,7 +51,7 @@ def register(name: str, using: str) -> bool:
         holder = rows.filter(name=name).exclude(free).values("host", "pid", "last_heartbeat").first()
         mine = free
         if holder is not None:
-            if holder["host"] != host or (holder["pid"] != pid and _pid_alive(holder["pid"])):
+            if holder["host"] != host or (holder["pid"] != pid and pid_alive(holder["pid"])):
                 raise WorkerNameInUse(
                     f"worker name {name!r} is in use by a live worker: host {holder['host']!r}, pid "
                     f"{holder['pid']}, last heartbeat {holder['last_heartbeat']:%Y-%m-%d %H:%M:%S} UTC. Two "
@@ -69,23 +69,6 @@ def register(name: str, using: str) -> bool:
             except IntegrityError:
                 pass  # another worker created it just now: look again
     raise WorkerNameInUse(f"worker name {name!r} keeps changing hands; is another worker starting under it?")
-
-
-def _pid_alive(pid: int | None) -> bool:
-    """Is process ``pid`` of this host alive (a zombie counts as dead)?"""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: alive
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(") ", 1)[-1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def mark_stopped(name: str, using: str, jobs_done: int = 0) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -72,3 +73,20 @@ def tidy_connections() -> None:
         conn.errors_occurred = False
         if conn.settings_dict.get("CONN_MAX_AGE") and conn.close_at is not None and time.monotonic() >= conn.close_at:
             conn.close()
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Is process ``pid`` of this host alive (a zombie counts as dead)?"""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(") ", 1)[-1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True

@@ -98,7 +98,6 @@ class Worker:
         self._asked = 0
         #: When the next claim must also look for stuck Processing jobs (0: the first claim does).
         self._reclaim_at = 0.0
-        self._reclaimed = False
         self._listener: wakeup.Waker | None = None
         self._db_down_since: float | None = None
 
@@ -153,8 +152,6 @@ class Worker:
                 log.info("worker_budget_spent worker=%s max_jobs=%s", self.name, self.config.max_jobs)
                 return
             if not jobs:
-                if not self._reclaimed:
-                    continue  # found no due job: look for stuck ones at once (the next claim does)
                 if self.config.burst and not self._db(self._due_soon):
                     log.info("worker_drained worker=%s", self.name)
                     return
@@ -206,20 +203,24 @@ class Worker:
             return None
         self._asked = want
         # Stuck Processing jobs (own leftovers, expired leases, dead workers) are looked for on the first
-        # claim, every RECLAIM_SECONDS, and after a claim that found nothing; the claims in between take
-        # only due jobs, which costs a third less on PostgreSQL.
+        # claim, every RECLAIM_SECONDS, and whenever no due job was found (so an idle slot's polls are
+        # full claims); the claims in between take only due jobs, which costs a third less on PostgreSQL.
         now = time.monotonic()
         reclaim = now >= self._reclaim_at
+
+        def claim(done: list[Any], reclaim: bool) -> Any:
+            return Job.objects.complete_and_claim(done, self.name, want, queues=self.config.queues,
+                                                  types=self.config.types, using=self.using, reclaim=reclaim)
+
         try:
             # The batch's successes are committed with this claim: one transaction, not two.
-            jobs = self.recorder.flush(lambda done: Job.objects.complete_and_claim(
-                done, self.name, want, queues=self.config.queues, types=self.config.types, using=self.using,
-                reclaim=reclaim))
+            jobs = self.recorder.flush(lambda done: claim(done, reclaim))
+            if not jobs and not reclaim:
+                jobs, reclaim = claim([], True)[1], True
         except BaseException:
             self._give_back(want)
             raise
-        self._reclaimed = reclaim
-        if not jobs:  # idle: every claim looks for stuck jobs too (one query per poll either way)
+        if not jobs:  # idle: the next claim is a full one again
             self._reclaim_at = 0.0
         elif reclaim:
             self._reclaim_at = now + self.settings.RECLAIM_SECONDS

@@ -133,3 +133,26 @@ def test_a_fixed_batch_runs_every_job_it_claimed(settings) -> None:
     assert worker.run() == 0
     assert seen.batches[0] == (10, 10, 10)
     assert worker.counters[RELEASED] == 0 and worker.counters[SUCCEEDED] == 10
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+def test_a_busy_slot_still_looks_for_stuck_jobs_every_reclaim_seconds(settings, monkeypatch) -> None:
+    settings.SQLQUEUE = {"RECLAIM_SECONDS": 0.2}
+    # one job per claim, 20 ms each: claims come far more often than RECLAIM_SECONDS
+    Job.objects.enqueue_many([JobSpec("test.Sleep", {"seconds": 0.02}) for _ in range(50)])
+    full: list[bool] = []
+    real = Job.objects.complete_and_claim
+
+    def watched(*args, reclaim: bool = True, **kwargs):  # the real claim, noting which kind it was
+        full.append(reclaim)
+        return real(*args, reclaim=reclaim, **kwargs)
+
+    monkeypatch.setattr(Job.objects, "complete_and_claim", watched)
+    worker = Worker(WorkerConfig(name="busy", burst=True, batch=1))
+    assert worker.run() == 0
+    assert worker.counters[SUCCEEDED] == 50
+    busy = full[1:-2]  # the first claim is full; the last ones find nothing and go full again
+    assert full[0] is True and False in busy  # between looks: due-only claims...
+    assert busy.count(True) >= 2  # ...and about every 0.2 s of the ~1.2 s drain, a full one
+    assert busy.count(False) > busy.count(True)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from django_sqlqueue.support import pid_alive  # noqa: F401  (tests call wu.pid_alive)
 from tests.procutil import test_db_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,18 +34,6 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (dead, not yet reaped by its parent) counts as dead
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 class WorkerProcess:
