@@ -383,12 +383,15 @@ def inner(args: argparse.Namespace) -> dict[str, Any]:
 
     django.setup()
     logdir = Path(args.logdir)
-    system = make_system(args.system, args.inner_url, args.slots_one, args, logdir)
-    n = args.jobs
     import django_sqlqueue
 
-    out: dict[str, Any] = {"system": system.name, "slots": args.slots_one, "durability": durability(),
+    out: dict[str, Any] = {"system": args.system, "slots": args.slots_one, "durability": durability(),
                            "code": str(Path(django_sqlqueue.__file__).parent)}
+    if args.mode == "interleaved":
+        return {**out, **interleaved(args)}
+    system = make_system(args.system, args.inner_url, args.slots_one, args, logdir)
+    out["system"] = system.name
+    n = args.jobs
     if args.mode == "targets":
         return {**out, **targets(system, args)}
     # Launch-to-exit on an empty queue: the fixed cost inside every drain time below (process start,
@@ -421,6 +424,38 @@ def targets(system: System, args: argparse.Namespace) -> dict[str, Any]:
     bulk = n / (time.perf_counter() - t)
     drain = system.drain(n + 1, n + 1, "targets-drain")
     return {"target_jobs": n, "enqueue_bulk_per_s": bulk, "drain": drain}
+
+
+def interleaved(args: argparse.Namespace) -> dict[str, Any]:
+    """One-per-transaction enqueue of every system in ONE process and database, in alternating rounds.
+
+    The table's enqueue column times each system in its own minutes; on a shared machine the load
+    drifts between them by more than the difference being measured. Here every round times
+    ``--round-jobs`` enqueues of each system back to back (the order rotating from round to round),
+    so each round's ratio compares systems under the same load; the median round is the answer.
+    """
+    logdir = Path(args.logdir)
+    names = [n for n in args.system.split(",") if n]
+    systems = [make_system(n, args.inner_url, 1, args, logdir) for n in names]
+    for s in systems:
+        s.warm_up()
+    rounds: list[dict[str, float]] = []
+    for r in range(args.rounds):
+        order = systems[r % len(systems):] + systems[:r % len(systems)]
+        rates: dict[str, float] = {}
+        for s in order:
+            t = time.perf_counter()
+            for _ in range(args.round_jobs):
+                s.enqueue_one()
+            rates[s.name] = args.round_jobs / (time.perf_counter() - t)
+        rounds.append(rates)
+    ours = systems[0].name
+    ratios = [rates[ours] / max(v for k, v in rates.items() if k != ours) for rates in rounds]
+    return {"interleaved": {
+        "round_jobs": args.round_jobs, "rounds": rounds,
+        "median_per_s": {s.name: statistics.median(r[s.name] for r in rounds) for s in systems},
+        "ratio_per_round": ratios, "ratio_median": statistics.median(ratios),
+    }}
 
 
 # ====================================================================================================
@@ -486,7 +521,8 @@ def run_inner(db: Database, system: str, slots: int, args: argparse.Namespace, m
            "--latency-jobs", str(args.latency_jobs), "--settle", str(args.settle), "--gap-min", str(args.gap_min),
            "--gap-max", str(args.gap_max), "--peer-interval", str(args.peer_interval),
            "--target-jobs", str(args.target_jobs),
-           "--target-batch", str(args.target_batch)]
+           "--target-batch", str(args.target_batch), "--rounds", str(args.rounds),
+           "--round-jobs", str(args.round_jobs)]
     print(f"  {db.kind:8} slots={slots} {system:28} ...", end="", flush=True, file=sys.stderr)
     t = time.perf_counter()
     try:
@@ -504,6 +540,10 @@ def run_inner(db: Database, system: str, slots: int, args: argparse.Namespace, m
         raise SystemExit(f"{system} on {db.kind} failed")
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["database"] = db.kind
+    if "interleaved" in result:
+        print(f" {time.perf_counter() - t:.0f} s: enqueue 1/tx ours / best peer, median round "
+              f"{result['interleaved']['ratio_median']:.2f}x", file=sys.stderr)
+        return result
     print(f" {time.perf_counter() - t:.0f} s: " + ", ".join(
         f"{key} {_fmt(_value(result, key))}" for _, key, _ in COLUMNS if _value(result, key) is not None),
         file=sys.stderr)
@@ -598,6 +638,9 @@ def main() -> int:
     p.add_argument("--targets", action="store_true", help="also run the single-system targets (100,000 jobs)")
     p.add_argument("--target-jobs", type=int, default=100_000)
     p.add_argument("--target-batch", default="auto", help="our --batch for the 100,000-job drain (default auto)")
+    p.add_argument("--rounds", type=int, default=10,
+                   help="interleaved one-per-transaction enqueue: rounds per database (0: skip; default 10)")
+    p.add_argument("--round-jobs", type=int, default=500, help="enqueues per system per round (default 500)")
     p.add_argument("--baseline", metavar="TREE",
                    help="also run django-sqlqueue from this source tree (e.g. `git archive` of an older "
                         "commit), side by side with the working tree's")
@@ -639,13 +682,18 @@ def main() -> int:
                         r = run_inner(db, name, slots, args)
                         durable[kind] = r.pop("durability")
                         results.append(r)
+                peers = [n for n in PEERS_ON[kind] if not only or n in only]
+                if args.rounds and peers and (not only or OURS in only):
+                    r = run_inner(db, ",".join([OURS, *peers]), 1, args, mode="interleaved")
+                    r.pop("durability", None)
+                    results.append({**r, "interleaved_run": True})
                 if args.targets and (not only or OURS in only):
                     tgt = run_inner(db, OURS, 1, args, mode="targets")
                     tgt.pop("durability", None)
                     results.append({**tgt, "target": True})
             finally:
                 db.teardown()
-    compare_rows = [r for r in results if not r.get("target")]
+    compare_rows = [r for r in results if not r.get("target") and not r.get("interleaved_run")]
     text = table(compare_rows)
     print()
     print(text)
@@ -655,6 +703,14 @@ def main() -> int:
           f"drain after the one-per-transaction and the bulk enqueue); latency: {args.latency_jobs} jobs, one "
           f"every {args.gap_min}-{args.gap_max} s to idle forever-mode workers; peers' poll interval "
           f"{args.peer_interval} s (procrastinate >= 0.001 s, LISTEN/NOTIFY on); ours: production defaults.")
+    for r in results:
+        if r.get("interleaved_run"):
+            iv = r["interleaved"]
+            rates = ", ".join(f"{k} {v:,.0f}/s" for k, v in iv["median_per_s"].items())
+            ratios = sorted(iv["ratio_per_round"])
+            print(f"interleaved enqueue 1/tx ({r['database']}, {len(ratios)} rounds of {iv['round_jobs']} per system, "
+                  f"one process): median {rates}; ours / best peer per round: median {iv['ratio_median']:.2f}x "
+                  f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}x)")
     for r in results:
         if r.get("target"):
             print(f"targets ({r['database']}): bulk enqueue of {r['target_jobs']:,} jobs: "

@@ -43,6 +43,14 @@ _UNSET: Any = object()
 MAX_ERROR_CHARS = 65_536
 CLAIM_RETRIES = 5
 
+#: The columns an enqueue writes (attnames, in this order in every row :meth:`JobManager._validated_row`
+#: builds); ``enqueued_at`` and ``updated_at`` are stamped by the database clock.
+INSERT_COLUMNS: list[str] = ["queue", "job_type_id", "status_id", "step", "priority", "attempt_num", "max_attempts",
+                             "payload", "error", "enqueued_at", "scheduled_for", "version", "updated_at", "worker",
+                             "dedupe_key"]
+#: What a new job's remaining columns hold.
+_NOT_YET: dict[str, Any] = dict.fromkeys(("response", "started_at", "finished_at", "duration_ms", "lease_expires_at"))
+
 
 @dataclass
 class JobSpec:
@@ -134,21 +142,49 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     def _alias(self, using: str | None) -> str:
         return using or self._db or get_settings().DATABASE or router.db_for_write(self.model)
 
-    def _converters(self, connection: Any) -> list[tuple[int, list[Any]]]:
-        """(column position, converters) for the JOB_COLUMNS that need any; computed once per connection."""
+    def _converters(self, connection: Any, names: tuple[str, ...] = JOB_COLUMNS) -> list[tuple[int, list[Any]]]:
+        """(position, converters) for the ``names`` that need any; computed once per connection."""
         dialect = get_dialect(connection)
-        cached = getattr(dialect, "_job_converters", None)
+        cache = dialect.__dict__.setdefault("_converter_cache", {})
+        cached = cache.get(names)
         if cached is None:
             meta = self.model._meta
             cached = []
-            for i, attname in enumerate(JOB_COLUMNS):
+            for i, attname in enumerate(names):
                 f = next(x for x in meta.concrete_fields if x.attname == attname)
                 col = f.get_col(meta.db_table)
                 convs = connection.ops.get_db_converters(col) + col.get_db_converters(connection)
                 if convs:
                     cached.append((i, convs))
-            dialect._job_converters = cached  # type: ignore[attr-defined]
+            cache[names] = cached
         return cached
+
+    @staticmethod
+    def _convert(values: list[Any], converters: list[tuple[int, list[Any]]], connection: Any) -> list[Any]:
+        for i, convs in converters:
+            value = values[i]
+            for conv in convs:
+                value = conv(value, None, connection)
+            values[i] = value
+        return values
+
+    def _instance(self, values: dict[str, Any], using: str, fast: bool) -> Job:
+        """A Job loaded from ``using`` with these attribute values (every concrete field).
+
+        ``fast`` (nobody listens to pre_init/post_init for Job, who would expect ``__init__`` to run):
+        what Model.__init__ would do for a full row, minus its per-field argument handling.
+        """
+        model = self.model
+        if not fast:
+            return model.from_db(using, list(values), list(values.values()))
+        job = model.__new__(model)
+        state = job._state = ModelState()
+        state.adding, state.db = False, using
+        job.__dict__.update(values)
+        return job
+
+    def _fast_init(self) -> bool:
+        return not (pre_init.has_listeners(self.model) or post_init.has_listeners(self.model))
 
     def _rows_to_jobs(self, rows: Iterable[Sequence[Any]], using: str) -> list[Job]:
         """Build Job objects from raw JOB_COLUMNS rows, applying the backend's value converters.
@@ -158,29 +194,26 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         """
         connection = connections[using]
         converters = self._converters(connection)
-        model = self.model
-        from_db, names = model.from_db, list(JOB_COLUMNS)
-        # What Model.__init__ would do for a full row, minus its per-field argument handling: set the
-        # attributes, mark the instance as loaded from ``using``. Only when nobody listens to
-        # pre_init/post_init for Job (they would expect __init__ to run).
-        fast = not (pre_init.has_listeners(model) or post_init.has_listeners(model))
-        jobs = []
-        for row in rows:
-            values = list(row)
-            for i, convs in converters:
-                value = values[i]
-                for conv in convs:
-                    value = conv(value, None, connection)
-                values[i] = value
-            if fast:
-                job = model.__new__(model)
-                state = job._state = ModelState()
-                state.adding, state.db = False, using
-                job.__dict__.update(zip(names, values, strict=True))
-                jobs.append(job)
-            else:
-                jobs.append(from_db(using, names, values))
-        return jobs
+        fast = self._fast_init()
+        return [self._instance(dict(zip(JOB_COLUMNS, self._convert(list(row), converters, connection), strict=True)),
+                               using, fast) for row in rows]
+
+    def _stamped_jobs(self, rows: list[list[Any]], stamped: list[tuple[Any, ...]], using: str) -> list[Job]:
+        """Jobs as a read would return them, from INSERT_COLUMNS rows as sent plus the database's
+        :attr:`~.dialects.base.Dialect.STAMPED` values (no second trip for the rest of the row)."""
+        connection = connections[using]
+        dialect = get_dialect(connection)
+        stamp_convs = self._converters(connection, dialect.STAMPED)
+        payload_convs = self._converters(connection, ("payload",))
+        fast = self._fast_init()
+        out = []
+        for row, raw in zip(rows, stamped, strict=True):
+            values = dict(zip(INSERT_COLUMNS, row, strict=True))
+            values.update(_NOT_YET)
+            values["payload"] = self._convert([dialect.json_text(values["payload"])], payload_convs, connection)[0]
+            values.update(zip(dialect.STAMPED, self._convert(list(raw), stamp_convs, connection), strict=True))
+            out.append(self._instance({c: values[c] for c in JOB_COLUMNS}, using, fast))
+        return out
 
     def _prep(self, attname: str, value: Any, using: str) -> Any:
         if value is None:
@@ -221,9 +254,6 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         dialect = get_dialect(connection)
         settings = get_settings()
         specs = list(specs)
-        columns = ["queue", "job_type_id", "status_id", "step", "priority", "attempt_num", "max_attempts",
-                   "payload", "error", "enqueued_at", "scheduled_for", "version", "updated_at", "worker",
-                   "dedupe_key"]
         rows: list[list[Any]] = []
         infos: dict[Any, jobtypes.TypeInfo] = {}  # one lookup per type name, not per job
         for spec in specs:
@@ -232,21 +262,21 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 info = jobtypes.get_type(spec.job_type, using=alias, create=registry.is_registered(spec.job_type))
                 infos[spec.job_type] = info
             rows.append(self._validated_row(spec, info, settings.MAX_PAYLOAD_BYTES, alias))
-        per_row = len(columns) - 2  # enqueued_at / updated_at are stamped by the database
-        chunk = dialect.insert_chunk(per_row)
-        jobs: list[Job | None] = [None] * len(specs)
-        new_ids: set[int] = set()
         channel = settings.NOTIFY_CHANNEL if dialect.notify_sql() else ""
         if (len(rows) <= 3 and not connection.in_atomic_block and all(r[-1] is None for r in rows)
                 and not any(s.subtypes for s in specs)):
             # The way an app enqueues, one job per transaction: ONE statement in autocommit (insert
             # and, on PostgreSQL, pg_notify in the same statement), atomic by itself. No BEGIN, no
-            # separate notify, no COMMIT round trips.
+            # separate notify, no COMMIT round trips; only the id and clock stamps come back.
             with connection.cursor() as cursor:
-                raw = dialect.insert_job_notify(cursor, columns, rows, channel,
-                                                ",".join(sorted({s.queue for s in specs})))
-            self._match_inserted(specs, jobs, 0, rows, self._rows_to_jobs(raw, alias), alias)
-            return jobs  # type: ignore[return-value]
+                stamped = dialect.insert_stamped(cursor, INSERT_COLUMNS, rows, channel,
+                                                 ",".join(sorted({s.queue for s in specs})))
+            return self._stamped_jobs(rows, stamped, alias)
+        columns = INSERT_COLUMNS
+        per_row = len(columns) - 2  # enqueued_at / updated_at are stamped by the database
+        chunk = dialect.insert_chunk(per_row)
+        jobs: list[Job | None] = [None] * len(specs)
+        new_ids: set[int] = set()
         with transaction.atomic(using=alias), connection.cursor() as cursor:
             for start in range(0, len(rows), chunk):
                 part = rows[start:start + chunk]
@@ -285,11 +315,10 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             when = timezone.now() + timedelta(seconds=seconds) if seconds else None
         if when is not None and timezone.is_naive(when):
             raise InvalidArgument("scheduled_for must be timezone-aware")
-        _encode_json(spec.payload, "payload", limit)
-        payload = {} if spec.payload is None else spec.payload
+        payload = get_dialect(connections[alias]).json_param(
+            "{}" if spec.payload is None else _encode_json(spec.payload, "payload", limit))
         return [
-            spec.queue, info.id, int(Status.PENDING), "", spec.priority, 0, spec.max_attempts,
-            self._prep("payload", payload, alias), "", None,
+            spec.queue, info.id, int(Status.PENDING), "", spec.priority, 0, spec.max_attempts, payload, "", None,
             None if when is None else self._prep("scheduled_for", when, alias), 1, None, "", spec.dedupe_key,
         ]
 

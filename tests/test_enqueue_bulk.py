@@ -70,3 +70,31 @@ def test_single_enqueue_in_autocommit_is_stored_and_notifies(noop_type: JobType)
         got = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
     assert got == ["mail"]
     _same(job, Job.objects.get(pk=job.pk))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_statement_enqueue_returns_what_a_read_returns(noop_type: JobType) -> None:
+    """Only the id and the clock stamps come back from the database; the rest of the returned job is
+    built from what was sent. It must still equal a fresh read, field by field, for every option."""
+    from zoneinfo import ZoneInfo
+
+    assert not connection.in_atomic_block
+    paris = (timezone.now() + timedelta(hours=2)).astimezone(ZoneInfo("Europe/Paris"))
+    payload = {"s": "é✓", "n": [1, 2.5, None, True], "d": {"k": {}}}
+    jobs = [
+        Job.objects.enqueue("Noop", payload, queue="q1", priority=-4, max_attempts=9),
+        Job.objects.enqueue("Noop", scheduled_for=paris),
+        Job.objects.enqueue("Noop", [1, "two"], delay=90),
+        *Job.objects.enqueue_many([JobSpec("Noop", {"i": i}, scheduled_for=paris if i == 1 else None)
+                                   for i in range(3)]),
+    ]
+    for job in jobs:
+        stored = Job.objects.get(pk=job.pk)
+        _same(job, stored)
+        assert job._state.adding is False and job._state.db == "default"
+        for name in ("enqueued_at", "scheduled_for", "updated_at"):
+            assert getattr(job, name).utcoffset() == timedelta(0), name  # as a read returns it: UTC
+    assert jobs[0].payload == payload and jobs[2].payload == [1, "two"]
+    assert jobs[1].scheduled_for == paris and jobs[4].scheduled_for == paris
+    assert jobs[0].enqueued_at == jobs[0].updated_at == jobs[0].scheduled_for
+    assert [j.payload["i"] for j in jobs[3:]] == [0, 1, 2] and jobs[3].pk < jobs[4].pk < jobs[5].pk

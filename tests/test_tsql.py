@@ -16,13 +16,9 @@ from sqlglot import exp
 
 from django_sqlqueue.dialects import JOB_COLUMNS, ClaimRequest
 from django_sqlqueue.dialects.mssql import MssqlDialect
-from django_sqlqueue.managers import JobManager
+from django_sqlqueue.managers import INSERT_COLUMNS, JobManager
 from django_sqlqueue.models import Job
 from django_sqlqueue.states import Status
-
-INSERT_COLUMNS = ["queue", "job_type_id", "status_id", "step", "priority", "attempt_num", "max_attempts",
-                  "payload", "error", "enqueued_at", "scheduled_for", "version", "updated_at", "worker",
-                  "dedupe_key"]
 
 
 @pytest.fixture(scope="module")
@@ -168,8 +164,19 @@ def test_every_returned_column_has_a_declared_type(dialect: MssqlDialect) -> Non
 
 
 def test_an_insert_can_return_only_what_the_database_decides(dialect: MssqlDialect) -> None:
-    columns = ["queue", "job_type_id", "status_id", "scheduled_for", "enqueued_at", "updated_at"]
-    sql = dialect.insert_sql(columns, 2, False, returning=("id", "enqueued_at", "scheduled_for", "updated_at"))
-    [insert] = parse(sql, ["default", 1, 1, None] * 2)
+    """The one-statement enqueue's INSERT as it is sent (captured at the cursor): OUTPUT of STAMPED only."""
+
+    class Capture:  # the statement and parameters insert_stamped sends; nothing is executed
+        def execute(self, sql: str, params: list) -> None:
+            self.sql, self.params = sql, params
+
+        def fetchall(self) -> list:
+            return []
+
+    cursor = Capture()
+    row = ["default", 1, 1, "", 0, 0, None, dialect.json_param("{}"), "", None, None, 1, None, "", None]
+    dialect.insert_stamped(cursor, INSERT_COLUMNS, [row, row], "", "default")  # type: ignore[arg-type]
+    [insert] = parse(cursor.sql, cursor.params)
     output = insert.args["returning"].sql("tsql")
     assert output == "OUTPUT inserted.[id], inserted.[enqueued_at], inserted.[scheduled_for], inserted.[updated_at]"
+    assert dialect.STAMPED == ("id", "enqueued_at", "scheduled_for", "updated_at")

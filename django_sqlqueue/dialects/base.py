@@ -400,11 +400,31 @@ class Dialect:
         cursor.execute(self.insert_sql(columns, len(rows), dedupe), params)
         return cursor.fetchall()
 
-    def insert_job_notify(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]], channel: str,
-                          payload: str) -> list[tuple[Any, ...]]:
-        """:meth:`insert_job` (no dedupe) as ONE statement that also wakes idle workers when ``channel``
-        is set (where the vendor can: see :meth:`notify_sql`)."""
-        return self.insert_job(cursor, columns, rows, False)
+    #: What the database decides when a job is inserted: its id and its clock stamps.
+    STAMPED: tuple[str, ...] = ("id", "enqueued_at", "scheduled_for", "updated_at")
+
+    def insert_stamped(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]], channel: str,
+                       queues: str) -> list[tuple[Any, ...]]:
+        """Insert a few job rows (no dedupe) in ONE statement that also wakes idle workers where the
+        vendor can (``channel`` set, see :meth:`notify_sql`); return each row's :attr:`STAMPED` values,
+        in row order.
+
+        Only what the database decided comes back: the rest of a job is what was sent, and sending
+        the payload back to parse it again cost a sixth of an enqueue.
+        """
+        params = [p for row in rows for p in self.insert_params(columns, row, False)]
+        cursor.execute(self.insert_sql(columns, len(rows), False, returning=self.STAMPED), params)
+        # RETURNING/OUTPUT order is not promised; ids are drawn in VALUES order.
+        return sorted(cursor.fetchall(), key=lambda r: r[0])
+
+    def json_param(self, text: str) -> Any:
+        """A JSON document, already encoded by the caller, as the parameter its column takes."""
+        return text
+
+    @staticmethod
+    def json_text(param: Any) -> str:
+        """The JSON text of a :meth:`json_param` (or of Django's own form of a JSONField value)."""
+        return param
 
     def insert_values_sql(self, columns: list[str]) -> str:
         """One ``(%s, ..., COALESCE(%s, now), now, now)`` values group for :meth:`insert_job`."""

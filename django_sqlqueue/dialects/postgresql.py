@@ -5,10 +5,16 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from psycopg.types.json import Jsonb
+
 from .base import JOB_COLUMNS, ClaimRequest, Dialect
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
+
+
+def _as_is(text: str) -> str:
+    return text
 
 
 class PostgresDialect(Dialect):
@@ -95,39 +101,33 @@ class PostgresDialect(Dialect):
             f"RETURNING {', '.join(self.n.job_columns)}"
         )
 
-    def insert_job_notify(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]], channel: str,
-                          payload: str) -> list[tuple[Any, ...]]:
+    def insert_stamped(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]], channel: str,
+                       queues: str) -> list[tuple[Any, ...]]:
         if not channel:
-            return super().insert_job_notify(cursor, columns, rows, channel, payload)
+            return super().insert_stamped(cursor, columns, rows, channel, queues)
         # pg_notify is called in the RETURNING list, once per inserted row (PostgreSQL folds identical
         # notifications of one transaction into one); NOTIFY is delivered on commit, so a worker never
         # wakes for a job it cannot see yet. (A data-modifying CTE with the notify in the outer SELECT
         # does the same and cost 20 % more per enqueue.)
-        # Only what the database decided comes back (id and the clock stamps): the rest of the row is
-        # what was sent, and sending the payload back and parsing it again cost a sixth of an enqueue.
-        sql = self.insert_sql(columns, len(rows), False, returning=self.STAMPED) + ", pg_notify(%s, %s)"
+        # Only the id and now() come back: enqueued_at and updated_at ARE now() (the transaction's
+        # start) and so is scheduled_for unless one was sent; each timestamp read costs a parse.
+        sql = self.insert_sql(columns, len(rows), False, returning=("id", "enqueued_at")) + ", pg_notify(%s, %s)"
         params = [p for row in rows for p in self.insert_params(columns, row, False)]
-        cursor.execute(sql, [*params, channel, payload])
-        index = {c: i for i, c in enumerate(columns)}
-        out = []
-        # RETURNING order is not promised; ids are drawn in VALUES order (the rule enqueue_many pairs by).
-        for (job_id, *stamps, _), row in zip(sorted(cursor.fetchall(), key=lambda r: r[0]), rows, strict=True):
-            values = list(row)
-            for c, value in zip(self.STAMPED[1:], stamps, strict=True):
-                values[index[c]] = value
-            values[index["payload"]] = self._json_text(values[index["payload"]])
-            out.append(self._returned_row(job_id, values, index))
-        return out
+        cursor.execute(sql, [*params, channel, queues])
+        at = columns.index("scheduled_for")
+        return [(job_id, now, now if row[at] is None else row[at].astimezone(now.tzinfo), now)
+                for (job_id, now, _), row in zip(sorted(cursor.fetchall(), key=lambda r: r[0]), rows, strict=True)]
 
-    #: What the database decides when a job is inserted: its id and its clock stamps.
-    STAMPED = ("id", "enqueued_at", "scheduled_for", "updated_at")
+    def json_param(self, text: str) -> Any:
+        # psycopg's jsonb wrapper around text that is already JSON: typed jsonb for server-side
+        # binding too, and encoded once (Django's own form would run json.dumps again).
+        return Jsonb(text, dumps=_as_is)
 
     @staticmethod
-    def _json_text(value: Any) -> Any:
-        """A payload in database form as the database would return it (jsonb text, as Django reads it)."""
-        if hasattr(value, "obj"):  # psycopg's Jsonb wrapper
-            return (value.dumps or json.dumps)(value.obj)
-        return value
+    def json_text(param: Any) -> str:
+        if isinstance(param, Jsonb):
+            return (param.dumps or json.dumps)(param.obj)
+        return param
 
     #: From this many rows without dedupe keys, bulk enqueue uses COPY (see :meth:`copy_jobs`).
     copy_min_rows = 200
@@ -172,7 +172,7 @@ class PostgresDialect(Dialect):
                 if values[index["scheduled_for"]] is None:
                     values[index["scheduled_for"]] = now
                 # psycopg's Jsonb wrapper: encode once, for COPY and the row
-                values[index["payload"]] = self._json_text(values[index["payload"]])
+                values[index["payload"]] = self.json_text(values[index["payload"]])
                 copy.write_row([job_id, *values])
                 out.append(self._returned_row(job_id, values, index))
         return out
