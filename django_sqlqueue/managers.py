@@ -477,6 +477,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         scheduled_for: datetime | None = None,
         run_in: float | None = None,
         reset_attempts: bool = False,
+        duration: float | None = None,
         using: str | None = None,
     ) -> Job:
         """Move a job to ``status`` if ``token`` still matches its ``version``; return the new row.
@@ -486,8 +487,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         exhausted becomes Failed. Finishing an attempt stamps finished_at and duration and closes the
         history row; handing a Processing job back to Pending gives its attempt back. ``step`` keeps
         or advances the step. ``run_in`` sets scheduled_for to the database clock plus that many
-        seconds (so a retry's due time does not depend on the worker host's clock). ``job`` may be a Job (its status and version are what the caller read) or
-        an id (the current row is read first; ``token=None`` then means "whatever it is now").
+        seconds (so a retry's due time does not depend on the worker host's clock). ``duration``: the
+        seconds the handler itself ran, as the worker measured it, stored as the attempt's duration
+        when it finishes (without it: the time since the claim, by the database clock). ``job`` may be
+        a Job (its status and version are what the caller read) or an id (the current row is read
+        first; ``token=None`` then means "whatever it is now").
         """
         alias = self._alias(using)
         new = Status(status)
@@ -504,10 +508,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             raise InvalidArgument("scheduled_for must be timezone-aware")
         if run_in is not None and (scheduled_for is not None or not finite_seconds(run_in)):
             raise InvalidArgument("run_in must be a non-negative number of seconds, without scheduled_for")
+        if duration is not None and not finite_seconds(duration):
+            raise InvalidArgument(f"duration must be a non-negative number of seconds, got {duration!r}")
         connection = connections[alias]
         dialect = get_dialect(connection)
         sets, params = self._modify_sets(dialect, job, current, new, step, response, error, scheduled_for,
-                                         run_in, reset_attempts, alias)
+                                         run_in, reset_attempts, alias, duration)
         sql = dialect.modify_sql(sets)
         with transaction.atomic(using=alias), connection.cursor() as cursor:
             cursor.execute(sql, [*params, job.pk, token])
@@ -521,7 +527,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
     def _modify_sets(self, dialect: Any, job: Job, current: Status, new: Status, step: str | None,
                      response: Any, error: str | None, scheduled_for: datetime | None,
-                     run_in: float | None, reset_attempts: bool, alias: str) -> tuple[list[str], list[Any]]:
+                     run_in: float | None, reset_attempts: bool, alias: str,
+                     duration: float | None = None) -> tuple[list[str], list[Any]]:
         j = dialect.n.j
         sets = [f"{j['version']} = {j['version']} + 1", f"{j['updated_at']} = {dialect.now()}"]
         params: list[Any] = []
@@ -555,9 +562,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             sets.append(f"{j['scheduled_for']} = {dialect.now_plus('%s')}")
             params.append(run_in)
         if current == Status.PROCESSING and (new in FINISHED or new == Status.ERROR):
-            sets += [f"{j['finished_at']} = {dialect.now()}",
-                     f"{j['duration_ms']} = {dialect.ms_since(j['started_at'])}",
-                     f"{j['lease_expires_at']} = NULL"]
+            if duration is None:
+                sets.append(f"{j['duration_ms']} = {dialect.ms_since(j['started_at'])}")
+            else:
+                sets.append(f"{j['duration_ms']} = %s")
+                params.append(round(duration * 1000))
+            sets += [f"{j['finished_at']} = {dialect.now()}", f"{j['lease_expires_at']} = NULL"]
         elif current == Status.PROCESSING and new == Status.PENDING:
             # Handed back unstarted (graceful shutdown): the attempt was not spent.
             sets += [f"{j['attempt_num']} = {j['attempt_num']} - 1", f"{j['worker']} = ''",
@@ -591,11 +601,14 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                        [after.status_id, error, after.duration_ms, before.pk, before.attempt_num])
 
     # ----- conveniences over modify ---------------------------------------------------------------
-    def complete(self, job: Job, response: Any = None, *, using: str | None = None) -> Job:
-        """Processing -> Completed with ``response`` stored."""
-        return self.modify(job, job.version, Status.COMPLETED, response=response, using=using or job._state.db)
+    def complete(self, job: Job, response: Any = None, *, duration: float | None = None,
+                 using: str | None = None) -> Job:
+        """Processing -> Completed with ``response`` stored (``duration``: as in :meth:`modify`)."""
+        return self.modify(job, job.version, Status.COMPLETED, response=response, duration=duration,
+                           using=using or job._state.db)
 
-    def fail(self, job: Job, error: str, *, retry_in: float | None = None, using: str | None = None) -> Job:
+    def fail(self, job: Job, error: str, *, retry_in: float | None = None, duration: float | None = None,
+             using: str | None = None) -> Job:
         """Processing -> Error, due again after ``retry_in`` seconds (default: the type's backoff).
 
         Becomes Failed instead when the job has no attempts left.
@@ -606,7 +619,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             info = jobtypes.get_type_by_id(job.job_type_id, using=using or job._state.db or self._alias(None))
             retry_in = backoff_seconds(job.attempt_num, info)
         return self.modify(job, job.version, Status.ERROR, error=error, run_in=max(0.0, float(retry_in)),
-                           using=using or job._state.db)
+                           duration=duration, using=using or job._state.db)
 
     def advance_step(self, job: Job, step: str, *, response: Any = _UNSET, using: str | None = None) -> Job:
         """Record that ``job`` reached ``step`` (still Processing, same attempt)."""

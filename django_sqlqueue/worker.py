@@ -278,14 +278,17 @@ class Worker:
         M, job, kind = Job.objects, outcome.job, outcome.kind
         K = runner.Kind
         try:
+            ran = outcome.duration  # the handler's own time, not the time since the claim
             if kind is K.SUCCESS:
-                new = M.complete(job, response=outcome.response, using=self.using)
+                new = M.complete(job, response=outcome.response, duration=ran, using=self.using)
             elif kind in (K.ERROR, K.RETRY):
-                new = M.fail(job, outcome.error, retry_in=outcome.retry_in, using=self.using)
+                new = M.fail(job, outcome.error, retry_in=outcome.retry_in, duration=ran, using=self.using)
             elif kind is K.CANCEL:
-                new = M.modify(job, job.version, Status.CANCELLED, error=outcome.error, using=self.using)
+                new = M.modify(job, job.version, Status.CANCELLED, error=outcome.error, duration=ran,
+                               using=self.using)
             else:
-                new = M.modify(job, job.version, Status.FAILED, error=outcome.error, using=self.using)
+                new = M.modify(job, job.version, Status.FAILED, error=outcome.error, duration=ran,
+                               using=self.using)
         except (StaleJob, IllegalTransition, JobNotFound) as exc:
             # Fencing: our lease was lost (reclaimed after a stall) or an operator changed the job.
             log.warning("job_result_refused worker=%s job=%s outcome=%s reason=%s", self.name, job.pk,

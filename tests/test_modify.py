@@ -8,7 +8,15 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_sqlqueue import IllegalTransition, InvalidPayload, JobNotFound, StaleJob, Status, enqueue
+from django_sqlqueue import (
+    IllegalTransition,
+    InvalidArgument,
+    InvalidPayload,
+    JobNotFound,
+    StaleJob,
+    Status,
+    enqueue,
+)
 from django_sqlqueue.managers import CLAIM_ONLY
 from django_sqlqueue.models import Job, JobAttempt, JobType
 from django_sqlqueue.states import TRANSITIONS
@@ -121,3 +129,19 @@ def test_non_json_response_is_refused(noop_type: JobType) -> None:
     with pytest.raises(InvalidPayload, match="response"):
         job.complete({"obj": object()})
     assert Job.objects.get(pk=job.pk).state is Status.PROCESSING
+
+
+def test_a_measured_duration_is_stored_for_every_finish(noop_type: JobType) -> None:
+    enqueue("Noop", max_attempts=1)
+    job = Job.objects.claim("w", 1)[0]
+    with pytest.raises(InvalidArgument):
+        Job.objects.fail(job, "boom", duration=-1)
+    with pytest.raises(InvalidArgument):
+        Job.objects.fail(job, "boom", duration=float("nan"))
+    failed = Job.objects.fail(job, "boom", retry_in=0, duration=1.2344)
+    assert failed.state is Status.FAILED and failed.duration_ms == 1234
+    assert JobAttempt.objects.get(job=job).duration_ms == 1234
+    enqueue("Noop")
+    other = Job.objects.claim("w", 1)[0]
+    cancelled = Job.objects.modify(other, other.version, Status.CANCELLED, duration=0.002)
+    assert cancelled.duration_ms == 2 and JobAttempt.objects.get(job=other).duration_ms == 2

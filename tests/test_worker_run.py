@@ -274,3 +274,18 @@ def test_idle_wait_wakes_on_a_sqlite_commit_by_another_connection() -> None:
     Job.objects.enqueue("test.Noop")  # this connection's own commit: nothing to wake for
     assert watcher.wait(0.2, lambda: False) is False
     assert watcher.wait(5, lambda: True) is False  # a stop request ends the wait at once
+
+
+def test_a_failed_attempt_records_the_handlers_own_run_time() -> None:
+    """Batched: the second job waits in the batch while the first sleeps. Its duration is the time its
+    handler ran (milliseconds), not the time since the batch was claimed (which includes the sleep)."""
+    slow = Job.objects.enqueue("test.Sleep", {"seconds": 0.3}, priority=5)
+    failing = Job.objects.enqueue("test.AlwaysFail", max_attempts=1)
+    wu.run_worker("timed", batch=2)
+    slow.refresh()
+    failing.refresh()
+    assert slow.state == Status.COMPLETED and failing.state == Status.FAILED
+    assert slow.duration_ms >= 300
+    assert 0 <= failing.duration_ms < 200  # waited >= 300 ms in the batch, ran ~1 ms
+    attempt = JobAttempt.objects.get(job=failing)
+    assert attempt.duration_ms == failing.duration_ms and attempt.outcome_id == Status.FAILED
