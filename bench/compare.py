@@ -26,6 +26,11 @@ enqueue ``--latency-jobs`` jobs one at a time at random gaps and record, in each
 wall-clock time from just before its enqueue to the handler's start (p50/p99). Peak RSS of every
 worker process is sampled from /proc.
 
+Then, per database, one-per-transaction enqueue once more, interleaved: every system in ONE process
+and database, ``--rounds`` rounds of ``--round-jobs`` enqueues each, back to back, the order rotating
+(the table's enqueue column times each system in its own minutes, and a shared machine's load drifts
+between them by more than the difference measured); the median of the per-round ratios is reported.
+
 Prints the table with our ratio to the best peer in each (database, slots) group (higher is better
 for us: throughput ours/peer, latency peer/ours), the durability settings in force, and writes the
 raw numbers to ``bench/results/compare-<time>.json`` (git-ignored).
@@ -641,6 +646,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=10,
                    help="interleaved one-per-transaction enqueue: rounds per database (0: skip; default 10)")
     p.add_argument("--round-jobs", type=int, default=500, help="enqueues per system per round (default 500)")
+    p.add_argument("--interleaved-only", action="store_true",
+                   help="only the interleaved enqueue rounds (no table rows, no drains)")
     p.add_argument("--baseline", metavar="TREE",
                    help="also run django-sqlqueue from this source tree (e.g. `git archive` of an older "
                         "commit), side by side with the working tree's")
@@ -674,7 +681,7 @@ def main() -> int:
             db = Database(kind, Path(tmp))
             db.setup()
             try:
-                for slots in slots_list:
+                for slots in ([] if args.interleaved_only else slots_list):
                     systems = ours + PEERS_ON[kind] + (["procrastinate-procs"] if kind == "postgres" and slots > 1 else [])
                     for name in systems:
                         if only and name.split(":")[0].split("@")[0] not in only and name not in only:

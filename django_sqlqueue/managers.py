@@ -194,9 +194,24 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         """
         connection = connections[using]
         converters = self._converters(connection)
-        fast = self._fast_init()
-        return [self._instance(dict(zip(JOB_COLUMNS, self._convert(list(row), converters, connection), strict=True)),
-                               using, fast) for row in rows]
+        if not self._fast_init():
+            return [self._instance(dict(zip(JOB_COLUMNS, self._convert(list(row), converters, connection),
+                                            strict=True)), using, False) for row in rows]
+        model, new, names = self.model, self.model.__new__, JOB_COLUMNS
+        jobs = []
+        for row in rows:  # _instance, inlined: this is the claim's hot path
+            values = list(row)
+            for i, convs in converters:
+                value = values[i]
+                for conv in convs:
+                    value = conv(value, None, connection)
+                values[i] = value
+            job = new(model)
+            state = job._state = ModelState()
+            state.adding, state.db = False, using
+            job.__dict__.update(zip(names, values, strict=True))
+            jobs.append(job)
+        return jobs
 
     def _stamped_jobs(self, rows: list[list[Any]], stamped: list[tuple[Any, ...]], using: str) -> list[Job]:
         """Jobs as a read would return them, from INSERT_COLUMNS rows as sent plus the database's
@@ -261,7 +276,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             if info is None:
                 info = jobtypes.get_type(spec.job_type, using=alias, create=registry.is_registered(spec.job_type))
                 infos[spec.job_type] = info
-            rows.append(self._validated_row(spec, info, settings.MAX_PAYLOAD_BYTES, alias))
+            rows.append(self._validated_row(spec, info, settings.MAX_PAYLOAD_BYTES, alias, dialect))
         channel = settings.NOTIFY_CHANNEL if dialect.notify_sql() else ""
         if (len(rows) <= 3 and not connection.in_atomic_block and all(r[-1] is None for r in rows)
                 and not any(s.subtypes for s in specs)):
@@ -295,7 +310,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 cursor.execute(notify, [settings.NOTIFY_CHANNEL, ",".join(queues)])
         return jobs  # type: ignore[return-value]
 
-    def _validated_row(self, spec: JobSpec, info: jobtypes.TypeInfo, limit: int, alias: str) -> list[Any]:
+    def _validated_row(self, spec: JobSpec, info: jobtypes.TypeInfo, limit: int, alias: str,
+                       dialect: Any) -> list[Any]:
         if not isinstance(spec.queue, str) or not spec.queue or len(spec.queue) > 100:
             raise InvalidArgument(f"queue must be a non-empty string of at most 100 characters, got {spec.queue!r}")
         if not isinstance(spec.priority, int) or not -32768 <= spec.priority <= 32767:
@@ -315,7 +331,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             when = timezone.now() + timedelta(seconds=seconds) if seconds else None
         if when is not None and timezone.is_naive(when):
             raise InvalidArgument("scheduled_for must be timezone-aware")
-        payload = get_dialect(connections[alias]).json_param(
+        payload = dialect.json_param(
             "{}" if spec.payload is None else _encode_json(spec.payload, "payload", limit))
         return [
             spec.queue, info.id, int(Status.PENDING), "", spec.priority, 0, spec.max_attempts, payload, "", None,
