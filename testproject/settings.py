@@ -3,7 +3,8 @@
 The database comes from ``SQLQUEUE_DATABASE_URL``:
 - unset: an SQLite file ``db.sqlite3`` in the repository (the demo's embedded default);
 - ``sqlite:////abs/path.db``;
-- ``postgres://user:password@host:port/name``;
+- ``postgres://user:password@host:port/name``, optionally with Django's backend options as query
+  parameters, e.g. ``?server_side_binding=true`` (values ``true``/``false`` and integers are converted);
 - ``mssql://user:password@host:port/name`` (mssql-django with the mssql-python driver).
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from urllib.parse import parse_qsl, unquote, urlparse
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "insecure-test-key-not-for-production")
@@ -60,6 +61,13 @@ TEMPLATES = [
 WSGI_APPLICATION = "testproject.wsgi.application"
 
 
+def _option(value: str) -> bool | int | str:
+    """A URL query value as a backend option: ``true``/``false`` to bool, digits to int."""
+    if value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return int(value) if value.isdigit() else value
+
+
 def database_from_url(url: str) -> dict:
     """A DATABASES entry from a URL (see the module docstring)."""
     if not url:
@@ -87,7 +95,9 @@ def database_from_url(url: str) -> dict:
         "PORT": str(parsed.port or ""),
     }
     if parsed.scheme in ("postgres", "postgresql"):
-        return {"ENGINE": "django.db.backends.postgresql", "CONN_HEALTH_CHECKS": True, **common}
+        options = {key: _option(value) for key, value in parse_qsl(parsed.query)}
+        return {"ENGINE": "django.db.backends.postgresql", "CONN_HEALTH_CHECKS": True, **common,
+                **({"OPTIONS": options} if options else {})}
     if parsed.scheme == "mssql":
         return {
             "ENGINE": "mssql",
