@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Full check: bootstrap, ruff, migrations check, pytest on SQLite and PostgreSQL.
+# Full check: bootstrap, ruff, migrations check, pytest on SQLite and PostgreSQL (and, without
+# extra arguments, the core tests once more under PostgreSQL server-side binding).
 #
 #   scripts/test.sh [extra pytest args]     e.g. scripts/test.sh -x -k claim
 #
 # Every stage runs even if an earlier one failed; a summary is printed at the
 # end and the exit status is non-zero if any stage failed.  Extra arguments go
-# to both pytest runs.  Pytest exit code 5 (no tests collected) is a failure.
+# to both full pytest runs.  Pytest exit code 5 (no tests collected) is a failure.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -50,6 +51,14 @@ run_stage ruff "$VENV/bin/ruff" check .
 run_stage migrations env SQLQUEUE_TEST_DB=sqlite "$PY" manage.py makemigrations --check --dry-run
 run_stage pytest-sqlite env SQLQUEUE_TEST_DB=sqlite "$PY" -m pytest "$@"
 run_stage pytest-postgres env SQLQUEUE_TEST_DB=postgres "$PY" -m pytest "$@"
+if [ $# -eq 0 ]; then
+    # The raw SQL once more under psycopg's server-side binding (Django's OPTIONS["server_side_binding"]):
+    # parameters are typed by the driver there, not spliced into the text.
+    run_stage pg-server-binding env SQLQUEUE_TEST_DB=postgres SQLQUEUE_PG_OPTIONS=server_side_binding=true \
+        "$PY" -m pytest -q tests/test_enqueue.py tests/test_enqueue_bulk.py tests/test_claim.py tests/test_modify.py \
+        tests/test_complete_many.py tests/test_batching.py tests/test_worker_run.py tests/test_tasks_backend.py \
+        tests/test_admin_actions.py tests/test_purge.py
+fi
 
 echo
 echo "=== summary"

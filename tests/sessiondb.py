@@ -22,7 +22,10 @@ if _TEST_DB == "postgres" and not os.environ.get("SQLQUEUE_DATABASE_URL"):
 
     _CLUSTER = PgCluster().start()
     atexit.register(_CLUSTER.destroy)
-    os.environ["SQLQUEUE_DATABASE_URL"] = _CLUSTER.url
+    # SQLQUEUE_PG_OPTIONS: Django backend options for the session, as a URL query (testproject/settings.py),
+    # e.g. "server_side_binding=true"
+    _options = os.environ.get("SQLQUEUE_PG_OPTIONS", "")
+    os.environ["SQLQUEUE_DATABASE_URL"] = _CLUSTER.url + (f"?{_options}" if _options else "")
 elif _TEST_DB == "sqlite" and not os.environ.get("SQLQUEUE_DATABASE_URL"):
     # A file database (threads and worker processes need to share it), in a fresh temp dir.
     _tmp = tempfile.mkdtemp(prefix="sqlqueue-test-")

@@ -98,3 +98,16 @@ def test_one_statement_enqueue_returns_what_a_read_returns(noop_type: JobType) -
     assert jobs[1].scheduled_for == paris and jobs[4].scheduled_for == paris
     assert jobs[0].enqueued_at == jobs[0].updated_at == jobs[0].scheduled_for
     assert [j.payload["i"] for j in jobs[3:]] == [0, 1, 2] and jobs[3].pk < jobs[4].pk < jobs[5].pk
+
+
+def test_the_session_uses_the_binding_it_was_asked_for() -> None:
+    """scripts/test.sh runs these tests once more with SQLQUEUE_PG_OPTIONS=server_side_binding=true:
+    make sure that stage really binds parameters on the server (and the default one does not)."""
+    import os
+
+    if connection.vendor != "postgresql":
+        pytest.skip("server-side binding is a PostgreSQL (psycopg 3) option")
+    wanted = "server_side_binding=true" in os.environ.get("SQLQUEUE_PG_OPTIONS", "")
+    with connection.cursor() as cursor:
+        cursor_class = type(cursor.cursor).__name__
+    assert (cursor_class == "ServerBindingCursor") is wanted, cursor_class
