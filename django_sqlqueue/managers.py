@@ -456,10 +456,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         )
         connection = connections[alias]
         dialect = get_dialect(connection)
+        statements = -(-len(items) // dialect.complete_chunk) + (1 if limit else 0)
         for attempt in range(CLAIM_RETRIES):
             try:
-                # SQLite: BEGIN IMMEDIATE (the write lock before the first read); others: atomic().
-                with connection.cursor() as cursor, dialect.write_transaction(cursor):
+                # SQLite: BEGIN IMMEDIATE (the write lock before the first read); PostgreSQL: one
+                # statement alone runs in autocommit; otherwise atomic().
+                with connection.cursor() as cursor, dialect.write_transaction(cursor, statements):
                     finished = dialect.complete_many(cursor, items) if items else []
                     rows = dialect.claim(cursor, req) if limit else []
                 return self._rows_to_jobs(finished, alias), self._rows_to_jobs(rows, alias)

@@ -165,3 +165,24 @@ def test_error_jobs_wait_for_their_backoff(noop_type: JobType) -> None:
     Job.objects.filter(pk=job.pk).update(scheduled_for=timezone.now() - timedelta(seconds=1))
     again = Job.objects.claim("w", 1)[0]
     assert again.attempt_num == 2 and again.error == "transient"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_alone_is_one_statement_without_begin_or_commit(noop_type: JobType) -> None:
+    """PostgreSQL: a claim with nothing to complete (an idle slot's wake-up) is one data-modifying CTE,
+    atomic by itself, sent in autocommit; with completions to commit it, it runs in a transaction."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement claim is PostgreSQL's (SQLite: BEGIN IMMEDIATE, SQL Server: a batch)")
+    enqueue("Noop")
+    enqueue("Noop")
+    with CaptureQueriesContext(connection) as alone:
+        _, [first] = Job.objects.complete_and_claim([], "w", 1)
+    assert [q["sql"].split()[0] for q in alone.captured_queries] == ["WITH"]
+    assert JobAttempt.objects.filter(job=first, worker="w").count() == 1  # history in the same statement
+    with CaptureQueriesContext(connection) as joined:
+        [done], [second] = Job.objects.complete_and_claim([(first, {"ok": 1})], "w", 1)
+    assert [q["sql"].split()[0] for q in joined.captured_queries] == ["BEGIN", "WITH", "WITH", "COMMIT"]
+    assert done.state is Status.COMPLETED and second.state is Status.PROCESSING and second.pk != first.pk

@@ -126,8 +126,9 @@ class Dialect:
         """Table hint for a read that must see the current committed row, not a version."""
         return ""
 
-    def write_transaction(self, cursor: CursorWrapper) -> AbstractContextManager[Any]:
-        """The transaction a claim (and the completions committed with it) runs in."""
+    def write_transaction(self, cursor: CursorWrapper, statements: int = 2) -> AbstractContextManager[Any]:
+        """The transaction a claim (and the completions committed with it) runs in; ``statements``
+        is how many statements :meth:`complete_many` and :meth:`claim` will send in it."""
         return transaction.atomic(using=self.connection.alias)
 
     # ----- statements ---------------------------------------------------------------------------
