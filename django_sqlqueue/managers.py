@@ -100,6 +100,15 @@ def finite_seconds(value: Any) -> bool:
         and 0 <= value <= MAX_DELAY_SECONDS
 
 
+def duration_ms(seconds: float | None) -> int | None:
+    """A handler's measured run time (seconds, or None: not measured) as the ``duration_ms`` column holds it."""
+    if seconds is None:
+        return None
+    if not finite_seconds(seconds):
+        raise InvalidArgument(f"duration must be a non-negative number of seconds, got {seconds!r}")
+    return round(seconds * 1000)
+
+
 def storable_error(text: str) -> str:
     """Error text as every vendor can store it (NUL and lone surrogates escaped), truncated."""
     return text[:MAX_ERROR_CHARS].replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
@@ -439,9 +448,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         items = []
         for job, response, *ran in done:
             _encode_json(response, "response")
-            seconds = ran[0] if ran else None
-            ms = round(seconds * 1000) if seconds is not None and finite_seconds(seconds) else None
-            items.append((job.pk, job.version, self._prep("response", response, alias), ms))
+            items.append((job.pk, job.version, self._prep("response", response, alias),
+                          duration_ms(ran[0] if ran else None)))
         settings = get_settings()
         type_ids = tuple(jobtypes.get_type(t, using=alias).id for t in types) if limit else ()
         req = ClaimRequest(
@@ -456,12 +464,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         )
         connection = connections[alias]
         dialect = get_dialect(connection)
-        statements = -(-len(items) // dialect.complete_chunk) + (1 if limit else 0)
         for attempt in range(CLAIM_RETRIES):
             try:
                 # SQLite: BEGIN IMMEDIATE (the write lock before the first read); PostgreSQL: one
                 # statement alone runs in autocommit; otherwise atomic().
-                with connection.cursor() as cursor, dialect.write_transaction(cursor, statements):
+                with connection.cursor() as cursor, dialect.write_transaction(cursor, len(items), bool(limit)):
                     finished = dialect.complete_many(cursor, items) if items else []
                     rows = dialect.claim(cursor, req) if limit else []
                 return self._rows_to_jobs(finished, alias), self._rows_to_jobs(rows, alias)
@@ -526,12 +533,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             raise InvalidArgument("scheduled_for must be timezone-aware")
         if run_in is not None and (scheduled_for is not None or not finite_seconds(run_in)):
             raise InvalidArgument("run_in must be a non-negative number of seconds, without scheduled_for")
-        if duration is not None and not finite_seconds(duration):
-            raise InvalidArgument(f"duration must be a non-negative number of seconds, got {duration!r}")
+        ms = duration_ms(duration)
         connection = connections[alias]
         dialect = get_dialect(connection)
         sets, params = self._modify_sets(dialect, job, current, new, step, response, error, scheduled_for,
-                                         run_in, reset_attempts, alias, duration)
+                                         run_in, reset_attempts, alias, ms)
         sql = dialect.modify_sql(sets)
         with transaction.atomic(using=alias), connection.cursor() as cursor:
             cursor.execute(sql, [*params, job.pk, token])
@@ -546,7 +552,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     def _modify_sets(self, dialect: Any, job: Job, current: Status, new: Status, step: str | None,
                      response: Any, error: str | None, scheduled_for: datetime | None,
                      run_in: float | None, reset_attempts: bool, alias: str,
-                     duration: float | None = None) -> tuple[list[str], list[Any]]:
+                     run_ms: int | None = None) -> tuple[list[str], list[Any]]:
         j = dialect.n.j
         sets = [f"{j['version']} = {j['version']} + 1", f"{j['updated_at']} = {dialect.now()}"]
         params: list[Any] = []
@@ -580,11 +586,11 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             sets.append(f"{j['scheduled_for']} = {dialect.now_plus('%s')}")
             params.append(run_in)
         if current == Status.PROCESSING and (new in FINISHED or new == Status.ERROR):
-            if duration is None:
+            if run_ms is None:
                 sets.append(f"{j['duration_ms']} = {dialect.ms_since(j['started_at'])}")
             else:
                 sets.append(f"{j['duration_ms']} = %s")
-                params.append(round(duration * 1000))
+                params.append(run_ms)
             sets += [f"{j['finished_at']} = {dialect.now()}", f"{j['lease_expires_at']} = NULL"]
         elif current == Status.PROCESSING and new == Status.PENDING:
             # Handed back unstarted (graceful shutdown): the attempt was not spent.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_sqlqueue import Status, enqueue
+from django_sqlqueue import InvalidArgument, Status, enqueue
 from django_sqlqueue.conf import get_settings
 from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobAttempt, JobType
@@ -37,6 +37,17 @@ def test_a_measured_run_time_is_the_duration(noop_type: JobType) -> None:
     assert done[measured.pk].duration_ms == 1234 or done[measured.pk].duration_ms == 1235
     assert JobAttempt.objects.get(job=measured.pk).duration_ms == done[measured.pk].duration_ms
     assert 0 <= done[unmeasured.pk].duration_ms < 60_000  # claim to completion, by the database clock
+
+
+def test_a_bad_run_time_is_refused_before_anything_is_written(noop_type: JobType) -> None:
+    enqueue("Noop")
+    [job] = Job.objects.claim("w", 1)
+    for bad in (-1, float("nan"), "3"):
+        with pytest.raises(InvalidArgument):
+            Job.objects.complete_many([(job, None, bad)])
+    assert Job.objects.get(pk=job.pk).state is Status.PROCESSING  # still claimed, token unchanged
+    [done] = Job.objects.complete_many([(job, None, 0.5)])
+    assert done.duration_ms == 500
 
 
 def test_stale_token_is_left_alone(noop_type: JobType) -> None:

@@ -126,10 +126,14 @@ class Dialect:
         """Table hint for a read that must see the current committed row, not a version."""
         return ""
 
-    def write_transaction(self, cursor: CursorWrapper, statements: int = 2) -> AbstractContextManager[Any]:
-        """The transaction a claim (and the completions committed with it) runs in; ``statements``
-        is how many statements :meth:`complete_many` and :meth:`claim` will send in it."""
+    def write_transaction(self, cursor: CursorWrapper, completions: int = 0,
+                          claim: bool = True) -> AbstractContextManager[Any]:
+        """The transaction :meth:`complete_many` of ``completions`` jobs and then (``claim``) a claim run in."""
         return transaction.atomic(using=self.connection.alias)
+
+    def statements(self, completions: int, claim: bool) -> int:
+        """How many statements :meth:`complete_many` of ``completions`` jobs plus a claim send."""
+        return -(-completions // self.complete_chunk) + int(claim)
 
     # ----- statements ---------------------------------------------------------------------------
     def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
@@ -261,12 +265,15 @@ class Dialect:
             return [due], params_due
         return [due, reclaim], [*params_due, *params_reclaim]
 
-    @staticmethod
-    def union_all(branches: list[str], alias: bool = False) -> str:
+    #: Names of the candidate branches, in :meth:`candidate_branches` order.
+    BRANCH_NAMES = ("due", "reclaim")
+
+    @classmethod
+    def union_all(cls, branches: list[str], alias: bool = False) -> str:
         """``SELECT * FROM (b1) [AS due] UNION ALL SELECT * FROM (b2) [AS reclaim]``, or the one branch."""
-        names = ("due", "reclaim")
         return " UNION ALL ".join(
-            f"SELECT * FROM ({b})" + (f" AS {names[i]}" if alias else "") for i, b in enumerate(branches))
+            f"SELECT * FROM ({b})" + (f" AS {name}" if alias else "")
+            for name, b in zip(cls.BRANCH_NAMES, branches, strict=False))
 
     @staticmethod
     def _top_params(req: ClaimRequest, top: str) -> list[Any]:

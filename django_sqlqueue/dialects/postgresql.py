@@ -45,7 +45,7 @@ class PostgresDialect(Dialect):
         )
         set_sql, set_params = self.claim_set_clause(req, alias="j")
         returning = ", ".join(f"j.{c}" for c in n.job_columns)
-        names = ["due", "reclaim"][:len(branches)]
+        names = self.BRANCH_NAMES[:len(branches)]
         sql = (
             "WITH " + "".join(f"{name} AS ({b}), " for name, b in zip(names, branches, strict=True))
             + "picked AS (SELECT id FROM ("
@@ -65,13 +65,15 @@ class PostgresDialect(Dialect):
     # VALUES rows are typed by their first row; say the types so a NULL response is still jsonb.
     complete_casts = ("%s::bigint", "%s::integer", "%s::jsonb", "%s::bigint")
 
-    def write_transaction(self, cursor: CursorWrapper, statements: int = 2) -> AbstractContextManager[Any]:
+    def write_transaction(self, cursor: CursorWrapper, completions: int = 0,
+                          claim: bool = True) -> AbstractContextManager[Any]:
         # A claim alone (an idle slot woken by NOTIFY, a slot's first claim) is ONE statement: the
         # UPDATE and its history INSERT in one data-modifying CTE, atomic by itself in autocommit.
         # Sending it without BEGIN and COMMIT saves two round trips, which is most of a wake-up's cost.
-        if statements == 1 and self.connection.get_autocommit() and not self.connection.in_atomic_block:
+        if (self.statements(completions, claim) == 1 and self.connection.get_autocommit()
+                and not self.connection.in_atomic_block):
             return nullcontext()
-        return super().write_transaction(cursor, statements)
+        return super().write_transaction(cursor, completions, claim)
 
     def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
         sql, params = self.claim_sql(req)

@@ -54,7 +54,7 @@ class SqliteDialect(Dialect):
         return sql, [*set_params, *params, req.limit]
 
     @contextmanager
-    def write_transaction(self, cursor: CursorWrapper, statements: int = 2) -> Iterator[None]:
+    def write_transaction(self, cursor: CursorWrapper, completions: int = 0, claim: bool = True) -> Iterator[None]:
         """``BEGIN IMMEDIATE`` ... ``COMMIT`` (or the caller's transaction, if one is open).
 
         IMMEDIATE takes the write lock before the claim reads, so two claimers are serialised by the
