@@ -100,7 +100,9 @@ def database_from_url(url: str) -> dict:
                 **({"OPTIONS": options} if options else {})}
     if parsed.scheme == "mssql":
         return {
-            "ENGINE": "mssql",
+            # SQLQUEUE_MSSQL_ENGINE: the tds test stage sets "testproject.babelfish" (mssql-django plus the
+            # test harness's workaround for a Babelfish gap; see that module). A real SQL Server: "mssql".
+            "ENGINE": os.environ.get("SQLQUEUE_MSSQL_ENGINE", "mssql"),
             **common,
             "OPTIONS": {
                 "python_driver": "mssql_python",

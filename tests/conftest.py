@@ -34,9 +34,9 @@ def _seeded_statuses(request):
         from django_sqlqueue.models import QueueStatus
         from django_sqlqueue.states import Status
 
-        QueueStatus.objects.bulk_create(
-            [QueueStatus(id=int(s), name=s.label) for s in Status], ignore_conflicts=True
-        )
+        # Only the missing rows (not ignore_conflicts: SQL Server's backend does not offer it).
+        have = set(QueueStatus.objects.values_list("id", flat=True))
+        QueueStatus.objects.bulk_create([QueueStatus(id=int(s), name=s.label) for s in Status if s not in have])
     yield
 
 

@@ -1,4 +1,5 @@
-"""Test-session database selection: ``SQLQUEUE_TEST_DB=sqlite`` (default) or ``postgres``.
+"""Test-session database selection: ``SQLQUEUE_TEST_DB=sqlite`` (default), ``postgres``, ``tds``
+(Babelfish, see tests/babelfish.py) or ``mssql`` (a real SQL Server, see tests/mssql_env.py).
 
 Loaded as a pytest plugin (``-p tests.sessiondb`` in pyproject's addopts) so that it runs before
 pytest-django imports the settings: a conftest.py would run too late.
@@ -41,8 +42,19 @@ elif _TEST_DB == "mssql" and not os.environ.get("SQLQUEUE_DATABASE_URL"):
     if url is None:
         raise SystemExit("SQLQUEUE_TEST_DB=mssql needs SQLQUEUE_MSSQL_HOST, _PORT, _USER, _PASSWORD and _NAME")
     os.environ["SQLQUEUE_DATABASE_URL"] = url
+elif _TEST_DB == "tds":
+    # Babelfish (a TDS endpoint that runs T-SQL, not SQL Server): the SQL Server code path end to end,
+    # one claimer at a time. Tests that need locking semantics skip themselves (conftest: needs_locking).
+    from tests import babelfish
+
+    if not os.environ.get("SQLQUEUE_DATABASE_URL"):
+        if babelfish.kit() is None:
+            raise SystemExit("SQLQUEUE_TEST_DB=tds needs the Babelfish kit (../shared/babelfish)")
+        os.environ["SQLQUEUE_DATABASE_URL"] = babelfish.create_database(babelfish.start(), "sqlqueue")
+    for _key, _value in babelfish.ENV.items():
+        os.environ.setdefault(_key, _value)
 elif _TEST_DB not in ("sqlite", "postgres", "mssql"):
-    raise SystemExit(f"SQLQUEUE_TEST_DB must be sqlite, postgres or mssql, not {_TEST_DB!r}")
+    raise SystemExit(f"SQLQUEUE_TEST_DB must be sqlite, postgres, mssql or tds, not {_TEST_DB!r}")
 
 
 def get_cluster():
