@@ -469,8 +469,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 # SQLite: BEGIN IMMEDIATE (the write lock before the first read); PostgreSQL: one
                 # statement alone runs in autocommit; otherwise atomic().
                 with connection.cursor() as cursor, dialect.write_transaction(cursor, len(items), bool(limit)):
-                    finished = dialect.complete_many(cursor, items) if items else []
-                    rows = dialect.claim(cursor, req) if limit else []
+                    finished, rows = dialect.complete_and_claim(cursor, items, req if limit else None)
                 return self._rows_to_jobs(finished, alias), self._rows_to_jobs(rows, alias)
             except DatabaseError as exc:
                 if attempt == CLAIM_RETRIES - 1 or not dialect.is_retryable_error(exc):

@@ -12,6 +12,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from .fields import JSONValueField
 from .managers import JobManager
 from .states import CLAIMABLE, UNFINISHED, Status
 
@@ -81,8 +82,9 @@ class Job(models.Model):
     max_attempts = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text=_("Blank: the job type's setting.")
     )
-    payload = models.JSONField(default=dict, blank=True)
-    response = models.JSONField(null=True, blank=True)
+    # Any JSON value, scalars too, on every vendor (see fields.JSONValueField: SQL Server's ISJSON check).
+    payload = JSONValueField(default=dict, blank=True)
+    response = JSONValueField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     enqueued_at = models.DateTimeField()
     scheduled_for = models.DateTimeField(help_text=_("Earliest time a worker may run it."))

@@ -19,6 +19,11 @@ def database_url(settings_dict: dict[str, Any]) -> str:
     if engine.endswith("postgresql"):
         user = settings_dict.get("USER") or "postgres"
         return f"postgres://{user}@{settings_dict['HOST']}:{settings_dict['PORT']}/{settings_dict['NAME']}"
+    if engine in ("mssql", "testproject.babelfish"):  # the engine itself comes from SQLQUEUE_MSSQL_ENGINE
+        from urllib.parse import quote
+
+        user, password = quote(settings_dict["USER"], safe=""), quote(settings_dict["PASSWORD"], safe="")
+        return f"mssql://{user}:{password}@{settings_dict['HOST']}:{settings_dict['PORT']}/{settings_dict['NAME']}"
     raise ValueError(f"no URL form for {engine}")
 
 

@@ -3,7 +3,6 @@
 import os
 
 import pytest
-
 from django.db import connection
 
 EXPECTED_VENDOR = {"sqlite": "sqlite", "postgres": "postgresql", "mssql": "microsoft", "tds": "microsoft"}

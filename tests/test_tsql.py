@@ -15,7 +15,7 @@ import sqlglot
 from sqlglot import exp
 
 from django_sqlqueue.dialects import JOB_COLUMNS, ClaimRequest
-from django_sqlqueue.dialects.mssql import MssqlDialect
+from django_sqlqueue.dialects.mssql import Batch, MssqlDialect, batch
 from django_sqlqueue.managers import INSERT_COLUMNS, JobManager
 from django_sqlqueue.models import Job
 from django_sqlqueue.states import Status
@@ -50,27 +50,43 @@ def hints(table: exp.Table) -> set[str]:
     return {v.name.upper() for h in (table.args.get("hints") or []) for v in h.expressions}
 
 
+def parse_batch(parts: Batch) -> tuple[list[exp.Expression], list[exp.Expression], list[exp.Expression]]:
+    """The declarations, body and result SELECTs of a batch, each parsed (placeholders counted against
+    the batch's params where it carries them: an INSERT's text is built apart from its rows)."""
+    marks = sum(p.count("%s") for p in [*parts.declares, *parts.body, *parts.results])
+    assert marks == len(parts.params) or not parts.params, f"{marks} placeholders, {len(parts.params)} params"
+    return ([s for d in parts.declares for s in parse(d)], [s for b in parts.body for s in parse(b)],
+            [s for r in parts.results for s in parse(r)])
+
+
 @pytest.mark.parametrize("req", [
     ClaimRequest("host:1/0", 1),
     ClaimRequest("host:1/0", 50, queues=("emails", "sms"), types=(3, 4)),
     ClaimRequest("host:1/0", 50, reclaim=False),
 ])
 def test_claim_batch(dialect: MssqlDialect, req: ClaimRequest) -> None:
+    parts = dialect.claim_batch(req)
     sql, params = dialect.claim_sql(req)
-    statements = parse(sql, params)
-    kinds = [type(s).__name__ for s in statements]
-    assert kinds == ["Set", "Declare", "Update", "Insert", "Select"]
-    update = statements[2]
-    # The candidates: every read of the job table inside the CTE holds UPDLOCK, ROWLOCK, READPAST.
-    cte = update.find(exp.CTE)
-    assert cte is not None and cte.alias == "picked"
-    job_reads = [t for t in cte.find_all(exp.Table) if t.name == "django_sqlqueue_job"]
-    branches = 2 if req.reclaim else 1  # due jobs, and (with reclaim) stuck Processing ones
+    assert sql == batch(parts) and params == parts.params
+    declares, body, results = parse_batch(parts)
+    assert [type(s).__name__ for s in declares + body + results] == ["Declare", "Update", "Insert", "Select"]
+    update = body[0]
+    # The candidates: a derived table (not a CTE: see the dialect), every read of the job table in it
+    # holding UPDLOCK, ROWLOCK, READPAST.
+    assert update.find(exp.CTE) is None
+    picked = update.args["from_"].this
+    assert isinstance(picked, exp.Subquery) and picked.alias == "picked"
+    [join] = picked.args.get("joins") or update.args["joins"]  # where sqlglot hangs the FROM's join
+    picked = picked.this
+    job_reads = [t for t in picked.find_all(exp.Table) if t.name == "django_sqlqueue_job"]
+    branches = 4 if req.reclaim else 1  # due; with reclaim: this worker's own, expired leases, dead workers'
     assert len(job_reads) == branches
     for table in job_reads:
         assert hints(table) == {"UPDLOCK", "ROWLOCK", "READPAST"}
-    # TOP (n) with ORDER BY in each branch and in the CTE: the order the claim promises.
-    assert len(list(cte.find_all(exp.Order))) == branches + 1
+    # TOP (n) with ORDER BY in each branch and in the picked set: the order the claim promises.
+    assert len(list(picked.find_all(exp.Order))) == branches + 1
+    # The join into the target is pinned to nested loops: one primary-key seek per picked id.
+    assert (join.args.get("hint") or "").upper() == "LOOP" and join.this.name == "django_sqlqueue_job"
     # OUTPUT inserted.<every returned column> INTO the table variable.
     output = update.args.get("returning")
     assert output is not None
@@ -81,8 +97,24 @@ def test_claim_batch(dialect: MssqlDialect, req: ClaimRequest) -> None:
     # status ids are literals (filtered indexes match at compile time); everything else is a parameter
     assert "IN (1, 3)" in sql and ("j.[status_id] = 2" in sql) == req.reclaim
     assert req.worker not in sql and all(q not in sql for q in req.queues)
+    # no OR across the reclaim cases: each branch seeks its own filtered index
+    assert " OR j.[lease_expires_at]" not in sql and " OR j.[worker]" not in sql
     # the history rows come from the same batch
-    assert statements[3].find(exp.Table).name == "django_sqlqueue_jobattempt"
+    assert body[1].find(exp.Table).name == "django_sqlqueue_jobattempt"
+
+
+def test_batch_saves_and_restores_session_settings() -> None:
+    """NOCOUNT (and XACT_ABORT) set by a batch outlive it: both are put back, on success and on error."""
+    sql = batch(Batch(["DECLARE @t TABLE (id bigint)"], ["UPDATE x SET a = 1"], ["SELECT id FROM @t"]))
+    assert sql.startswith("DECLARE @sqlqueue_options int = @@OPTIONS")
+    restore = "IF @sqlqueue_options & 512 = 0 SET NOCOUNT OFF; IF @sqlqueue_options & 16384 = 0 SET XACT_ABORT OFF;"
+    assert sql.count(restore) == 2  # in CATCH before THROW, and before the result SELECTs
+    assert sql.index("THROW") > sql.index(restore) and sql.rindex(restore) < sql.index("SELECT id FROM @t")
+    # its own transaction only in autocommit; inside the caller's it joins that one
+    assert "CASE WHEN @@TRANCOUNT = 0 THEN 1 ELSE 0 END" in sql
+    assert "IF @sqlqueue_own = 1 BEGIN SET XACT_ABORT ON; BEGIN TRANSACTION; END;" in sql
+    assert "IF @sqlqueue_own = 1 COMMIT TRANSACTION;" in sql
+    assert "IF @sqlqueue_own = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;" in sql
 
 
 def test_claim_uses_the_database_clock(dialect: MssqlDialect) -> None:
@@ -118,8 +150,10 @@ def test_modify_statements(dialect: MssqlDialect, current: Status, new: Status, 
                                         args["response"], args["error"], args["scheduled_for"],
                                         args["run_in"], args["reset_attempts"], "default")
     sql = dialect.modify_sql(sets)
-    [update] = parse(sql, [*params, 7, 3])
+    assert sql.count("%s") == len(params) + 2
+    [update] = parse(sql[sql.index("UPDATE "):sql.index("; IF @sqlqueue_own = 1 COMMIT")])
     assert isinstance(update, exp.Update)
+    assert "@changed" in update.args["returning"].sql("tsql")  # OUTPUT ... INTO: works beside triggers
     where = update.args["where"].sql("tsql")
     assert "[version] = @p" in where and "[id] = @p" in where  # the concurrency token
     assert update.args.get("returning") is not None  # OUTPUT inserted.*
@@ -134,7 +168,16 @@ def test_housekeeping_statements(dialect: MssqlDialect, statement: str) -> None:
 
 def test_renew_leases(dialect: MssqlDialect) -> None:
     [update] = parse(dialect.renew_leases_sql(3), [60, 1, 2, 3, "w"])
-    assert "DATEADD(SECOND" in update.sql("tsql").upper()
+    assert "DATEADD(MILLISECOND" in update.sql("tsql").upper()
+
+
+def test_time_arithmetic_keeps_fractions_and_long_delays(dialect: MssqlDialect) -> None:
+    """DATEADD takes an int: seconds would overflow past 68 years and drop fractions; days + ms do not."""
+    sql = dialect.now_plus("%s")
+    assert "DATEADD(second" not in sql and sql.count("%s") == 1  # the parameter is read once
+    assert "CAST(ROUND(CAST(%s AS float) * 1000, 0) AS bigint)" in sql
+    [select] = parse(f"SELECT {sql}")
+    assert select is not None
 
 
 def test_locked_read_sees_the_current_row(dialect: MssqlDialect) -> None:
@@ -143,9 +186,11 @@ def test_locked_read_sees_the_current_row(dialect: MssqlDialect) -> None:
 
 
 def test_enqueue_statements(dialect: MssqlDialect) -> None:
-    [plain] = parse(dialect.insert_sql(INSERT_COLUMNS, 3, dedupe=False))
-    assert isinstance(plain, exp.Insert) and plain.args.get("returning") is not None
-    [dedupe] = parse(dialect.insert_sql(INSERT_COLUMNS, 1, dedupe=True))
+    parts = dialect.insert_batch(INSERT_COLUMNS, 3, False, JOB_COLUMNS)
+    assert dialect.insert_sql(INSERT_COLUMNS, 3, dedupe=False) == batch(parts)
+    _, [plain], _ = parse_batch(parts)
+    assert isinstance(plain, exp.Insert) and "@inserted" in plain.args["returning"].sql("tsql")
+    _, [dedupe], _ = parse_batch(dialect.insert_batch(INSERT_COLUMNS, 1, True, JOB_COLUMNS))
     guard = [t for t in dedupe.find_all(exp.Table) if hints(t)]
     assert len(guard) == 1 and hints(guard[0]) == {"UPDLOCK", "HOLDLOCK"}
     assert "IN (1, 2, 3, 7)" in dedupe.sql("tsql")  # unfinished statuses, as literals
@@ -158,9 +203,12 @@ def test_bulk_enqueue_stays_under_the_parameter_limit(dialect: MssqlDialect) -> 
     assert sql.count("%s") <= 2100
 
 
-def test_every_returned_column_has_a_declared_type(dialect: MssqlDialect) -> None:
-    [declare] = parse(dialect._declare())
+def test_every_returned_column_has_its_column_type(dialect: MssqlDialect) -> None:
+    [declare] = parse(dialect.declare("@claimed"))
     assert declare.sql("tsql").count("[") >= len(JOB_COLUMNS)
+    # taken from the model fields, so a bigint foreign key is declared bigint
+    types = dialect.declare_types()
+    assert types["job_type_id"] == "bigint" and types["id"] == "bigint" and types["payload"] == "nvarchar(max)"
 
 
 def test_an_insert_can_return_only_what_the_database_decides(dialect: MssqlDialect) -> None:
@@ -176,7 +224,10 @@ def test_an_insert_can_return_only_what_the_database_decides(dialect: MssqlDiale
     cursor = Capture()
     row = ["default", 1, 1, "", 0, 0, None, dialect.json_param("{}"), "", None, None, 1, None, "", None]
     dialect.insert_stamped(cursor, INSERT_COLUMNS, [row, row], "", "default")  # type: ignore[arg-type]
-    [insert] = parse(cursor.sql, cursor.params)
+    parts = dialect.insert_batch(INSERT_COLUMNS, 2, False, dialect.STAMPED)
+    assert cursor.sql == batch(parts) and cursor.sql.count("%s") == len(cursor.params)
+    _, [insert], _ = parse_batch(parts)
     output = insert.args["returning"].sql("tsql")
-    assert output == "OUTPUT inserted.[id], inserted.[enqueued_at], inserted.[scheduled_for], inserted.[updated_at]"
+    assert output == ("OUTPUT inserted.[id], inserted.[enqueued_at], inserted.[scheduled_for], "
+                      "inserted.[updated_at] INTO @inserted")
     assert dialect.STAMPED == ("id", "enqueued_at", "scheduled_for", "updated_at")

@@ -5,18 +5,21 @@ from __future__ import annotations
 from sqlglot import exp
 
 from django_sqlqueue.dialects.mssql import MssqlDialect
-from tests.test_tsql import dialect, parse  # noqa: F401  (the module's rendering fixture)
+from django_sqlqueue.dialects.mssql import batch
+from tests.test_tsql import dialect, parse_batch  # noqa: F401  (the module's rendering fixture)
 
 
 def test_complete_many_batch(dialect: MssqlDialect) -> None:  # noqa: F811
-    sql = dialect.complete_sql(3)
-    statements = parse(sql, [1, 2, "{}", 15] * 3)
-    assert [type(s).__name__ for s in statements] == ["Set", "Declare", "Update", "Update", "Select"]
-    jobs, history = statements[2], statements[3]
-    # the token test: id and version joined from the VALUES rows, Processing as a literal
-    on = jobs.find(exp.Join).args["on"].sql("tsql")
-    assert "[id] = v.vid" in on and "[version] = v.vversion" in on
-    assert "[status_id] = 2" in jobs.args["where"].sql("tsql")
+    parts = dialect.complete_batch([(1, 2, "{}", 15)] * 3)
+    sql = batch(parts)
+    assert sql == dialect.complete_sql(3) and sql.count("%s") == len(parts.params) == 12
+    declares, body, results = parse_batch(parts)
+    assert [type(s).__name__ for s in declares + body + results] == ["Declare", "Update", "Update", "Select"]
+    jobs, history = body
+    # the token test: id and version matched against the VALUES rows, Processing as a literal
+    where = jobs.args["where"].sql("tsql")
+    assert "[id] = v.vid" in where and "[version] = v.vversion" in where and "[status_id] = 2" in where
+    assert "OPTION (LOOP JOIN)" in parts.body[0]  # seeks by primary key, never a scan of the table
     assert "@done" in jobs.args["returning"].sql("tsql")  # OUTPUT inserted.* INTO @done
     assert "[status_id] = 5" in sql and "SYSUTCDATETIME()" in sql
     assert "COALESCE(v.vduration, " in sql  # the measured run time, else claim to completion
@@ -25,5 +28,10 @@ def test_complete_many_batch(dialect: MssqlDialect) -> None:  # noqa: F811
 
 
 def test_complete_chunk_fits_sql_server_limits(dialect: MssqlDialect) -> None:  # noqa: F811
-    sql = dialect.complete_sql(dialect.complete_chunk)
-    assert sql.count("%s") <= 2100 and dialect.complete_chunk <= 1000  # params; VALUES rows
+    from django_sqlqueue.dialects import ClaimRequest
+
+    # the last chunk of completions shares its batch with a claim: both together stay under 2100
+    parts = dialect.complete_batch([(1, 2, "{}", 15)] * dialect.complete_chunk)
+    parts.extend(dialect.claim_batch(ClaimRequest("w", 50, queues=("a", "b"), types=(1, 2))))
+    assert len(parts.params) <= 2100 and dialect.complete_chunk <= 1000  # params; VALUES rows
+    assert dialect.statements(dialect.complete_chunk, True) == 1 and dialect.statements(0, True) == 1

@@ -146,6 +146,13 @@ class Dialect:
     #: Most jobs one completion statement carries (4 parameters each; T-SQL VALUES takes 1000 rows).
     complete_chunk: int = 500
 
+    def complete_and_claim(self, cursor: CursorWrapper, items: list[tuple[int, int, Any, int | None]],
+                           req: ClaimRequest | None) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """:meth:`complete_many` of ``items``, then (``req``) :meth:`claim`, inside
+        :meth:`write_transaction`: (completed rows, claimed rows). A vendor may send both at once."""
+        finished = self.complete_many(cursor, items) if items else []
+        return finished, (self.claim(cursor, req) if req is not None else [])
+
     def complete_many(self, cursor: CursorWrapper, items: list[tuple[int, int, Any, int | None]]
                       ) -> list[tuple[Any, ...]]:
         """Complete jobs given as (id, token, response in database form, run time in ms or None); return
@@ -210,6 +217,39 @@ class Dialect:
             return f"COALESCE({alias}.{n.j['max_attempts']}, {type_val}, {default_placeholder})"
         return f"COALESCE({type_val}, {default_placeholder})"
 
+    def common_filters(self, req: ClaimRequest) -> tuple[str, list[Any]]:
+        """The predicates every candidate branch shares (alias ``j``): type not paused, attempts left,
+        the worker's queue and type filters. Returns (SQL, params)."""
+        n, j = self.n, self.n.j
+        filters: list[str] = [
+            f"NOT EXISTS (SELECT 1 FROM {n.jobtype} pt WHERE pt.{n.t['id']} = j.{j['job_type_id']} "
+            f"AND pt.{n.t['paused']} = {self.true_literal})",
+            f"j.{j['attempt_num']} < {self._effective('j', 'max_attempts', '%s')}",
+        ]
+        params: list[Any] = [req.default_max_attempts]
+        if req.queues:
+            filters.append(f"j.{j['queue']} IN ({', '.join(['%s'] * len(req.queues))})")
+            params.extend(req.queues)
+        if req.types:
+            filters.append(f"j.{j['job_type_id']} IN ({', '.join(['%s'] * len(req.types))})")
+            params.extend(req.types)
+        return " AND ".join(filters), params
+
+    def candidate_columns(self) -> str:
+        """What a candidate branch selects: (id, priority, scheduled_for), enough to order the union."""
+        j = self.n.j
+        return f"j.{j['id']} AS id, j.{j['priority']} AS priority, j.{j['scheduled_for']} AS scheduled_for"
+
+    def candidate_order(self) -> str:
+        """Claim order: priority (higher first), then due time, then id (first in, first out)."""
+        j = self.n.j
+        return f"j.{j['priority']} DESC, j.{j['scheduled_for']}, j.{j['id']}"
+
+    def due_predicate(self) -> str:
+        """Claimable (Pending/Error) and due: the claim index's filter and its range."""
+        j = self.n.j
+        return f"j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['scheduled_for']} <= {self.now()}"
+
     def candidate_branches(self, req: ClaimRequest, *, lock: str = "", hint: str = "", top: str = "",
                            limit: str = "") -> tuple[list[str], list[Any]]:
         """The candidate sets of the claim, as SELECTs of (id, priority, scheduled_for).
@@ -222,25 +262,12 @@ class Dialect:
         with an OR would scan.
         """
         n, j = self.n, self.n.j
-        order = f"j.{j['priority']} DESC, j.{j['scheduled_for']}, j.{j['id']}"
-        filters: list[str] = [
-            f"NOT EXISTS (SELECT 1 FROM {n.jobtype} pt WHERE pt.{n.t['id']} = j.{j['job_type_id']} "
-            f"AND pt.{n.t['paused']} = {self.true_literal})",
-            f"j.{j['attempt_num']} < {self._effective('j', 'max_attempts', '%s')}",
-        ]
-        filter_params: list[Any] = [req.default_max_attempts]
-        if req.queues:
-            filters.append(f"j.{j['queue']} IN ({', '.join(['%s'] * len(req.queues))})")
-            filter_params.extend(req.queues)
-        if req.types:
-            filters.append(f"j.{j['job_type_id']} IN ({', '.join(['%s'] * len(req.types))})")
-            filter_params.extend(req.types)
-        common = " AND ".join(filters)
-        cols = f"{top}j.{j['id']} AS id, j.{j['priority']} AS priority, j.{j['scheduled_for']} AS scheduled_for"
+        order = self.candidate_order()
+        common, filter_params = self.common_filters(req)
+        cols = f"{top}{self.candidate_columns()}"
         due = (
             f"SELECT {cols} FROM {n.job} j{hint}{self.index_hint(CLAIM_INDEX)} "
-            f"WHERE j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['scheduled_for']} <= {self.now()} "
-            f"AND {common} ORDER BY {order}{limit}{lock}"
+            f"WHERE {self.due_predicate()} AND {common} ORDER BY {order}{limit}{lock}"
         )
         dead_workers = (
             f"SELECT w.{n.w['name']} FROM {n.worker_table} w WHERE w.{n.w['stopped_at']} IS NOT NULL "

@@ -1,17 +1,31 @@
-"""SQL Server (mssql-django reports vendor ``microsoft``): UPDLOCK/ROWLOCK/READPAST candidates, OUTPUT.
+"""SQL Server (mssql-django reports vendor ``microsoft``): UPDLOCK/ROWLOCK/READPAST candidates, OUTPUT INTO.
 
-The claim is one batch and one round trip: a CTE picks the candidates with ``SELECT TOP (n) ...
-WITH (UPDLOCK, ROWLOCK, READPAST) ... ORDER BY``, the UPDATE joins it and returns the new rows with
-``OUTPUT inserted.*`` into a table variable, the history rows are inserted from that variable, and the
-variable is selected back. ``UPDATE TOP (n)`` cannot take an ORDER BY, hence the CTE; ``OUTPUT`` goes
-INTO a table variable because the history table has a foreign key, which ``OUTPUT INTO`` refuses as a
-target. This module is rendered and parsed in tests (sqlglot, dialect tsql) and runs live only where a
-SQL Server is configured (see tests/test_mssql_live.py).
+Every write is one batch and one round trip, wrapped by :func:`batch`:
+
+- ``SET NOCOUNT ON`` so the only results the driver sees are the final SELECTs, and the session's own
+  setting put back before them (NOCOUNT set in a batch outlives it: left on, every later DML on the
+  connection would report rowcount -1, as mssql-django knows, which is why it prefixes its own UPDATEs
+  with ``SET NOCOUNT OFF``).
+- In autocommit the batch owns its transaction (``BEGIN TRANSACTION`` ... ``COMMIT`` inside it, with
+  ``XACT_ABORT ON`` so that any error, or a client timeout, rolls it back whole): no autocommit switch
+  and no COMMIT round trips from the client. Inside the caller's transaction it joins that one.
+- ``OUTPUT ... INTO`` a table variable, then ``SELECT`` from it: ``OUTPUT`` without ``INTO`` fails
+  (Msg 334) as soon as the table has an enabled trigger, and audit triggers are common.
+
+The claim picks candidates with ``SELECT TOP (n) ... WITH (UPDLOCK, ROWLOCK, READPAST) ... ORDER BY`` in
+a derived table and updates the job rows it names through a pinned nested-loop join (``UPDATE TOP (n)``
+cannot take an ORDER BY). Each candidate branch seeks a filtered index that covers its predicates
+(migration 0004 creates them on SQL Server). This module is rendered and parsed in tests (sqlglot,
+dialect tsql), runs over TDS on Babelfish in the ``tds`` test stage (one claimer at a time: Babelfish
+ignores table hints), and runs live only where a SQL Server is configured (tests/test_mssql_live.py).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..states import UNFINISHED, Status, sql_list
@@ -23,50 +37,105 @@ if TYPE_CHECKING:
 # UPDLOCK: the candidate SELECT takes update locks, held to the end of the claim's transaction, so a
 #   second claimer cannot take the same row between our read and our write.
 # ROWLOCK: lock the rows, not pages: other jobs on the same page stay claimable.
-# READPAST: skip rows other claimers hold instead of waiting for them (only honoured under READ
-#   COMMITTED or REPEATABLE READ; under SNAPSHOT isolation it is an error, see docs/sqlserver.md).
+# READPAST: skip rows other claimers hold instead of waiting for them. Honoured under READ COMMITTED
+#   and REPEATABLE READ; under SNAPSHOT it is allowed only beside a locking hint such as UPDLOCK, as here
+#   (see docs/sqlserver.md for what SNAPSHOT does change: update conflicts, error 3960).
 CLAIM_HINTS = " WITH (UPDLOCK, ROWLOCK, READPAST)"
 # Under READ_COMMITTED_SNAPSHOT a plain read sees a row version and ignores locks; reads that must see
 # the current row (modify's token check, diagnosis after a refused update) ask for the lock explicitly.
 LOCKED_READ_HINT = " WITH (READCOMMITTEDLOCK)"
 
-# SQL Server types of the returned columns, for the table variable that receives OUTPUT.
-_DECLARE_TYPES = {
-    "id": "bigint",
-    "queue": "nvarchar(100)",
-    "job_type_id": "int",
-    "status_id": "smallint",
-    "step": "nvarchar(100)",
-    "priority": "smallint",
-    "attempt_num": "int",
-    "max_attempts": "smallint",
-    "payload": "nvarchar(max)",
-    "response": "nvarchar(max)",
-    "error": "nvarchar(max)",
-    "enqueued_at": "datetimeoffset",
-    "scheduled_for": "datetimeoffset",
-    "started_at": "datetimeoffset",
-    "finished_at": "datetimeoffset",
-    "duration_ms": "bigint",
-    "version": "int",
-    "updated_at": "datetimeoffset",
-    "worker": "nvarchar(200)",
-    "lease_expires_at": "datetimeoffset",
-    "dedupe_key": "nvarchar(200)",
-}
+#: The filtered indexes only SQL Server has (migration 0004): the claim's reclaim branches seek them.
+PROCESSING_WORKER_INDEX = "sqlqueue_job_processing_worker"
+#: Columns the claim's branches read besides the index keys: INCLUDEd, so that a row the claim rejects
+#: is rejected from the index entry, without a key lookup (and its lock) in the base table.
+CLAIM_INCLUDE = ("queue", "job_type_id", "attempt_num", "max_attempts")
+
+#: @@OPTIONS bits of the session settings a batch changes and must put back.
+NOCOUNT_BIT = 512
+XACT_ABORT_BIT = 16384
+#: SQL Server's native error numbers that mean "nothing was done, run it again": 1205 chosen as deadlock
+#: victim, 1222 lock request timeout (only with SET LOCK_TIMEOUT), 3960 snapshot update conflict.
+RETRYABLE_ERRORS = frozenset({1205, 1222, 3960})
+#: SQLSTATE of deadlock victims and snapshot update conflicts (ODBC maps both there).
+RETRYABLE_SQLSTATES = frozenset({"40001"})
+# pyodbc ends a message with "(<native error>) (SQLExecDirectW)": read the number from that position only.
+_PYODBC_NATIVE = re.compile(r"\((\d+)\) \(SQL\w+\)\s*$")
+# mssql-python keeps no native number; its exception says which SQLSTATE it was raised for.
+_MSSQL_PYTHON_SQLSTATES = {"Serialization failure": "40001"}
+
+
+@dataclass
+class Batch:
+    """One T-SQL batch: table-variable declarations, the statements that write (one transaction), and
+    the SELECTs that return rows. Rendered by :func:`batch`; kept apart so tests can parse the parts."""
+
+    declares: list[str] = field(default_factory=list)
+    body: list[str] = field(default_factory=list)
+    results: list[str] = field(default_factory=list)
+    params: list[Any] = field(default_factory=list)
+
+    def extend(self, other: Batch) -> Batch:
+        self.declares += other.declares
+        self.body += other.body
+        self.results += other.results
+        self.params += other.params
+        return self
+
+
+_RESTORE = (f"IF @sqlqueue_options & {NOCOUNT_BIT} = 0 SET NOCOUNT OFF; "
+            f"IF @sqlqueue_options & {XACT_ABORT_BIT} = 0 SET XACT_ABORT OFF; ")
+
+
+def batch(parts: Batch) -> str:
+    """The T-SQL text of ``parts``: session settings saved and put back, the body in one transaction.
+
+    ``@sqlqueue_own`` is 1 when no transaction is open (autocommit): then the batch begins and commits
+    its own, with XACT_ABORT ON so that an error or a client timeout leaves nothing half done. Inside the
+    caller's transaction it neither begins nor ends one, and leaves XACT_ABORT alone (ON would roll the
+    caller's whole transaction back on any error, which Django's atomic() does not expect). Errors are
+    re-raised with THROW, so the client sees the original error number.
+    """
+    return (
+        "DECLARE @sqlqueue_options int = @@OPTIONS, "
+        "@sqlqueue_own bit = CASE WHEN @@TRANCOUNT = 0 THEN 1 ELSE 0 END; "
+        "SET NOCOUNT ON; "
+        + "".join(f"{d}; " for d in parts.declares)
+        + "BEGIN TRY "
+        "IF @sqlqueue_own = 1 BEGIN SET XACT_ABORT ON; BEGIN TRANSACTION; END; "
+        + "".join(f"{s}; " for s in parts.body)
+        + "IF @sqlqueue_own = 1 COMMIT TRANSACTION; "
+        "END TRY BEGIN CATCH "
+        "IF @sqlqueue_own = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; "
+        f"{_RESTORE}THROW; "
+        "END CATCH; "
+        f"{_RESTORE}"
+        + "".join(f"{r}; " for r in parts.results)
+    )
 
 
 class MssqlDialect(Dialect):
     vendor = "microsoft"
     true_literal = "1"
     max_params = 2000  # SQL Server allows 2100 parameters per statement
+    #: Completions per batch: 4 parameters each, leaving room for a claim's in the same batch.
+    complete_chunk = 400
 
     def now(self) -> str:
         # The server's UTC clock; with USE_TZ the columns are datetimeoffset and this converts at +00:00.
         return "SYSUTCDATETIME()"
 
     def now_plus(self, seconds_sql: str) -> str:
-        return f"DATEADD(second, CAST({seconds_sql} AS int), SYSUTCDATETIME())"
+        # DATEADD takes an int: whole seconds overflow past 68 years (the API allows a century) and a
+        # fraction would be truncated (a 0.5 s backoff would become 0). So: days plus milliseconds, both
+        # far inside int, from one bigint count of milliseconds computed once in a scalar subquery (the
+        # expression, often a bound parameter, appears once).
+        return (
+            # (ms - days * 86400000, not ms % 86400000: a literal % would need escaping for the driver)
+            "(SELECT DATEADD(millisecond, CAST(s.ms - s.ms / 86400000 * 86400000 AS int), "
+            "DATEADD(day, CAST(s.ms / 86400000 AS int), SYSUTCDATETIME())) "
+            f"FROM (SELECT CAST(ROUND(CAST({seconds_sql} AS float) * 1000, 0) AS bigint) AS ms) AS s)"
+        )
 
     def ms_since(self, column_sql: str) -> str:
         return f"DATEDIFF_BIG(millisecond, {column_sql}, SYSUTCDATETIME())"
@@ -74,92 +143,208 @@ class MssqlDialect(Dialect):
     def locked_read_hint(self) -> str:
         return LOCKED_READ_HINT
 
-    def returning(self, columns: list[str]) -> tuple[str, str]:
-        return " OUTPUT " + ", ".join(f"inserted.{c}" for c in columns), ""
+    # ----- types ----------------------------------------------------------------------------------
+    def declare_types(self) -> dict[str, str]:
+        """SQL Server type of each returned column, from the model fields (``db_type``), never by hand."""
+        cached = self.__dict__.get("_declare_types")
+        if cached is None:
+            from ..models import Job
 
-    def _declare(self) -> str:
-        cols = ", ".join(f"{self.n.j[c]} {_DECLARE_TYPES[c]}" for c in JOB_COLUMNS)
-        return f"DECLARE @claimed TABLE ({cols})"
+            fields = {f.attname: f for f in Job._meta.concrete_fields}
+            cached = {c: fields[c].db_type(self.connection) for c in JOB_COLUMNS}
+            self.__dict__["_declare_types"] = cached
+        return cached
 
-    def claim_sql(self, req: ClaimRequest) -> tuple[str, list[Any]]:
+    def declare(self, variable: str, columns: Sequence[str] = JOB_COLUMNS) -> str:
+        """``DECLARE @variable TABLE (...)`` for ``columns`` (attnames), typed as the job table's."""
+        types = self.declare_types()
+        return f"DECLARE {variable} TABLE ({', '.join(f'{self.n.j[c]} {types[c]}' for c in columns)})"
+
+    def _output(self, columns: Sequence[str], variable: str) -> str:
+        # INTO without a column list: the table variable is declared in exactly this order.
+        return " OUTPUT " + ", ".join(f"inserted.{self.n.j[c]}" for c in columns) + f" INTO {variable}"
+
+    # ----- claim ----------------------------------------------------------------------------------
+    def reclaim_branches(self, req: ClaimRequest, common: str, common_params: list[Any], cols: str,
+                         order: str) -> tuple[list[str], list[Any]]:
+        """Three seeks instead of one OR: this worker's own (a restart), expired leases, dead workers'.
+
+        An ``OR`` of the three cannot seek one index; with UPDLOCK every Processing row it scanned and
+        rejected would stay locked to the end of the claim, blocking those jobs' completions and lease
+        renewals. Each branch here seeks a filtered index over Processing rows that covers it.
+        """
+        n, j = self.n, self.n.j
+        processing = f"j.{j['status_id']} = {int(Status.PROCESSING)}"
+        top = f"SELECT TOP (%s) {cols} FROM {n.job} AS j{CLAIM_HINTS}"
+        mine = f"{top} WHERE {processing} AND j.{j['worker']} = %s AND {common} ORDER BY {order}"
+        expired = (f"{top} WHERE {processing} AND j.{j['lease_expires_at']} < {self.now()} "
+                   f"AND {common} ORDER BY {order}")
+        dead = (
+            f"{top} INNER JOIN {n.worker_table} AS w ON w.{n.w['name']} = j.{j['worker']} "
+            f"WHERE {processing} AND (w.{n.w['stopped_at']} IS NOT NULL "
+            f"OR w.{n.w['last_heartbeat']} < {self.now_plus('%s')}) AND {common} ORDER BY {order}"
+        )
+        params = [req.limit, req.worker, *common_params,
+                  req.limit, *common_params,
+                  req.limit, -float(req.worker_dead_after_seconds), *common_params]
+        return [mine, expired, dead], params
+
+    BRANCH_NAMES = ("due", "mine", "expired", "dead")
+
+    def claim_batch(self, req: ClaimRequest) -> Batch:
+        """The claim: candidates, the UPDATE of the picked rows, their history rows, the rows back."""
         n, j, a = self.n, self.n.j, self.n.a
-        branches, params = self.candidate_branches(req, hint=CLAIM_HINTS, top="TOP (%s) ")
+        common, common_params = self.common_filters(req)
+        cols, order = self.candidate_columns(), self.candidate_order()
+        due = (f"SELECT TOP (%s) {cols} FROM {n.job} AS j{CLAIM_HINTS} "
+               f"WHERE {self.due_predicate()} AND {common} ORDER BY {order}")
+        branches, params = [due], [req.limit, *common_params]
+        if req.reclaim:
+            more, more_params = self.reclaim_branches(req, common, common_params, cols, order)
+            branches += more
+            params += more_params
         set_sql, set_params = self.claim_set_clause(req, alias="j")
-        output = ", ".join(f"inserted.{c}" for c in n.job_columns)
-        cols = ", ".join(n.job_columns)
-        sql = (
-            # NOCOUNT: no row-count messages, so the only result the driver sees is the final SELECT.
-            "SET NOCOUNT ON; "
-            f"{self._declare()}; "
-            f"WITH picked AS (SELECT TOP (%s) c.id FROM ("
-            f"{self.union_all(branches, alias=True)}"
-            f") AS c ORDER BY c.priority DESC, c.scheduled_for, c.id) "
-            # INTO without a column list: @claimed is declared in exactly the OUTPUT order.
-            f"UPDATE j SET {set_sql} OUTPUT {output} INTO @claimed "
-            f"FROM {n.job} AS j INNER JOIN picked ON picked.id = j.{j['id']}; "
+        body = [
+            # The derived table, not a CTE: the same plan on SQL Server (a CTE is inlined), and Babelfish
+            # (the tds test stage) cannot run UPDATE ... FROM a CTE with OUTPUT INTO.
+            # INNER LOOP JOIN: the picked ids drive one primary-key seek each into the job table; a hash
+            # or merge join would scan the target and U-lock every row (and two claimers could deadlock).
+            f"UPDATE j SET {set_sql}{self._output(JOB_COLUMNS, '@claimed')} "
+            # DISTINCT: a stuck job can be in more than one reclaim branch (mine and expired, say).
+            f"FROM (SELECT DISTINCT TOP (%s) c.id, c.priority, c.scheduled_for "
+            f"FROM ({self.union_all(branches, alias=True)}) AS c "
+            f"ORDER BY c.priority DESC, c.scheduled_for, c.id) AS picked "
+            f"INNER LOOP JOIN {n.job} AS j ON j.{j['id']} = picked.id",
             f"INSERT INTO {n.attempt} ({a['job_id']}, {a['attempt_num']}, {a['worker']}, {a['claimed_at']}, "
             f"{a['error']}) SELECT {j['id']}, {j['attempt_num']}, {j['worker']}, {j['started_at']}, N'' "
-            f"FROM @claimed; "
-            f"SELECT {cols} FROM @claimed ORDER BY {j['priority']} DESC, {j['scheduled_for']}, {j['id']};"
-        )
-        return sql, [req.limit, *params, *set_params]
+            f"FROM @claimed",
+        ]
+        results = [f"SELECT {', '.join(n.job_columns)} FROM @claimed "
+                   f"ORDER BY {j['priority']} DESC, {j['scheduled_for']}, {j['id']}"]
+        return Batch([self.declare("@claimed")], body, results, [*set_params, req.limit, *params])
+
+    def claim_sql(self, req: ClaimRequest) -> tuple[str, list[Any]]:
+        parts = self.claim_batch(req)
+        return batch(parts), parts.params
 
     def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
-        sql, params = self.claim_sql(req)
-        cursor.execute(sql, params)
-        return cursor.fetchall()
+        return self.complete_and_claim(cursor, [], req)[1]
 
-    def complete_sql(self, nrows: int) -> str:
-        """One batch: UPDATE ... OUTPUT INTO @done, close the history rows from @done, SELECT @done.
+    # ----- completion -----------------------------------------------------------------------------
+    def complete_batch(self, items: list[tuple[int, int, Any, int | None]]) -> Batch:
+        """Complete Processing jobs whose token matches and close their history rows; return them.
 
-        OUTPUT goes INTO a table variable (not straight to the client) so the history UPDATE can join
-        it, as in the claim. The UPDATE's own update locks make the token test current even under
-        READ_COMMITTED_SNAPSHOT (an UPDATE reads the latest committed row, never a version).
+        The job table is the UPDATE's target by name, joined in the WHERE clause, not by alias in the
+        FROM clause: the same statement on SQL Server, and the form Babelfish runs (an aliased or
+        FROM-listed target whose SET reads the VALUES rows, with OUTPUT, fails there). ``OPTION (LOOP
+        JOIN)``: the few VALUES rows drive primary-key seeks; a hash or merge join would scan the table.
+        The UPDATE's own update locks make the token test current even under READ_COMMITTED_SNAPSHOT.
         """
         n, j, a = self.n, self.n.j, self.n.a
-        output = ", ".join(f"inserted.{c}" for c in n.job_columns)
-        return (
-            "SET NOCOUNT ON; "
-            f"{self._declare().replace('@claimed', '@done')}; "
-            f"UPDATE j SET {self.complete_set_clause('j')} OUTPUT {output} INTO @done "
-            f"FROM {n.job} AS j INNER JOIN {self.complete_values(nrows)} "
-            f"ON j.{j['id']} = v.vid AND j.{j['version']} = v.vversion "
-            f"WHERE j.{j['status_id']} = {int(Status.PROCESSING)}; "
+        body = [
+            f"UPDATE {n.job} SET {self.complete_set_clause(n.job)}{self._output(JOB_COLUMNS, '@done')} "
+            f"FROM {self.complete_values(len(items))} "
+            f"WHERE {n.job}.{j['id']} = v.vid AND {n.job}.{j['version']} = v.vversion "
+            f"AND {n.job}.{j['status_id']} = {int(Status.PROCESSING)} OPTION (LOOP JOIN)",
             f"UPDATE a SET {a['finished_at']} = SYSUTCDATETIME(), {a['outcome_id']} = {int(Status.COMPLETED)}, "
             f"{a['error']} = N'', {a['duration_ms']} = d.{j['duration_ms']} "
-            f"FROM {n.attempt} AS a INNER JOIN @done AS d ON a.{a['job_id']} = d.{j['id']} "
-            f"AND a.{a['attempt_num']} = d.{j['attempt_num']} WHERE a.{a['finished_at']} IS NULL; "
-            f"SELECT {', '.join(n.job_columns)} FROM @done;"
-        )
+            f"FROM @done AS d INNER LOOP JOIN {n.attempt} AS a ON a.{a['job_id']} = d.{j['id']} "
+            f"AND a.{a['attempt_num']} = d.{j['attempt_num']} WHERE a.{a['finished_at']} IS NULL",
+        ]
+        return Batch([self.declare("@done")], body, [f"SELECT {', '.join(n.job_columns)} FROM @done"],
+                     [p for item in items for p in item])
+
+    def complete_sql(self, nrows: int) -> str:
+        return batch(self.complete_batch([(0, 0, None, None)] * nrows))
+
+    def statements(self, completions: int, claim: bool) -> int:
+        # The last chunk of completions and the claim share one batch.
+        return max(-(-completions // self.complete_chunk), int(claim))
+
+    def write_transaction(self, cursor: CursorWrapper, completions: int = 0,
+                          claim: bool = True) -> AbstractContextManager[Any]:
+        # One batch carries its own transaction (see batch()): no client-side BEGIN/COMMIT round trips.
+        if (self.statements(completions, claim) == 1 and self.connection.get_autocommit()
+                and not self.connection.in_atomic_block):
+            return nullcontext()
+        return super().write_transaction(cursor, completions, claim)
+
+    def complete_and_claim(self, cursor: CursorWrapper, items: list[tuple[int, int, Any, int | None]],
+                           req: ClaimRequest | None) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        finished: list[tuple[Any, ...]] = []
+        chunks = [items[i:i + self.complete_chunk] for i in range(0, len(items), self.complete_chunk)]
+        for chunk in chunks[:-1] if req is not None else chunks:
+            cursor.execute(batch(b := self.complete_batch(chunk)), b.params)
+            finished.extend(cursor.fetchall())
+        if req is None:
+            return finished, []
+        parts = Batch()
+        if chunks:
+            parts.extend(self.complete_batch(chunks[-1]))
+        parts.extend(self.claim_batch(req))
+        cursor.execute(batch(parts), parts.params)
+        if chunks:
+            finished.extend(cursor.fetchall())
+            cursor.nextset()
+        return finished, cursor.fetchall()
+
+    # ----- modify and enqueue ---------------------------------------------------------------------
+    def update_returning(self, set_sql: str, where_sql: str) -> str:
+        return batch(Batch(
+            [self.declare("@changed")],
+            [f"UPDATE {self.n.job} SET {set_sql}{self._output(JOB_COLUMNS, '@changed')} WHERE {where_sql}"],
+            [f"SELECT {', '.join(self.n.job_columns)} FROM @changed"],
+        ))
 
     multi_row_dedupe = False
 
     def insert_sql(self, columns: list[str], nrows: int, dedupe: bool, returning: Sequence[str] = ()) -> str:
-        back = [self.n.j[c] for c in returning] if returning else self.n.job_columns
-        output = ", ".join(f"inserted.{c}" for c in back)
+        key = (tuple(columns), nrows, dedupe, tuple(returning))
+        sql = self._insert_sql_cache.get(key)
+        if sql is None:
+            sql = batch(self.insert_batch(columns, nrows, dedupe, tuple(returning) or JOB_COLUMNS))
+            if len(self._insert_sql_cache) < 64:
+                self._insert_sql_cache[key] = sql
+        return sql
+
+    def insert_batch(self, columns: list[str], nrows: int, dedupe: bool, back: Sequence[str]) -> Batch:
         cols = self.insert_columns_sql(columns)
+        output = self._output(back, "@inserted")
+        select = [f"SELECT {', '.join(self.n.j[c] for c in back)} FROM @inserted"]
         if not dedupe:
             values = ", ".join([self.insert_values_sql(columns)] * nrows)
-            return f"INSERT INTO {self.n.job} ({cols}) OUTPUT {output} VALUES {values}"
+            return Batch([self.declare("@inserted", back)],
+                         [f"INSERT INTO {self.n.job} ({cols}){output} VALUES {values}"], select)
         # Dedupe, one row per statement: insert only if no unfinished job holds the key. UPDLOCK +
         # HOLDLOCK take a key-range lock on the (possibly absent) key, so a racing second enqueue waits
         # here, then sees the first row and inserts nothing; the filtered unique index is the backstop.
         j = self.n.j
         select_values = self.insert_values_sql(columns)[1:-1]
-        return (
-            f"INSERT INTO {self.n.job} ({cols}) OUTPUT {output} SELECT {select_values} "
+        return Batch([self.declare("@inserted", back)], [
+            f"INSERT INTO {self.n.job} ({cols}){output} SELECT {select_values} "
             f"WHERE NOT EXISTS (SELECT 1 FROM {self.n.job} WITH (UPDLOCK, HOLDLOCK) "
             f"WHERE {j['dedupe_key']} = %s AND {j['status_id']} IN ({sql_list(UNFINISHED)}))"
-        )
+        ], select)
 
     def insert_params(self, columns: list[str], row: list[Any], dedupe: bool) -> list[Any]:
         params = self.values_params(columns, row)
         return [*params, row[columns.index("dedupe_key")]] if dedupe else params
 
+    # ----- errors ---------------------------------------------------------------------------------
     def is_retryable_error(self, exc: BaseException) -> bool:
-        # 1205: chosen as deadlock victim; 1222: lock request timeout. Both are safe to retry.
-        text = str(exc)
-        return "1205" in text or "1222" in text or "deadlock" in text.lower()
+        """Deadlock victim (1205), lock timeout (1222), snapshot update conflict (3960): safe to rerun.
+
+        Read from the driver's exception, never by searching the message for digits (a job id or a
+        payload in the text could contain them): pyodbc's native error number at the end of its
+        message and its SQLSTATE (``args[0]``); mssql-python's SQLSTATE (it keeps no native number).
+        """
+        driver = exc.__cause__ if exc.__cause__ is not None else exc
+        args = getattr(driver, "args", ())
+        if len(args) >= 2 and isinstance(args[0], str) and isinstance(args[1], str):  # pyodbc
+            native = _PYODBC_NATIVE.search(args[1])
+            return args[0] in RETRYABLE_SQLSTATES or (native is not None and int(native[1]) in RETRYABLE_ERRORS)
+        state = _MSSQL_PYTHON_SQLSTATES.get(getattr(driver, "driver_error", None) or "")
+        return state in RETRYABLE_SQLSTATES
 
 
-__all__ = ["MssqlDialect", "CLAIM_HINTS", "LOCKED_READ_HINT", "COL"]
+__all__ = ["MssqlDialect", "Batch", "batch", "CLAIM_HINTS", "LOCKED_READ_HINT", "COL"]

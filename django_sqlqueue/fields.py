@@ -1,0 +1,28 @@
+"""Model fields the queue's tables need beyond Django's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import models
+
+
+class JSONValueField(models.JSONField):
+    """A JSONField whose column takes any JSON value on every vendor: objects, arrays and scalars.
+
+    mssql-django gives every JSONField ``CHECK (ISJSON(col) = 1)``, and SQL Server's ISJSON is 0 for a
+    scalar (``42``, ``"done"``, ``true``, ``null``) before SQL Server 2022's ``ISJSON(x, VALUE)``: a handler
+    or ``@task`` returning one would fail with a check violation. Wrapped in brackets any single JSON
+    value is an array, so the check here keeps refusing malformed text on SQL Server 2016 and later while
+    taking every value ``json.dumps`` writes. Other vendors keep Django's own check (none).
+    """
+
+    def db_check(self, connection: Any) -> str | None:
+        if connection.vendor == "microsoft":
+            return json_value_check(connection.ops.quote_name(self.column))
+        return super().db_check(connection)
+
+
+def json_value_check(quoted_column: str) -> str:
+    """The SQL Server check that ``quoted_column`` holds one JSON value of any kind (NULL passes)."""
+    return f"(ISJSON(N'[' + {quoted_column} + N']') = 1)"
