@@ -137,3 +137,9 @@ def test_the_registry_asks_its_resolvers_once_per_unknown_name() -> None:
     reg.add_resolver(lambda name: None)  # a new resolver may know it: ask again
     assert not reg.is_registered("pkg.missing")
     assert asked == ["pkg.missing", "pkg.missing"]
+
+
+@task()
+def give_back(value: Any) -> Any:
+    """Returns its argument: scalars (42, "done", True, None) are stored as the job's response as they are."""
+    return value

@@ -107,6 +107,19 @@ def test_tasks_round_trip_through_a_worker_process() -> None:
         assert all(":" in w for w in r.worker_ids) and r.attempts == len(r.worker_ids)
 
 
+def test_scalar_and_object_return_values_come_back() -> None:
+    """Every JSON value a task may return is stored and read back: on SQL Server mssql-django's own
+    ISJSON check would refuse the scalars (see django_sqlqueue.fields.JSONValueField)."""
+    values = [42, "done", True, None, 2.5, {"a": [1, "x"]}, [1, 2]]
+    results = [defs.give_back.enqueue(v) for v in values]
+    proc = run_worker("--concurrency", "1")
+    assert f"processed={len(values)} " in proc.stdout + proc.stderr
+    for value, enqueued in zip(values, results, strict=True):
+        result = task_backends["default"].get_result(enqueued.id)
+        assert result.status == TaskResultStatus.SUCCESSFUL, (value, result.errors)
+        assert result.return_value == value and type(result.return_value) is type(value)
+
+
 def test_a_rolled_back_enqueue_is_never_run() -> None:
     from django.db import transaction
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-from django_sqlqueue.dialects.mssql import MssqlDialect
-from django_sqlqueue.dialects.mssql import batch
+from django_sqlqueue.dialects.mssql import MssqlDialect, batch
 from tests.test_tsql import dialect, parse_batch  # noqa: F401  (the module's rendering fixture)
 
 
