@@ -38,6 +38,7 @@ from .admin_filters import (
     StepFilter,
     WorkerFilter,
     date_hierarchy_context,
+    has_error,
 )
 from .admin_subtypes import ReadOnlyJobInline, subtype_inlines_for
 from .admin_types import JobTypeAdmin, WorkerAdmin, status_badge
@@ -199,7 +200,7 @@ class JobAdmin(admin_actions.JobActionPermissions, admin.ModelAdmin):
             return queryset.filter(Q(pk=int(term.lstrip("#"))) | Q(dedupe_key=term)), False
         if queryset.model.objects.filter(dedupe_key=term).exists():  # one seek: a key is exact, stop here
             return queryset.filter(dedupe_key=term), False
-        return queryset.filter(error__gt="", error__icontains=term), False
+        return queryset.filter(has_error(queryset.db), error__icontains=term), False
 
     def action_checkbox(self, obj: Job) -> SafeString:
         """Django's checkbox (written out: its widget template costs ~0.3 ms a row) plus the job's token.

@@ -21,14 +21,15 @@ from typing import Any
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import Max, Min, Q, QuerySet
+from django.db.models import BooleanField, Max, Min, Q, QuerySet
+from django.db.models.expressions import RawSQL
 from django.utils import formats, timezone
 from django.utils.functional import cached_property
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 from django_admin_listfilter_dropdown.filters import SimpleDropdownFilter
 
-from .states import CLAIMABLE, Status
+from .states import CLAIMABLE, Status, sql_list
 
 #: How many distinct queue / step values a filter lists at most (each costs one index seek).
 MAX_DISTINCT_VALUES = 50
@@ -157,10 +158,42 @@ class _YesFilter(admin.SimpleListFilter):
         return [("1", _("Yes"))]
 
     def queryset(self, request: Any, queryset: QuerySet) -> QuerySet | None:
-        return queryset.filter(self.condition()) if self.value() == "1" else queryset
+        return queryset.filter(self.condition(queryset.db)) if self.value() == "1" else queryset
 
-    def condition(self) -> Q:
+    def condition(self, using: str) -> Q:
         raise NotImplementedError
+
+
+def index_predicate(using: str, column: str, sql: str) -> Q:
+    """``<job table>.<column> <sql>`` written into the query as text, for a partial/filtered index's own
+    predicate: SQL Server matches a filtered index only when the query's predicate is the same literal
+    at compile time, and Django would send ``status_id = @P1`` / ``error > @P1`` as parameters, so those
+    indexes would be kept up to date and never read. ``sql`` holds code constants only (status ids from
+    :mod:`.states`, an empty string), never input; names come from model meta through ``quote_name``.
+    """
+    from .models import Job
+
+    qn = connections[using].ops.quote_name
+    field = Job._meta.get_field(column)
+    return Q(RawSQL(f"{qn(Job._meta.db_table)}.{qn(field.column)} {sql}", [], output_field=BooleanField()))
+
+
+def overdue(using: str, now: datetime.datetime) -> Q:
+    """Claimable and due: the claim index's own status list, as a literal."""
+    return index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})") & Q(scheduled_for__lte=now)
+
+
+def lease_expired(using: str, now: datetime.datetime) -> Q:
+    """Processing with an expired lease: sqlqueue_job_processing's own predicate, as a literal."""
+    return index_predicate(using, "status", f"= {int(Status.PROCESSING)}") & Q(lease_expires_at__lt=now)
+
+
+def has_error(using: str) -> Q:
+    """Jobs with error text: ``error > ''``, the predicate of the partial index sqlqueue_job_has_error
+    (rather than ``NOT error = ''``, a form SQL Server does not accept in a filtered index)."""
+    from .dialects import get_dialect
+
+    return index_predicate(using, "error", f"> {get_dialect(connections[using]).empty_string}")
 
 
 class OverdueFilter(_YesFilter):
@@ -169,9 +202,8 @@ class OverdueFilter(_YesFilter):
     title = _("overdue")
     parameter_name = "overdue"
 
-    def condition(self) -> Q:
-        # The same literal status list as the partial claim index, so the planner can use it.
-        return Q(status_id__in=sorted(CLAIMABLE), scheduled_for__lte=timezone.now())
+    def condition(self, using: str) -> Q:
+        return overdue(using, timezone.now())
 
 
 class LeaseExpiredFilter(_YesFilter):
@@ -180,8 +212,8 @@ class LeaseExpiredFilter(_YesFilter):
     title = _("lease expired")
     parameter_name = "lease_expired"
 
-    def condition(self) -> Q:
-        return Q(status_id=Status.PROCESSING, lease_expires_at__lt=timezone.now())  # sqlqueue_job_processing
+    def condition(self, using: str) -> Q:
+        return lease_expired(using, timezone.now())
 
 
 class HasErrorFilter(_YesFilter):
@@ -190,10 +222,8 @@ class HasErrorFilter(_YesFilter):
     title = _("has error")
     parameter_name = "has_error"
 
-    def condition(self) -> Q:
-        # ``error > ''`` rather than ``NOT error = ''``: the same predicate as the partial index
-        # sqlqueue_job_has_error, and a form SQL Server accepts in a filtered index.
-        return Q(error__gt="")
+    def condition(self, using: str) -> Q:
+        return has_error(using)
 
 
 def _int(value: Any) -> int | None:

@@ -201,16 +201,17 @@ def oldest_due(job_model: type[Job], now: datetime) -> datetime | None:
 
 def backlog(job_model: type[Job], now: datetime) -> dict[str, Any]:
     """The oldest due Pending job's age, and how many jobs are overdue or hold an expired lease."""
+    from .admin_filters import lease_expired, overdue  # the partial indexes' own predicates, as literals
+
     oldest = oldest_due(job_model, now)
-    overdue, overdue_capped = _capped_count(
-        job_model.objects.filter(status_id__in=sorted(CLAIMABLE), scheduled_for__lte=now))
-    expired, expired_capped = _capped_count(
-        job_model.objects.filter(status_id=Status.PROCESSING, lease_expires_at__lt=now))  # partial index
+    jobs = job_model.objects.all()
+    overdue_count, overdue_capped = _capped_count(jobs.filter(overdue(jobs.db, now)))
+    expired, expired_capped = _capped_count(jobs.filter(lease_expired(jobs.db, now)))
     return {
         "oldest_due": oldest,
         "oldest_due_age": (now - oldest) if oldest else None,
         "oldest_due_url": changelist_url(status=int(Status.PENDING), overdue=1),
-        "overdue": overdue, "overdue_capped": overdue_capped, "overdue_url": changelist_url(overdue=1),
+        "overdue": overdue_count, "overdue_capped": overdue_capped, "overdue_url": changelist_url(overdue=1),
         "lease_expired": expired, "lease_expired_capped": expired_capped,
         "lease_expired_url": changelist_url(lease_expired=1),
     }

@@ -483,7 +483,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         alias = self._alias(using)
         dialect = get_dialect(connections[alias])
         with connections[alias].cursor() as cursor:
-            cursor.execute(dialect.select_job_sql(f"{dialect.n.j['id']} = %s"), [job_id])
+            dialect.execute(cursor, dialect.select_job_sql(f"{dialect.n.j['id']} = %s"), [job_id])
             rows = cursor.fetchall()
         if not rows:
             raise JobNotFound(f"no job with id {job_id}")
@@ -539,7 +539,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                                          run_in, reset_attempts, alias, ms)
         sql = dialect.modify_sql(sets)
         with transaction.atomic(using=alias), connection.cursor() as cursor:
-            cursor.execute(sql, [*params, job.pk, token])
+            dialect.execute(cursor, sql, [*params, job.pk, token])
             rows = cursor.fetchall()
             if not rows:
                 raise StaleJob(f"job {job.pk} changed since token {token} was read; nothing was changed")
@@ -617,10 +617,10 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
     def _close_attempt(self, cursor: Any, dialect: Any, before: Job, after: Job, *, released: bool) -> None:
         if released:
-            cursor.execute(dialect.delete_attempt_sql(), [before.pk, before.attempt_num])
+            dialect.execute(cursor, dialect.delete_attempt_sql(), [before.pk, before.attempt_num])
             return
         error = after.error if after.status_id in (Status.ERROR, Status.FAILED) else ""
-        cursor.execute(dialect.close_attempt_sql(),
+        dialect.execute(cursor, dialect.close_attempt_sql(),
                        [after.status_id, error, after.duration_ms, before.pk, before.attempt_num])
 
     # ----- conveniences over modify ---------------------------------------------------------------
@@ -666,7 +666,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         alias = self._alias(using)
         dialect = get_dialect(connections[alias])
         with connections[alias].cursor() as cursor:
-            cursor.execute(dialect.renew_leases_sql(len(job_ids)), [int(lease_seconds), *job_ids, worker])
+            dialect.execute(cursor, dialect.renew_leases_sql(len(job_ids)), [int(lease_seconds), *job_ids, worker])
             return cursor.rowcount
 
     def reap(self, *, using: str | None = None, limit: int = 500) -> int:
@@ -678,7 +678,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         alias = self._alias(using)
         dialect = get_dialect(connections[alias])
         with connections[alias].cursor() as cursor:
-            cursor.execute(dialect.reap_candidates_sql(), [get_settings().MAX_ATTEMPTS])
+            dialect.execute(cursor, dialect.reap_candidates_sql(), [get_settings().MAX_ATTEMPTS])
             ids = [r[0] for r in cursor.fetchmany(limit)]
         done = 0
         for job_id in ids:

@@ -104,6 +104,9 @@ def database_from_url(url: str) -> dict:
             # test harness's workaround for a Babelfish gap; see that module). A real SQL Server: "mssql".
             "ENGINE": os.environ.get("SQLQUEUE_MSSQL_ENGINE", "mssql"),
             **common,
+            # SQLQUEUE_MSSQL_TEST_NAME: the test database (each tds test session names its own).
+            **({"TEST": {"NAME": os.environ["SQLQUEUE_MSSQL_TEST_NAME"]}} if os.environ.get("SQLQUEUE_MSSQL_TEST_NAME")
+               else {}),
             "OPTIONS": {
                 "python_driver": "mssql_python",
                 "extra_params": os.environ.get("SQLQUEUE_MSSQL_EXTRA", "Encrypt=yes;TrustServerCertificate=yes"),

@@ -63,3 +63,17 @@ def make_type(db):
 
 def is_postgres() -> bool:
     return connection.vendor == "postgresql"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _babelfish_fresh_connection(request):
+    """tds stage only: reconnect once the test database exists. The connection that created it (and
+    ran its migrations) keeps name resolution from the database it first logged in to, and Babelfish
+    then looks for ``<db>_<db>_dbo.<table>`` in foreign key checks (a Babelfish bug)."""
+    if VENDOR_DB != "tds":
+        yield
+        return
+    request.getfixturevalue("django_db_setup")
+    with request.getfixturevalue("django_db_blocker").unblock():
+        connection.close()
+    yield

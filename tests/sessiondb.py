@@ -53,6 +53,8 @@ elif _TEST_DB == "tds":
         os.environ["SQLQUEUE_DATABASE_URL"] = babelfish.create_database(babelfish.start(), "sqlqueue")
     for _key, _value in babelfish.ENV.items():
         os.environ.setdefault(_key, _value)
+    # A test database of this session's own: two sessions on one endpoint never drop each other's.
+    os.environ.setdefault("SQLQUEUE_MSSQL_TEST_NAME", f"test_sqlqueue_{os.getpid()}")
 elif _TEST_DB not in ("sqlite", "postgres", "mssql"):
     raise SystemExit(f"SQLQUEUE_TEST_DB must be sqlite, postgres, mssql or tds, not {_TEST_DB!r}")
 

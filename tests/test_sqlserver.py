@@ -132,13 +132,15 @@ def test_a_delay_of_decades_does_not_overflow(noop_type: JobType) -> None:
 # ----- indexes (migration 0004) -------------------------------------------------------------------
 def test_the_claim_indexes_exist_with_their_filters() -> None:
     microsoft_only()
+    babelfish = is_babelfish()
     with connection.cursor() as cursor:
         cursor.execute("SELECT name FROM sys.indexes WHERE object_id = OBJECT_ID(%s)", [Job._meta.db_table])
         names = [row[0] or "" for row in cursor.fetchall()]
     for wanted in ("sqlqueue_job_claim", "sqlqueue_job_processing", "sqlqueue_job_processing_worker"):
-        # Babelfish appends a hash to index names; SQL Server keeps them as created
-        assert any(n == wanted or (n.startswith(wanted) and len(n) == len(wanted) + 32) for n in names), names
-    if not is_babelfish():  # Babelfish accepts LOCK_ESCALATION and reports TABLE regardless
+        # Babelfish stores name + table name, cut short, + a 32-digit hash; SQL Server keeps the name
+        assert any(n == wanted or (babelfish and len(n) > 32 and (wanted + Job._meta.db_table).startswith(n[:-32]))
+                   for n in names), names
+    if not babelfish:  # Babelfish accepts LOCK_ESCALATION and reports TABLE regardless
         with connection.cursor() as cursor:
             cursor.execute("SELECT lock_escalation_desc FROM sys.tables WHERE object_id = OBJECT_ID(%s)",
                            [Job._meta.db_table])
@@ -165,3 +167,18 @@ def test_the_queues_writes_work_beside_a_trigger(noop_type: JobType) -> None:
     finally:
         with connection.cursor() as cursor:
             cursor.execute("DROP TRIGGER sqlqueue_test_audit")
+
+
+def test_completions_and_a_claim_are_one_batch_in_autocommit(noop_type: JobType) -> None:
+    """No client-side BEGIN/COMMIT: the batch holds its own transaction (see dialects/mssql.batch)."""
+    microsoft_only()
+    from django.test.utils import CaptureQueriesContext
+
+    Job.objects.enqueue_many([JobSpec("Noop") for _ in range(3)])
+    [first] = Job.objects.claim("w", 1)
+    with CaptureQueriesContext(connection) as ctx:
+        [done], claimed = Job.objects.complete_and_claim([(first, "ok")], "w", 2)
+    assert len(ctx.captured_queries) == 1 and ctx.captured_queries[0]["sql"].startswith("DECLARE @sqlqueue_options")
+    assert done.state is Status.COMPLETED and done.response == "ok"
+    assert len(claimed) == 2 and all(j.state is Status.PROCESSING for j in claimed)
+    assert connection.get_autocommit() and not connection.in_atomic_block

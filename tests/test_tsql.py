@@ -104,10 +104,11 @@ def test_claim_batch(dialect: MssqlDialect, req: ClaimRequest) -> None:
 
 
 def test_batch_saves_and_restores_session_settings() -> None:
-    """NOCOUNT (and XACT_ABORT) set by a batch outlive it: both are put back, on success and on error."""
+    """NOCOUNT and XACT_ABORT set by a batch outlive it: NOCOUNT ends OFF and XACT_ABORT as it was, on
+    success and on error."""
     sql = batch(Batch(["DECLARE @t TABLE (id bigint)"], ["UPDATE x SET a = 1"], ["SELECT id FROM @t"]))
     assert sql.startswith("DECLARE @sqlqueue_options int = @@OPTIONS")
-    restore = "IF @sqlqueue_options & 512 = 0 SET NOCOUNT OFF; IF @sqlqueue_options & 16384 = 0 SET XACT_ABORT OFF;"
+    restore = "SET NOCOUNT OFF; IF (@sqlqueue_options & 16384) = 0 SET XACT_ABORT OFF;"
     assert sql.count(restore) == 2  # in CATCH before THROW, and before the result SELECTs
     assert sql.index("THROW") > sql.index(restore) and sql.rindex(restore) < sql.index("SELECT id FROM @t")
     # its own transaction only in autocommit; inside the caller's it joins that one
@@ -167,7 +168,9 @@ def test_housekeeping_statements(dialect: MssqlDialect, statement: str) -> None:
 
 
 def test_renew_leases(dialect: MssqlDialect) -> None:
-    [update] = parse(dialect.renew_leases_sql(3), [60, 1, 2, 3, "w"])
+    sql = dialect.renew_leases_sql(3)
+    assert sql.startswith("SET NOCOUNT OFF; ")  # the caller reads the row count
+    [_, update] = parse(sql, [60, 1, 2, 3, "w"])
     assert "DATEADD(MILLISECOND" in update.sql("tsql").upper()
 
 

@@ -99,6 +99,8 @@ class Dialect:
     supports_notify: bool = False
     #: Literal for boolean true in this vendor's SQL.
     true_literal: str = "TRUE"
+    #: The empty string as a literal of the text columns' type.
+    empty_string: str = "''"
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
@@ -136,6 +138,10 @@ class Dialect:
         return -(-completions // self.complete_chunk) + int(claim)
 
     # ----- statements ---------------------------------------------------------------------------
+    def execute(self, cursor: CursorWrapper, sql: str, params: Sequence[Any]) -> None:
+        """Send one of the queue's statements (a vendor may declare the parameters' types first)."""
+        cursor.execute(sql, params)
+
     def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
         """Claim up to ``req.limit`` jobs in ONE statement (or one batch); return JOB_COLUMNS rows.
 
@@ -164,7 +170,7 @@ class Dialect:
         out: list[tuple[Any, ...]] = []
         for start in range(0, len(items), self.complete_chunk):
             part = items[start:start + self.complete_chunk]
-            cursor.execute(self.complete_sql(len(part)), [p for item in part for p in item])
+            self.execute(cursor, self.complete_sql(len(part)), [p for item in part for p in item])
             out.extend(cursor.fetchall())
         return out
 
@@ -428,11 +434,11 @@ class Dialect:
             out: list[tuple[Any, ...]] = []
             sql = self.insert_sql(columns, 1, True)
             for row in rows:
-                cursor.execute(sql, self.insert_params(columns, row, True))
+                self.execute(cursor, sql, self.insert_params(columns, row, True))
                 out.extend(cursor.fetchall())
             return out
         params = [p for row in rows for p in self.insert_params(columns, row, dedupe)]
-        cursor.execute(self.insert_sql(columns, len(rows), dedupe), params)
+        self.execute(cursor, self.insert_sql(columns, len(rows), dedupe), params)
         return cursor.fetchall()
 
     #: What the database decides when a job is inserted: its id and its clock stamps.
@@ -448,7 +454,7 @@ class Dialect:
         the payload back to parse it again cost a sixth of an enqueue.
         """
         params = [p for row in rows for p in self.insert_params(columns, row, False)]
-        cursor.execute(self.insert_sql(columns, len(rows), False, returning=self.STAMPED), params)
+        self.execute(cursor, self.insert_sql(columns, len(rows), False, returning=self.STAMPED), params)
         # RETURNING/OUTPUT order is not promised; ids are drawn in VALUES order.
         return sorted(cursor.fetchall(), key=lambda r: r[0])
 

@@ -2,10 +2,9 @@
 
 Every write is one batch and one round trip, wrapped by :func:`batch`:
 
-- ``SET NOCOUNT ON`` so the only results the driver sees are the final SELECTs, and the session's own
-  setting put back before them (NOCOUNT set in a batch outlives it: left on, every later DML on the
-  connection would report rowcount -1, as mssql-django knows, which is why it prefixes its own UPDATEs
-  with ``SET NOCOUNT OFF``).
+- ``SET NOCOUNT ON`` so the only results the driver sees are the final SELECTs, and ``OFF`` again before
+  them (NOCOUNT set in a batch outlives it: left on, every later DML on the connection would report
+  rowcount -1; mssql-django prefixes its own UPDATEs with ``SET NOCOUNT OFF`` for that reason).
 - In autocommit the batch owns its transaction (``BEGIN TRANSACTION`` ... ``COMMIT`` inside it, with
   ``XACT_ABORT ON`` so that any error, or a client timeout, rolls it back whole): no autocommit switch
   and no COMMIT round trips from the client. Inside the caller's transaction it joins that one.
@@ -26,6 +25,7 @@ import re
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..states import UNFINISHED, Status, sql_list
@@ -51,14 +51,17 @@ PROCESSING_WORKER_INDEX = "sqlqueue_job_processing_worker"
 #: is rejected from the index entry, without a key lookup (and its lock) in the base table.
 CLAIM_INCLUDE = ("queue", "job_type_id", "attempt_num", "max_attempts")
 
-#: @@OPTIONS bits of the session settings a batch changes and must put back.
-NOCOUNT_BIT = 512
+#: @@OPTIONS bit of XACT_ABORT, which a batch turns on and must put back as it was.
 XACT_ABORT_BIT = 16384
 #: SQL Server's native error numbers that mean "nothing was done, run it again": 1205 chosen as deadlock
 #: victim, 1222 lock request timeout (only with SET LOCK_TIMEOUT), 3960 snapshot update conflict.
 RETRYABLE_ERRORS = frozenset({1205, 1222, 3960})
 #: SQLSTATE of deadlock victims and snapshot update conflicts (ODBC maps both there).
 RETRYABLE_SQLSTATES = frozenset({"40001"})
+# ODBC SQL type codes (the same numbers in mssql-python and pyodbc) for the parameters' declared types.
+SQL_WVARCHAR, SQL_BIGINT, SQL_DOUBLE, SQL_TYPE_TIMESTAMP, SQL_SS_TIMESTAMPOFFSET = -9, -5, 8, 93, -155
+#: nvarchar(4000), or nvarchar(max) (column size 0) for longer text.
+NVARCHAR_MAX_INLINE = 4000
 # pyodbc ends a message with "(<native error>) (SQLExecDirectW)": read the number from that position only.
 _PYODBC_NATIVE = re.compile(r"\((\d+)\) \(SQL\w+\)\s*$")
 # mssql-python keeps no native number; its exception says which SQLSTATE it was raised for.
@@ -83,12 +86,15 @@ class Batch:
         return self
 
 
-_RESTORE = (f"IF @sqlqueue_options & {NOCOUNT_BIT} = 0 SET NOCOUNT OFF; "
-            f"IF @sqlqueue_options & {XACT_ABORT_BIT} = 0 SET XACT_ABORT OFF; ")
+# NOCOUNT ends OFF, Django's baseline: mssql-django's own ORM INSERT leaves it ON (its SCOPE_IDENTITY
+# batch) and prefixes its UPDATE/DELETE with SET NOCOUNT OFF rather than trusting it, so "what the
+# session had" may be a leaked ON. XACT_ABORT is put back as it was (parenthesised: T-SQL binds & before
+# =, and so the statement reads the same on every parser).
+_RESTORE = f"SET NOCOUNT OFF; IF (@sqlqueue_options & {XACT_ABORT_BIT}) = 0 SET XACT_ABORT OFF; "
 
 
 def batch(parts: Batch) -> str:
-    """The T-SQL text of ``parts``: session settings saved and put back, the body in one transaction.
+    """The T-SQL text of ``parts``: session settings put back, the body in one transaction.
 
     ``@sqlqueue_own`` is 1 when no transaction is open (autocommit): then the batch begins and commits
     its own, with XACT_ABORT ON so that an error or a client timeout leaves nothing half done. Inside the
@@ -117,6 +123,7 @@ def batch(parts: Batch) -> str:
 class MssqlDialect(Dialect):
     vendor = "microsoft"
     true_literal = "1"
+    empty_string = "N''"  # nvarchar, as the columns and mssql-django's filtered index definitions
     max_params = 2000  # SQL Server allows 2100 parameters per statement
     #: Completions per batch: 4 parameters each, leaving room for a claim's in the same batch.
     complete_chunk = 400
@@ -274,7 +281,7 @@ class MssqlDialect(Dialect):
         finished: list[tuple[Any, ...]] = []
         chunks = [items[i:i + self.complete_chunk] for i in range(0, len(items), self.complete_chunk)]
         for chunk in chunks[:-1] if req is not None else chunks:
-            cursor.execute(batch(b := self.complete_batch(chunk)), b.params)
+            self.execute(cursor, batch(b := self.complete_batch(chunk)), b.params)
             finished.extend(cursor.fetchall())
         if req is None:
             return finished, []
@@ -282,11 +289,15 @@ class MssqlDialect(Dialect):
         if chunks:
             parts.extend(self.complete_batch(chunks[-1]))
         parts.extend(self.claim_batch(req))
-        cursor.execute(batch(parts), parts.params)
+        self.execute(cursor, batch(parts), parts.params)
         if chunks:
             finished.extend(cursor.fetchall())
             cursor.nextset()
         return finished, cursor.fetchall()
+
+    def renew_leases_sql(self, count: int) -> str:
+        # The caller reads the row count: make sure it is reported, whatever an earlier batch left.
+        return "SET NOCOUNT OFF; " + super().renew_leases_sql(count)
 
     # ----- modify and enqueue ---------------------------------------------------------------------
     def update_returning(self, set_sql: str, where_sql: str) -> str:
@@ -329,6 +340,35 @@ class MssqlDialect(Dialect):
     def insert_params(self, columns: list[str], row: list[Any], dedupe: bool) -> list[Any]:
         params = self.values_params(columns, row)
         return [*params, row[columns.index("dedupe_key")]] if dedupe else params
+
+    # ----- parameters -----------------------------------------------------------------------------
+    def execute(self, cursor: CursorWrapper, sql: str, params: Sequence[Any]) -> None:
+        """Declare every parameter's type, then send the statement.
+
+        Left to itself the driver declares each string at its exact length (``nvarchar(17)``), so every
+        payload length, worker name and batch size compiles and caches a plan of its own; and it asks
+        the server to describe every NULL parameter (``sp_describe_undeclared_parameters``, an extra
+        round trip). Declared here: text as nvarchar(4000) (nvarchar(max) past that), integers as
+        bigint, floats, datetimes as datetimeoffset; a NULL as nvarchar, which converts to the
+        column's type. A few stable declarations per statement: a few plans.
+        """
+        cursor.setinputsizes([self.param_type(p) for p in params])
+        cursor.execute(sql, params)
+
+    @staticmethod
+    def param_type(value: Any) -> tuple[int, int, int]:
+        """(ODBC SQL type, column size, decimal digits) declared for ``value``."""
+        if isinstance(value, str):
+            return SQL_WVARCHAR, (NVARCHAR_MAX_INLINE if len(value) <= NVARCHAR_MAX_INLINE else 0), 0
+        if isinstance(value, int):  # bool too (mssql-django sends it as 0/1)
+            return SQL_BIGINT, 19, 0
+        if isinstance(value, float):
+            return SQL_DOUBLE, 15, 0
+        if isinstance(value, datetime):
+            if value.tzinfo is not None:
+                return SQL_SS_TIMESTAMPOFFSET, 34, 7
+            return SQL_TYPE_TIMESTAMP, 27, 7
+        return SQL_WVARCHAR, NVARCHAR_MAX_INLINE, 0  # None (and anything else the driver converts)
 
     # ----- errors ---------------------------------------------------------------------------------
     def is_retryable_error(self, exc: BaseException) -> bool:

@@ -1,5 +1,9 @@
-"""``ENGINE = "testproject.babelfish"``: mssql-django, dropping the test database without
-``ALTER DATABASE ... SET SINGLE_USER``, which Babelfish refuses (tests only).
+"""``ENGINE = "testproject.babelfish"``: mssql-django with Babelfish's gaps worked around (tests only).
+
+- The test database is dropped without ``ALTER DATABASE ... SET SINGLE_USER``, which Babelfish refuses,
+  and created without the inspectdb test schemas, which confuse its name resolution.
+- ``flush`` (between transactional tests) deletes child tables before their parents instead of
+  switching foreign keys off with ``ALTER TABLE ... NOCHECK CONSTRAINT``, which Babelfish refuses.
 
 testproject/settings.py also builds django.contrib's tables from their models on this engine (Babelfish
 refuses the ``ALTER COLUMN ... NULL`` their later migrations emit).
@@ -7,11 +11,48 @@ refuses the ``ALTER COLUMN ... NULL`` their later migrations emit).
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.apps import apps
 from mssql.base import DatabaseWrapper as MssqlDatabaseWrapper
 from mssql.creation import DatabaseCreation as MssqlDatabaseCreation
+from mssql.operations import DatabaseOperations as MssqlDatabaseOperations
+
+
+def children_first(tables: list[str]) -> list[str]:
+    """``tables`` ordered so that every table comes before the tables its foreign keys point at."""
+    wanted = set(tables)
+    refs: dict[str, set[str]] = {t: set() for t in tables}  # table -> tables it references
+    for model in apps.get_models(include_auto_created=True):
+        table = model._meta.db_table
+        if table not in wanted:
+            continue
+        for field in model._meta.concrete_fields:
+            target = field.related_model._meta.db_table if field.is_relation and field.related_model else None
+            if target in wanted and target != table:
+                refs[table].add(target)
+    order: list[str] = []
+    left = list(tables)
+    while left:
+        free = [t for t in left if not any(t in refs[o] for o in left if o != t)]
+        if not free:  # a cycle: give up ordering the rest
+            free = left[:]
+        order.extend(free)
+        left = [t for t in left if t not in free]
+    return order
+
+
+class DatabaseOperations(MssqlDatabaseOperations):
+    def sql_flush(self, style: Any, tables: list[str], *, reset_sequences: bool = False,
+                  allow_cascade: bool = False) -> list[str]:
+        return [f"DELETE FROM {self.quote_name(t)};" for t in children_first(list(tables))]
 
 
 class DatabaseCreation(MssqlDatabaseCreation):
+    def _create_test_schemas(self, test_database_name: str, verbosity: int) -> None:
+        """Skipped: the extra schemas mssql-django makes for Django's own inspectdb tests confuse
+        Babelfish's name resolution (a foreign key check then looks for ``<db>_<db>_dbo.<table>``)."""
+
     def _destroy_test_db(self, test_database_name: str, verbosity: int) -> None:
         with self.cursor() as cursor:
             cursor.execute(f"DROP DATABASE {self.connection.ops.quote_name(test_database_name)}")
@@ -19,3 +60,4 @@ class DatabaseCreation(MssqlDatabaseCreation):
 
 class DatabaseWrapper(MssqlDatabaseWrapper):
     creation_class = DatabaseCreation
+    ops_class = DatabaseOperations
