@@ -4,7 +4,8 @@
 #   scripts/bootstrap.sh [--minimal]
 #
 # 1. Debian packages, only the missing ones and only when root:
-#      postgresql (server binaries), unixodbc, libltdl7, chromium
+#      postgresql (server binaries), unixodbc, libltdl7, chromium, and libossp-uuid16 where the
+#      Babelfish kit (../shared/babelfish, the tds test stage) is present
 #    --minimal (or SQLQUEUE_BOOTSTRAP_MINIMAL=1) needs only unixodbc + libltdl7
 #    (enough for the demo).  SQLQUEUE_SKIP_APT=1 skips this step entirely.
 # 2. A repo-local .venv with Python >= 3.12, chosen from: $SQLQUEUE_PYTHON,
@@ -49,6 +50,10 @@ have_lib libodbc.so.2 || missing+=(unixodbc)
 have_lib libltdl.so.7 || missing+=(libltdl7)
 if [ "$minimal" != 1 ]; then
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
+    # The Babelfish kit (tests' tds stage) links libossp-uuid.so.16 (its uuid-ossp extension).
+    if [ -f "$ROOT/../shared/babelfish/start.sh" ] || [ -n "${SQLQUEUE_BABELFISH_KIT:-}" ]; then
+        have_lib libossp-uuid.so.16 || missing+=(libossp-uuid16)
+    fi
     # fonts-liberation: without recommends chromium may have no font at all.
     [ -x /usr/bin/chromium ] || missing+=(chromium fonts-liberation)
 fi

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Full check: bootstrap, ruff, migrations check, pytest on SQLite and PostgreSQL (and, without
-# extra arguments, the core tests once more under PostgreSQL server-side binding).
+# extra arguments, the core tests once more under PostgreSQL server-side binding), and the SQL Server
+# code path over TDS on Babelfish when ../shared/babelfish is there (the "tds" stage; see
+# tests/babelfish.py: not SQL Server, no locking semantics, so the tests that need them skip there).
 #
 #   scripts/test.sh [extra pytest args]     e.g. scripts/test.sh -x -k claim
 #
@@ -58,6 +60,16 @@ if [ $# -eq 0 ]; then
         "$PY" -m pytest -q tests/test_enqueue.py tests/test_enqueue_bulk.py tests/test_claim.py tests/test_modify.py \
         tests/test_complete_many.py tests/test_batching.py tests/test_worker_run.py tests/test_tasks_backend.py \
         tests/test_admin_actions.py tests/test_purge.py
+fi
+
+# SQL Server over TDS: Babelfish from ../shared/babelfish (or SQLQUEUE_BABELFISH_KIT). Absent on a
+# user's machine: one line says so and the stage is skipped, like the live SQL Server suite.
+if "$PY" -c 'import sys; from tests.babelfish import kit; sys.exit(0 if kit() else 1)'; then
+    run_stage pytest-tds env SQLQUEUE_TEST_DB=tds "$PY" -m pytest "$@"
+    "$PY" -m tests.babelfish stop || true
+else
+    echo
+    echo "=== [pytest-tds] skipped: no Babelfish kit (../shared/babelfish/start.sh); the SQL Server path ran only as parsed T-SQL"
 fi
 
 echo

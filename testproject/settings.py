@@ -117,12 +117,6 @@ def database_from_url(url: str) -> dict:
 
 DATABASES = {"default": database_from_url(os.environ.get("SQLQUEUE_DATABASE_URL", ""))}
 
-if DATABASES["default"]["ENGINE"] == "testproject.babelfish":
-    # Babelfish (the tds test stage) refuses ALTER COLUMN ... NULL / NOT NULL, which the later migrations
-    # of django.contrib's apps emit: their tables are created straight from the models instead (Django's
-    # "unmigrated apps", which migrate --run-syncdb and the test runner create). The queue's own
-    # migrations and the example apps' run as on SQL Server.
-    MIGRATION_MODULES = {app: None for app in ("admin", "auth", "contenttypes", "sessions")}
 
 AUTH_PASSWORD_VALIDATORS: list = []
 LANGUAGE_CODE = "en-us"

@@ -1,5 +1,6 @@
 """``ENGINE = "testproject.babelfish"``: mssql-django with Babelfish's gaps worked around (tests only).
 
+- ``ALTER COLUMN ... NULL`` is refused: see :class:`DatabaseSchemaEditor`.
 - The test database is dropped without ``ALTER DATABASE ... SET SINGLE_USER``, which Babelfish refuses,
   and created without the inspectdb test schemas, which confuse its name resolution.
 - ``flush`` (between transactional tests) deletes child tables before their parents instead of
@@ -11,12 +12,40 @@ refuses the ``ALTER COLUMN ... NULL`` their later migrations emit).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.apps import apps
 from mssql.base import DatabaseWrapper as MssqlDatabaseWrapper
 from mssql.creation import DatabaseCreation as MssqlDatabaseCreation
 from mssql.operations import DatabaseOperations as MssqlDatabaseOperations
+from mssql.schema import DatabaseSchemaEditor as MssqlSchemaEditor
+
+# "ALTER TABLE [t] ALTER COLUMN [c] <type> NULL" / "... NOT NULL" (the whole statement)
+_NULLABILITY = re.compile(r"^ALTER TABLE (\[[^\]]+\]) ALTER COLUMN (\[[^\]]+\]) (.+?) (NOT NULL|NULL)$", re.IGNORECASE)
+
+
+class DatabaseSchemaEditor(MssqlSchemaEditor):
+    """Babelfish refuses ALTER COLUMN ... NULL / NOT NULL, which mssql-django emits for every AlterField.
+
+    Making a column nullable: the column is dropped and added again as nullable (only for migrations
+    run on a fresh test database, whose tables are empty; refused if the table has rows). Making it
+    NOT NULL: the type change alone (the column stays nullable). Other statements are unchanged.
+    """
+
+    def execute(self, sql: Any, params: Any = (), has_result: bool = False) -> Any:
+        match = _NULLABILITY.match(str(sql).strip().rstrip(";"))
+        if match is None:
+            return super().execute(sql, params, has_result)
+        table, column, type_sql, null = match.groups()
+        if null.upper() == "NOT NULL":
+            return super().execute(f"ALTER TABLE {table} ALTER COLUMN {column} {type_sql}", params)
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"SELECT COUNT(*) FROM {table}")
+            if cursor.fetchone()[0]:
+                raise RuntimeError(f"babelfish harness: cannot make {table}.{column} nullable on a table with rows")
+        super().execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        return super().execute(f"ALTER TABLE {table} ADD {column} {type_sql} NULL")
 
 
 def children_first(tables: list[str]) -> list[str]:
@@ -59,5 +88,6 @@ class DatabaseCreation(MssqlDatabaseCreation):
 
 
 class DatabaseWrapper(MssqlDatabaseWrapper):
+    SchemaEditorClass = DatabaseSchemaEditor
     creation_class = DatabaseCreation
     ops_class = DatabaseOperations

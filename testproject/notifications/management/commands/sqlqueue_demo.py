@@ -52,7 +52,7 @@ class Command(BaseCommand):
             raise CommandError("run_queue_worker is not available: is django_sqlqueue in INSTALLED_APPS?")
         db = connections["default"].settings_dict
         self.step(f"1. migrate ({db['ENGINE'].rsplit('.', 1)[-1]} {db['NAME']})")
-        call_command("migrate", interactive=False, verbosity=0, run_syncdb=True)  # apps without migrations too
+        call_command("migrate", interactive=False, verbosity=0)
 
         self.step("2. enqueue sample jobs")
         samples = self.enqueue_samples(options["schedule_in"])
