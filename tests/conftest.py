@@ -12,6 +12,29 @@ from django_sqlqueue.models import JobType
 
 VENDOR_DB = os.environ.get("SQLQUEUE_TEST_DB", "sqlite")
 
+_NEEDS_LOCKING = ("needs SQL Server's locking (UPDLOCK/READPAST/HOLDLOCK between concurrent sessions): Babelfish "
+                  "parses and drops every table hint; runs on a real SQL Server (tests/test_mssql_live.py)")
+_FK_BUG = ("Babelfish bug: in this test session a foreign key check on a django.contrib table (admin log, "
+           "permissions) looks for '<db>_<db>_dbo.<table>'; the queue's own tables are not affected")
+#: The tds stage (Babelfish, not SQL Server): what cannot run there, and why. Node id prefixes.
+TDS_SKIPS = {
+    "tests/test_concurrency.py": _NEEDS_LOCKING,
+    "tests/test_soak.py": _NEEDS_LOCKING + "; a chaos soak of several workers",
+    "tests/test_enqueue.py::test_dedupe_under_a_race_of_two_processes": _NEEDS_LOCKING,
+    "tests/test_admin_dashboard.py::test_job_type_settings_are_editable": _FK_BUG,
+    "tests/test_admin_dashboard.py::test_pause_and_resume_job_types": _FK_BUG,
+    "tests/test_security.py::test_admin_actions_keep_csrf_protection": _FK_BUG,
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    if VENDOR_DB != "tds":
+        return
+    for item in items:
+        reason = next((why for prefix, why in TDS_SKIPS.items() if item.nodeid.startswith(prefix)), None)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=f"tds stage (Babelfish): {reason}"))
+
 
 @pytest.fixture
 def pg_cluster():

@@ -217,7 +217,10 @@ def test_every_returned_column_has_its_column_type(dialect: MssqlDialect) -> Non
 def test_an_insert_can_return_only_what_the_database_decides(dialect: MssqlDialect) -> None:
     """The one-statement enqueue's INSERT as it is sent (captured at the cursor): OUTPUT of STAMPED only."""
 
-    class Capture:  # the statement and parameters insert_stamped sends; nothing is executed
+    class Capture:  # the statement, parameters and declared types insert_stamped sends; nothing is executed
+        def setinputsizes(self, sizes: list) -> None:
+            self.sizes = sizes
+
         def execute(self, sql: str, params: list) -> None:
             self.sql, self.params = sql, params
 
@@ -228,7 +231,9 @@ def test_an_insert_can_return_only_what_the_database_decides(dialect: MssqlDiale
     row = ["default", 1, 1, "", 0, 0, None, dialect.json_param("{}"), "", None, None, 1, None, "", None]
     dialect.insert_stamped(cursor, INSERT_COLUMNS, [row, row], "", "default")  # type: ignore[arg-type]
     parts = dialect.insert_batch(INSERT_COLUMNS, 2, False, dialect.STAMPED)
-    assert cursor.sql == batch(parts) and cursor.sql.count("%s") == len(cursor.params)
+    assert cursor.sql == batch(parts) and cursor.sql.count("%s") == len(cursor.params) == len(cursor.sizes)
+    # every parameter declared: no per-length string types, no describe round trip for the NULLs
+    assert {size for size in cursor.sizes} <= {(-9, 4000, 0), (-5, 19, 0), (-155, 34, 7)}
     _, [insert], _ = parse_batch(parts)
     output = insert.args["returning"].sql("tsql")
     assert output == ("OUTPUT inserted.[id], inserted.[enqueued_at], inserted.[scheduled_for], "
