@@ -99,4 +99,12 @@ def _babelfish_fresh_connection(request):
     request.getfixturevalue("django_db_setup")
     with request.getfixturevalue("django_db_blocker").unblock():
         connection.close()
+    # The harness's flush keeps content types and permissions (testproject/babelfish: KEPT), so the
+    # handlers that would write them back after every transactional test are not needed.
+    from django.contrib.auth.management import create_permissions
+    from django.contrib.contenttypes.management import create_contenttypes
+    from django.db.models.signals import post_migrate
+
+    post_migrate.disconnect(create_contenttypes)
+    post_migrate.disconnect(create_permissions, dispatch_uid="django.contrib.auth.management.create_permissions")
     yield
