@@ -10,7 +10,7 @@ rendered as literals so that filtered indexes match at compile time.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -128,9 +128,16 @@ class Dialect:
         """Table hint for a read that must see the current committed row, not a version."""
         return ""
 
+    #: True where one statement (PostgreSQL's data-modifying CTE, SQL Server's batch with its own
+    #: transaction) is atomic by itself: sent alone in autocommit, it needs no BEGIN/COMMIT round trips.
+    atomic_statement: bool = False
+
     def write_transaction(self, cursor: CursorWrapper, completions: int = 0,
                           claim: bool = True) -> AbstractContextManager[Any]:
         """The transaction :meth:`complete_many` of ``completions`` jobs and then (``claim``) a claim run in."""
+        if (self.atomic_statement and self.statements(completions, claim) == 1
+                and self.connection.get_autocommit() and not self.connection.in_atomic_block):
+            return nullcontext()
         return transaction.atomic(using=self.connection.alias)
 
     def statements(self, completions: int, claim: bool) -> int:

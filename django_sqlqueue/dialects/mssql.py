@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -127,6 +126,8 @@ class MssqlDialect(Dialect):
     max_params = 2000  # SQL Server allows 2100 parameters per statement
     #: Completions per batch: 4 parameters each, leaving room for a claim's in the same batch.
     complete_chunk = 400
+    #: One batch carries its own transaction (see batch()): no client-side BEGIN/COMMIT round trips.
+    atomic_statement = True
 
     def now(self) -> str:
         # The server's UTC clock; with USE_TZ the columns are datetimeoffset and this converts at +00:00.
@@ -267,14 +268,6 @@ class MssqlDialect(Dialect):
     def statements(self, completions: int, claim: bool) -> int:
         # The last chunk of completions and the claim share one batch.
         return max(-(-completions // self.complete_chunk), int(claim))
-
-    def write_transaction(self, cursor: CursorWrapper, completions: int = 0,
-                          claim: bool = True) -> AbstractContextManager[Any]:
-        # One batch carries its own transaction (see batch()): no client-side BEGIN/COMMIT round trips.
-        if (self.statements(completions, claim) == 1 and self.connection.get_autocommit()
-                and not self.connection.in_atomic_block):
-            return nullcontext()
-        return super().write_transaction(cursor, completions, claim)
 
     def complete_and_claim(self, cursor: CursorWrapper, items: list[tuple[int, int, Any, int | None]],
                            req: ClaimRequest | None) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:

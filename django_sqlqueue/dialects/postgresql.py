@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
@@ -21,6 +20,10 @@ def _as_is(text: str) -> str:
 class PostgresDialect(Dialect):
     vendor = "postgresql"
     supports_notify = True
+    # A claim alone (an idle slot woken by NOTIFY, a slot's first claim) is ONE statement: the UPDATE and
+    # its history INSERT in one data-modifying CTE. Without BEGIN and COMMIT it saves two round trips,
+    # which is most of a wake-up's cost.
+    atomic_statement = True
 
     def now(self) -> str:
         # Transaction start time: every stamp in one claim or modify agrees, and the claim's
@@ -64,16 +67,6 @@ class PostgresDialect(Dialect):
 
     # VALUES rows are typed by their first row; say the types so a NULL response is still jsonb.
     complete_casts = ("%s::bigint", "%s::integer", "%s::jsonb", "%s::bigint")
-
-    def write_transaction(self, cursor: CursorWrapper, completions: int = 0,
-                          claim: bool = True) -> AbstractContextManager[Any]:
-        # A claim alone (an idle slot woken by NOTIFY, a slot's first claim) is ONE statement: the
-        # UPDATE and its history INSERT in one data-modifying CTE, atomic by itself in autocommit.
-        # Sending it without BEGIN and COMMIT saves two round trips, which is most of a wake-up's cost.
-        if (self.statements(completions, claim) == 1 and self.connection.get_autocommit()
-                and not self.connection.in_atomic_block):
-            return nullcontext()
-        return super().write_transaction(cursor, completions, claim)
 
     def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
         sql, params = self.claim_sql(req)
