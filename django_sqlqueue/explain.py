@@ -35,7 +35,7 @@ def _sqlserver_plan(cursor: Any, sql: str, params: list[Any], table: str) -> tup
         cursor.execute("SET SHOWPLAN_XML ON")
         documents = []
         try:
-            cursor.execute(sql, params)
+            get_dialect(cursor.db).execute(cursor, sql, params)  # typed as the worker sends it
             while True:
                 documents += [row[0] for row in cursor.fetchall() if row]
                 if not cursor.nextset():
@@ -50,13 +50,13 @@ def _sqlserver_plan(cursor: Any, sql: str, params: list[Any], table: str) -> tup
     lines, scans = [], False
     for document in documents:
         for relop in ElementTree.fromstring(document).iter(f"{_SHOWPLAN_NS}RelOp"):
-            for obj in relop.iter(f"{_SHOWPLAN_NS}Object"):
-                name = f"{obj.get('Table', '')}.{obj.get('Index', '')}"
-                lines.append(f"{relop.get('PhysicalOp')} {name}")
+            # the operator's own object: a child of its operator element (IndexScan, TableScan, ...),
+            # not the objects of the operators below it
+            for obj in (o for op in relop for o in op.findall(f"{_SHOWPLAN_NS}Object")):
+                lines.append(f"{relop.get('PhysicalOp')} {obj.get('Table', '')}.{obj.get('Index', '')}")
                 if (relop.get("PhysicalOp") in _SCANS and obj.get("Table", "").strip("[]") == table
                         and obj.get("Filtered") not in ("1", "true")):
                     scans = True
-                break  # an operator's own object comes first
     return lines, scans
 
 

@@ -13,8 +13,9 @@ class JSONValueField(models.JSONField):
     mssql-django gives every JSONField ``CHECK (ISJSON(col) = 1)``, and SQL Server's ISJSON is 0 for a
     scalar (``42``, ``"done"``, ``true``, ``null``) before SQL Server 2022's ``ISJSON(x, VALUE)``: a handler
     or ``@task`` returning one would fail with a check violation. Wrapped in brackets any single JSON
-    value is an array, so the check here keeps refusing malformed text on SQL Server 2016 and later while
-    taking every value ``json.dumps`` writes. Other vendors keep Django's own check (none).
+    value is an array, so the check here keeps refusing most malformed text on SQL Server 2016 and later
+    while taking every value ``json.dumps`` writes (see :func:`json_value_check`). Other vendors keep
+    Django's own check (none).
     """
 
     def db_check(self, connection: Any) -> str | None:
@@ -24,5 +25,9 @@ class JSONValueField(models.JSONField):
 
 
 def json_value_check(quoted_column: str) -> str:
-    """The SQL Server check that ``quoted_column`` holds one JSON value of any kind (NULL passes)."""
-    return f"(ISJSON(N'[' + {quoted_column} + N']') = 1)"
+    """The SQL Server check that ``quoted_column`` holds JSON of any kind (NULL passes).
+
+    Close, not exact: a list of values without its brackets (``1,2``) passes too; the empty string
+    does not. The queue writes only ``json.dumps`` output; the check catches hand-made damage.
+    """
+    return f"(ISJSON(N'[' + {quoted_column} + N']') = 1 AND {quoted_column} <> N'')"

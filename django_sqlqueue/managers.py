@@ -472,7 +472,9 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                     finished, rows = dialect.complete_and_claim(cursor, items, req if limit else None)
                 return self._rows_to_jobs(finished, alias), self._rows_to_jobs(rows, alias)
             except DatabaseError as exc:
-                if attempt == CLAIM_RETRIES - 1 or not dialect.is_retryable_error(exc):
+                # Inside the caller's transaction a deadlock victim's whole transaction is gone: no retry.
+                if (attempt == CLAIM_RETRIES - 1 or not dialect.is_retryable_error(exc)
+                        or connection.in_atomic_block):
                     raise
                 time.sleep(0.01 * 2**attempt)
         return [], []  # pragma: no cover

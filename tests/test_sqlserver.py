@@ -182,3 +182,21 @@ def test_completions_and_a_claim_are_one_batch_in_autocommit(noop_type: JobType)
     assert done.state is Status.COMPLETED and done.response == "ok"
     assert len(claimed) == 2 and all(j.state is Status.PROCESSING for j in claimed)
     assert connection.get_autocommit() and not connection.in_atomic_block
+
+
+def test_inside_atomic_a_batch_joins_the_callers_transaction(noop_type: JobType) -> None:
+    """In Django's atomic() (ODBC manual commit: implicit transactions) the batch neither commits nor
+    turns XACT_ABORT on: the caller's rollback takes the job back."""
+    microsoft_only()
+    from django.db import transaction
+
+    class Rollback(Exception):
+        pass
+
+    with pytest.raises(Rollback), transaction.atomic():
+        job = enqueue("Noop")  # the first statement of the transaction
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT @@OPTIONS & 16384")
+            assert cursor.fetchone()[0] == 0
+        raise Rollback
+    assert not Job.objects.filter(pk=job.pk).exists()

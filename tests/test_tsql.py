@@ -112,7 +112,8 @@ def test_batch_saves_and_restores_session_settings() -> None:
     assert sql.count(restore) == 2  # in CATCH before THROW, and before the result SELECTs
     assert sql.index("THROW") > sql.index(restore) and sql.rindex(restore) < sql.index("SELECT id FROM @t")
     # its own transaction only in autocommit; inside the caller's it joins that one
-    assert "CASE WHEN @@TRANCOUNT = 0 THEN 1 ELSE 0 END" in sql
+    # (ODBC's manual-commit mode is SET IMPLICIT_TRANSACTIONS ON: @@TRANCOUNT is 0 at its first statement)
+    assert "CASE WHEN @@TRANCOUNT = 0 AND (@@OPTIONS & 2) = 0 THEN 1 ELSE 0 END" in sql
     assert "IF @sqlqueue_own = 1 BEGIN SET XACT_ABORT ON; BEGIN TRANSACTION; END;" in sql
     assert "IF @sqlqueue_own = 1 COMMIT TRANSACTION;" in sql
     assert "IF @sqlqueue_own = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION;" in sql
@@ -233,9 +234,32 @@ def test_an_insert_can_return_only_what_the_database_decides(dialect: MssqlDiale
     parts = dialect.insert_batch(INSERT_COLUMNS, 2, False, dialect.STAMPED)
     assert cursor.sql == batch(parts) and cursor.sql.count("%s") == len(cursor.params) == len(cursor.sizes)
     # every parameter declared: no per-length string types, no describe round trip for the NULLs
-    assert {size for size in cursor.sizes} <= {(-9, 4000, 0), (-5, 19, 0), (-155, 34, 7)}
+    assert {size for size in cursor.sizes} <= {(-9, 4000, 0), (-5, 19, 0), (93, 27, 7)}
+
     _, [insert], _ = parse_batch(parts)
     output = insert.args["returning"].sql("tsql")
     assert output == ("OUTPUT inserted.[id], inserted.[enqueued_at], inserted.[scheduled_for], "
                       "inserted.[updated_at] INTO @inserted")
     assert dialect.STAMPED == ("id", "enqueued_at", "scheduled_for", "updated_at")
+
+
+def test_declared_parameter_types(dialect: MssqlDialect) -> None:
+    from datetime import timedelta, timezone
+
+    class Capture:
+        def setinputsizes(self, sizes: list) -> None:
+            self.sizes = sizes
+
+        def execute(self, sql: str, params: list) -> None:
+            self.params = params
+
+    paris = timezone(timedelta(hours=1))
+    cursor = Capture()
+    dialect.execute(cursor, "SELECT %s, %s, %s, %s, %s, %s, %s",  # type: ignore[arg-type]
+                    ["x", "y" * 5000, "\U0001f600" * 2001, 7, 0.5, None, datetime(2026, 1, 1, 13, tzinfo=paris)])
+    assert cursor.sizes == [(-9, 4000, 0), (-9, 0, 0), (-9, 0, 0),  # 2001 emoji: 4002 UTF-16 units, nvarchar(max)
+                            (-5, 19, 0), (8, 15, 0), (-9, 4000, 0), (93, 27, 7)]
+    # an aware datetime goes as UTC datetime2 (pyodbc would drop the offset and the server read local time)
+    assert cursor.params[-1] == datetime(2026, 1, 1, 12)
+    with pytest.raises(TypeError, match="bytes"):
+        dialect.execute(cursor, "SELECT %s", [b"raw"])  # type: ignore[arg-type]

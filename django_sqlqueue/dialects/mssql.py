@@ -24,14 +24,22 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from django.db import DatabaseError
+
+from ..exceptions import InvalidArgument
 from ..states import UNFINISHED, Status, sql_list
 from .base import COL, JOB_COLUMNS, ClaimRequest, Dialect
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
+
+
+def _utc_naive(value: datetime) -> datetime:
+    """An aware datetime as naive UTC (a naive one is taken as it is: USE_TZ=False)."""
+    return value.astimezone(UTC).replace(tzinfo=None) if value.tzinfo is not None else value
 
 # UPDLOCK: the candidate SELECT takes update locks, held to the end of the claim's transaction, so a
 #   second claimer cannot take the same row between our read and our write.
@@ -52,13 +60,18 @@ CLAIM_INCLUDE = ("queue", "job_type_id", "attempt_num", "max_attempts")
 
 #: @@OPTIONS bit of XACT_ABORT, which a batch turns on and must put back as it was.
 XACT_ABORT_BIT = 16384
+#: @@OPTIONS bit of IMPLICIT_TRANSACTIONS: how ODBC's manual-commit mode (Django's atomic()) works, so
+#: @@TRANCOUNT is still 0 at the first statement of the caller's transaction.
+IMPLICIT_TRANSACTIONS_BIT = 2
 #: SQL Server's native error numbers that mean "nothing was done, run it again": 1205 chosen as deadlock
 #: victim, 1222 lock request timeout (only with SET LOCK_TIMEOUT), 3960 snapshot update conflict.
 RETRYABLE_ERRORS = frozenset({1205, 1222, 3960})
 #: SQLSTATE of deadlock victims and snapshot update conflicts (ODBC maps both there).
 RETRYABLE_SQLSTATES = frozenset({"40001"})
 # ODBC SQL type codes (the same numbers in mssql-python and pyodbc) for the parameters' declared types.
-SQL_WVARCHAR, SQL_BIGINT, SQL_DOUBLE, SQL_TYPE_TIMESTAMP, SQL_SS_TIMESTAMPOFFSET = -9, -5, 8, 93, -155
+SQL_WVARCHAR, SQL_BIGINT, SQL_DOUBLE, SQL_TYPE_TIMESTAMP = -9, -5, 8, 93
+#: Parameters SQL Server takes in one request.
+MAX_PARAMS = 2100
 #: nvarchar(4000), or nvarchar(max) (column size 0) for longer text.
 NVARCHAR_MAX_INLINE = 4000
 # pyodbc ends a message with "(<native error>) (SQLExecDirectW)": read the number from that position only.
@@ -95,7 +108,7 @@ _RESTORE = f"SET NOCOUNT OFF; IF (@sqlqueue_options & {XACT_ABORT_BIT}) = 0 SET 
 def batch(parts: Batch) -> str:
     """The T-SQL text of ``parts``: session settings put back, the body in one transaction.
 
-    ``@sqlqueue_own`` is 1 when no transaction is open (autocommit): then the batch begins and commits
+    ``@sqlqueue_own`` is 1 in autocommit (no transaction open, implicit transactions off): then the batch begins and commits
     its own, with XACT_ABORT ON so that an error or a client timeout leaves nothing half done. Inside the
     caller's transaction it neither begins nor ends one, and leaves XACT_ABORT alone (ON would roll the
     caller's whole transaction back on any error, which Django's atomic() does not expect). Errors are
@@ -103,7 +116,8 @@ def batch(parts: Batch) -> str:
     """
     return (
         "DECLARE @sqlqueue_options int = @@OPTIONS, "
-        "@sqlqueue_own bit = CASE WHEN @@TRANCOUNT = 0 THEN 1 ELSE 0 END; "
+        f"@sqlqueue_own bit = CASE WHEN @@TRANCOUNT = 0 AND (@@OPTIONS & {IMPLICIT_TRANSACTIONS_BIT}) = 0 "
+        "THEN 1 ELSE 0 END; "
         "SET NOCOUNT ON; "
         + "".join(f"{d}; " for d in parts.declares)
         + "BEGIN TRY "
@@ -187,8 +201,12 @@ class MssqlDialect(Dialect):
         mine = f"{top} WHERE {processing} AND j.{j['worker']} = %s AND {common} ORDER BY {order}"
         expired = (f"{top} WHERE {processing} AND j.{j['lease_expires_at']} < {self.now()} "
                    f"AND {common} ORDER BY {order}")
+        # The dead workers first: the pinned join below forces join order in the whole statement, so
+        # the few dead workers' names drive seeks into the worker index, never a read of all
+        # Processing rows (each would stay U-locked to the end of the claim).
         dead = (
-            f"{top} INNER JOIN {n.worker_table} AS w ON w.{n.w['name']} = j.{j['worker']} "
+            f"SELECT TOP (%s) {cols} FROM {n.worker_table} AS w INNER JOIN {n.job} AS j{CLAIM_HINTS} "
+            f"ON j.{j['worker']} = w.{n.w['name']} "
             f"WHERE {processing} AND (w.{n.w['stopped_at']} IS NOT NULL "
             f"OR w.{n.w['last_heartbeat']} < {self.now_plus('%s')}) AND {common} ORDER BY {order}"
         )
@@ -278,10 +296,20 @@ class MssqlDialect(Dialect):
             finished.extend(cursor.fetchall())
         if req is None:
             return finished, []
+        claim = self.claim_batch(req)
+        if chunks and len(claim.params) + 4 * len(chunks[-1]) > MAX_PARAMS:
+            # Many queue/type filters: the last completions go in a batch of their own, then the claim.
+            # In autocommit each commits alone; that is safe: recorded again after a failed claim, a
+            # completed job's token no longer matches and nothing is written twice.
+            self.execute(cursor, batch(b := self.complete_batch(chunks.pop())), b.params)
+            finished.extend(cursor.fetchall())
         parts = Batch()
         if chunks:
             parts.extend(self.complete_batch(chunks[-1]))
-        parts.extend(self.claim_batch(req))
+        parts.extend(claim)
+        if len(parts.params) > MAX_PARAMS:
+            raise InvalidArgument(f"a claim with {len(req.queues)} queues and {len(req.types)} types needs "
+                                  f"{len(parts.params)} parameters; SQL Server allows {MAX_PARAMS}")
         self.execute(cursor, batch(parts), parts.params)
         if chunks:
             finished.extend(cursor.fetchall())
@@ -342,26 +370,46 @@ class MssqlDialect(Dialect):
         payload length, worker name and batch size compiles and caches a plan of its own; and it asks
         the server to describe every NULL parameter (``sp_describe_undeclared_parameters``, an extra
         round trip). Declared here: text as nvarchar(4000) (nvarchar(max) past that), integers as
-        bigint, floats, datetimes as datetimeoffset; a NULL as nvarchar, which converts to the
-        column's type. A few stable declarations per statement: a few plans.
+        bigint, floats, datetimes as UTC datetime2 (pyodbc drops an aware datetime's offset, and SQL
+        Server would then read it in the client's zone; datetime2 converts to datetimeoffset at +00:00);
+        a NULL as nvarchar, which converts to the column's type. A few stable declarations per
+        statement: a few plans.
+
+        If the batch fails where its own CATCH cannot run (a client timeout, a compile error), the
+        session is put back here: no transaction the batch opened left open, NOCOUNT and XACT_ABORT off.
         """
-        cursor.setinputsizes([self.param_type(p) for p in params])
-        cursor.execute(sql, params)
+        values = [_utc_naive(p) if isinstance(p, datetime) else p for p in params]
+        cursor.setinputsizes([self.param_type(p) for p in values])
+        try:
+            cursor.execute(sql, values)
+        except DatabaseError:
+            if not self.connection.in_atomic_block:
+                self._reset_session(cursor)
+            raise
+
+    @staticmethod
+    def _reset_session(cursor: CursorWrapper) -> None:
+        try:
+            cursor.execute("IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION; SET NOCOUNT OFF; SET XACT_ABORT OFF;")
+        except DatabaseError:
+            pass  # the connection itself is gone: Django discards it
 
     @staticmethod
     def param_type(value: Any) -> tuple[int, int, int]:
-        """(ODBC SQL type, column size, decimal digits) declared for ``value``."""
+        """(ODBC SQL type, column size, decimal digits) declared for ``value`` (as :meth:`execute` sends it)."""
+        if value is None:
+            return SQL_WVARCHAR, NVARCHAR_MAX_INLINE, 0
         if isinstance(value, str):
-            return SQL_WVARCHAR, (NVARCHAR_MAX_INLINE if len(value) <= NVARCHAR_MAX_INLINE else 0), 0
+            # nvarchar(n) counts UTF-16 code units: a character outside the BMP takes two
+            inline = len(value) <= NVARCHAR_MAX_INLINE // 2 or len(value.encode("utf-16-le")) <= 2 * NVARCHAR_MAX_INLINE
+            return SQL_WVARCHAR, (NVARCHAR_MAX_INLINE if inline else 0), 0
         if isinstance(value, int):  # bool too (mssql-django sends it as 0/1)
             return SQL_BIGINT, 19, 0
         if isinstance(value, float):
             return SQL_DOUBLE, 15, 0
         if isinstance(value, datetime):
-            if value.tzinfo is not None:
-                return SQL_SS_TIMESTAMPOFFSET, 34, 7
             return SQL_TYPE_TIMESTAMP, 27, 7
-        return SQL_WVARCHAR, NVARCHAR_MAX_INLINE, 0  # None (and anything else the driver converts)
+        raise TypeError(f"no SQL Server parameter type is declared for {type(value).__name__} values")
 
     # ----- errors ---------------------------------------------------------------------------------
     def is_retryable_error(self, exc: BaseException) -> bool:
