@@ -21,6 +21,9 @@ TDS_SKIPS = {
     "tests/test_concurrency.py": _NEEDS_LOCKING,
     "tests/test_soak.py": _NEEDS_LOCKING + "; a chaos soak of several workers",
     "tests/test_enqueue.py::test_dedupe_under_a_race_of_two_processes": _NEEDS_LOCKING,
+    # two worker slots claim at the same time (their single-slot counterparts run on tds)
+    "tests/test_worker_process.py::test_burst_drains_and_exits_0": _NEEDS_LOCKING,
+    "tests/test_worker_process.py::test_max_jobs_and_max_seconds": _NEEDS_LOCKING,
     "tests/test_admin_dashboard.py::test_job_type_settings_are_editable": _FK_BUG,
     "tests/test_admin_dashboard.py::test_pause_and_resume_job_types": _FK_BUG,
     "tests/test_security.py::test_admin_actions_keep_csrf_protection": _FK_BUG,

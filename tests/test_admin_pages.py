@@ -277,3 +277,19 @@ def test_queue_choices_are_cached_briefly(admin_client, monkeypatch) -> None:
     assert not [q for q in ctx.captured_queries if '"queue" >' in q["sql"]]  # no loose scan: cached
     monkeypatch.setattr(admin_filters, "CHOICES_TTL_SECONDS", 0)
     assert '?queue=second"' in admin_client.get(changelist_url()).content.decode()
+
+
+@pytest.mark.parametrize(("name", "literal"), [
+    ("has_error", r"\.\W?error\W? > N?''"),
+    ("overdue", r"\.\W?status_id\W? IN \(1, 3\)"),
+    ("lease_expired", r"\.\W?status_id\W? = 2"),
+])
+def test_filters_on_filtered_indexes_send_their_predicate_as_a_literal(name, literal) -> None:
+    """SQL Server matches a filtered index only on the same literal predicate: a parameter never does."""
+    from django_sqlqueue import admin_filters
+
+    condition = getattr(admin_filters, name)
+    q = condition("default") if name == "has_error" else condition("default", timezone.now())
+    sql, params = Job.objects.filter(q).query.sql_with_params()
+    assert re.search(literal, sql), sql
+    assert "" not in params and not set(params) & {1, 2, 3}, params  # no status id, no '' as a parameter
