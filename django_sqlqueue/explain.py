@@ -83,7 +83,9 @@ def explain_claim(*, using: str | None = None, limit: int = 10, worker: str = "e
     req = ClaimRequest(worker=worker, limit=limit, default_max_attempts=get_settings().MAX_ATTEMPTS,
                        default_lease_seconds=get_settings().LEASE_SECONDS)
     sql, params = dialect.claim_sql(req)
-    table = connection.ops.quote_name("django_sqlqueue_job").strip('"[]`')
+    from .models import Job
+
+    table = Job._meta.db_table  # from model meta, never written out
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute("EXPLAIN " + sql, params)

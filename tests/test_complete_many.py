@@ -90,3 +90,21 @@ def test_settings_cache_follows_changes(settings) -> None:
     settings.SQLQUEUE = {"MAX_ATTEMPTS": 9}
     assert get_settings().MAX_ATTEMPTS == 9
     assert get_settings() is get_settings()
+
+
+def test_a_late_completion_after_a_reclaim_changes_nothing(noop_type: JobType) -> None:
+    """The token decides, not only the status: a worker whose lease expired and whose job another worker
+    took over (still Processing) cannot complete it; the new attempt stays open."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    Job.objects.enqueue("Noop")
+    [late] = Job.objects.claim("w-late", 1)
+    Job.objects.filter(pk=late.pk).update(lease_expires_at=timezone.now() - timedelta(minutes=1))
+    [taken] = Job.objects.claim("w-new", 1)
+    assert taken.pk == late.pk and taken.state is Status.PROCESSING and taken.version > late.version
+    assert Job.objects.complete_many([(late, {"late": True})]) == []
+    current = Job.objects.get(pk=late.pk)
+    assert current.state is Status.PROCESSING and current.worker == "w-new" and current.response is None
+    assert JobAttempt.objects.get(job=late.pk, attempt_num=taken.attempt_num).finished_at is None
