@@ -34,3 +34,35 @@ def test_complete_chunk_fits_sql_server_limits(dialect: MssqlDialect) -> None:  
     parts.extend(dialect.claim_batch(ClaimRequest("w", 50, queues=("a", "b"), types=(1, 2))))
     assert len(parts.params) <= 2100 and dialect.complete_chunk <= 1000  # params; VALUES rows
     assert dialect.statements(dialect.complete_chunk, True) == 1 and dialect.statements(0, True) == 1
+
+
+class Capture:
+    """A cursor that records what is sent and returns no rows (nothing is executed)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, list]] = []
+
+    def setinputsizes(self, sizes: list) -> None:
+        pass
+
+    def execute(self, sql: str, params: list) -> None:
+        self.sent.append((sql, params))
+
+    def fetchall(self) -> list:
+        return []
+
+    def nextset(self) -> bool:
+        return True
+
+
+def test_completions_and_claim_share_a_batch_unless_it_would_pass_2100_parameters(dialect: MssqlDialect) -> None:  # noqa: F811
+    from django_sqlqueue.dialects import ClaimRequest
+
+    items = [(i, 1, "{}", None) for i in range(dialect.complete_chunk)]
+    cursor = Capture()
+    dialect.complete_and_claim(cursor, items, ClaimRequest("w", 10, queues=("a",)))  # type: ignore[arg-type]
+    assert len(cursor.sent) == 1  # one round trip
+    many = ClaimRequest("w", 10, queues=tuple(f"q{i}" for i in range(150)))
+    cursor = Capture()
+    dialect.complete_and_claim(cursor, items, many)  # type: ignore[arg-type]
+    assert len(cursor.sent) == 2 and all(len(params) <= 2100 for _, params in cursor.sent)

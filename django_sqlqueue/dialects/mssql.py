@@ -108,8 +108,9 @@ _RESTORE = f"SET NOCOUNT OFF; IF (@sqlqueue_options & {XACT_ABORT_BIT}) = 0 SET 
 def batch(parts: Batch) -> str:
     """The T-SQL text of ``parts``: session settings put back, the body in one transaction.
 
-    ``@sqlqueue_own`` is 1 in autocommit (no transaction open, implicit transactions off): then the batch begins and commits
-    its own, with XACT_ABORT ON so that an error or a client timeout leaves nothing half done. Inside the
+    ``@sqlqueue_own`` is 1 in autocommit (no transaction open, implicit transactions off): then the batch
+    begins and commits its own, with XACT_ABORT ON so that an error or a client timeout leaves nothing
+    half done. Inside the
     caller's transaction it neither begins nor ends one, and leaves XACT_ABORT alone (ON would roll the
     caller's whole transaction back on any error, which Django's atomic() does not expect). Errors are
     re-raised with THROW, so the client sees the original error number.
