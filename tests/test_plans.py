@@ -38,24 +38,27 @@ def babelfish() -> bool:
 
 
 def test_claim_plan_uses_the_claim_index() -> None:
-    _fill()
-    if babelfish():
+    if babelfish():  # no plan to read: a few jobs show that it says so and claims none
+        JobType.objects.get_or_create(name="Noop")
+        Job.objects.enqueue("Noop")
         with pytest.raises(NotImplementedError, match="returned no plan"):
             explain_claim(limit=10)
+        assert Job.objects.filter(status_id=1).count() == 1  # the rolled-back transaction claimed nothing
         return
+    _fill()
     report = explain_claim(limit=10)
     assert report.uses_claim_index, report.plan
     assert not report.scans_job_table, report.plan
 
 
 def test_queue_explain_command_prints_the_plan(capsys) -> None:
-    _fill()
     if babelfish():
         from django.core.management.base import CommandError
 
         with pytest.raises(CommandError, match="returned no plan"):
             call_command("queue_explain", "--limit", "5")
         return
+    _fill()
     call_command("queue_explain", "--limit", "5")
     out = capsys.readouterr().out
     assert "sqlqueue_job_claim" in out and out.strip().endswith("OK: the claim walks the claim index")
