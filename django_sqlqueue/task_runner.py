@@ -192,8 +192,10 @@ def _finish(result: Any, status: Any, value: Any) -> None:
 
 def _will_retry(job: Job) -> bool:
     from . import jobtypes
+    from .conf import get_settings
 
     limit = job.max_attempts
     if limit is None:
-        limit = jobtypes.get_type_by_id(job.job_type_id, using=job._state.db or "default").max_attempts
+        using = job._state.db or get_settings().DATABASE  # the queue's database, not Django's "default"
+        limit = jobtypes.get_type_by_id(job.job_type_id, using=using).max_attempts
     return job.attempt_num < limit

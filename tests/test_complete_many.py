@@ -108,3 +108,31 @@ def test_a_late_completion_after_a_reclaim_changes_nothing(noop_type: JobType) -
     current = Job.objects.get(pk=late.pk)
     assert current.state is Status.PROCESSING and current.worker == "w-new" and current.response is None
     assert JobAttempt.objects.get(job=late.pk, attempt_num=taken.attempt_num).finished_at is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_that_fails_after_the_completions_rolls_them_back(noop_type: JobType, monkeypatch) -> None:
+    """Completions and the next claim are one transaction: a failure in the claim (injected after the
+    completions were sent) leaves the completed job Processing under its old token, history open."""
+    from django.db import DatabaseError, connection
+
+    from django_sqlqueue.dialects import get_dialect
+
+    Job.objects.enqueue_many([JobSpec("Noop") for _ in range(3)])
+    [job] = Job.objects.claim("w", 1)
+    dialect = get_dialect(connection)
+    if connection.vendor == "microsoft":  # one batch: its claim part fails after the completion ran
+        from django_sqlqueue.dialects.mssql import Batch
+
+        monkeypatch.setattr(dialect, "claim_batch", lambda req: Batch(body=["SELECT 1 / 0"]))
+    else:
+        def failing_claim(cursor, req):
+            raise DatabaseError("injected: the claim fails after the completions")
+
+        monkeypatch.setattr(dialect, "claim", failing_claim)
+    with pytest.raises(DatabaseError):
+        Job.objects.complete_and_claim([(job, {"ok": 1})], "w", 2)
+    current = Job.objects.get(pk=job.pk)
+    assert current.state is Status.PROCESSING and current.version == job.version and current.response is None
+    assert JobAttempt.objects.get(job=job.pk).finished_at is None
+    assert Job.objects.with_status(Status.PENDING).count() == 2
