@@ -24,6 +24,10 @@ export PATH="$VENV/bin:$PATH"
 export PYTHONDONTWRITEBYTECODE=1
 PY="$VENV/bin/python"
 
+# Each stage picks its own database: a URL (or engine) left in the caller's environment would quietly
+# send a stage to another server.
+unset SQLQUEUE_DATABASE_URL SQLQUEUE_MSSQL_ENGINE SQLQUEUE_MSSQL_EXTRA SQLQUEUE_MSSQL_TEST_NAME
+
 names=()
 results=()
 overall=0
