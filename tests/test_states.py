@@ -65,4 +65,15 @@ def test_labels_round_trip_and_sql_list() -> None:
 
 @pytest.mark.django_db
 def test_vocabulary_table_is_seeded_from_the_enum() -> None:
+    """The data migration itself writes the vocabulary (the suite's autouse fixture seeds it too, so the
+    table is emptied first and only the migration's function fills it)."""
+    import importlib
+    from types import SimpleNamespace
+
+    from django.apps import apps
+    from django.db import connection
+
+    migration = importlib.import_module("django_sqlqueue.migrations.0002_seed_statuses")
+    QueueStatus.objects.all().delete()
+    migration.seed(apps, SimpleNamespace(connection=connection))
     assert dict(QueueStatus.objects.values_list("id", "name")) == {int(s): s.label for s in Status}
