@@ -4,10 +4,8 @@
 - The test database is dropped without ``ALTER DATABASE ... SET SINGLE_USER``, which Babelfish refuses,
   and created without the inspectdb test schemas, which confuse its name resolution.
 - ``flush`` (between transactional tests) deletes child tables before their parents instead of
-  switching foreign keys off with ``ALTER TABLE ... NOCHECK CONSTRAINT``, which Babelfish refuses.
-
-testproject/settings.py also builds django.contrib's tables from their models on this engine (Babelfish
-refuses the ``ALTER COLUMN ... NULL`` their later migrations emit).
+  switching foreign keys off with ``ALTER TABLE ... NOCHECK CONSTRAINT``, which Babelfish refuses, and
+  keeps content types and permissions (see :data:`KEPT`).
 """
 
 from __future__ import annotations
