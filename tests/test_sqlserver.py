@@ -193,8 +193,19 @@ def test_inside_atomic_a_batch_joins_the_callers_transaction(noop_type: JobType)
     class Rollback(Exception):
         pass
 
+    from django_sqlqueue.dialects.mssql import Batch, batch
+
+    owns = batch(Batch(results=["SELECT @sqlqueue_own"]))
+    with connection.cursor() as cursor:
+        cursor.execute(owns)
+        assert cursor.fetchone()[0] == 1  # autocommit: the batch opens and commits its own transaction
     with pytest.raises(Rollback), transaction.atomic():
-        job = enqueue("Noop")  # the first statement of the transaction
+        with connection.cursor() as cursor:
+            # the first statement of the caller's transaction: @@TRANCOUNT is still 0 there (implicit
+            # transactions), yet the batch must see that it is inside one
+            cursor.execute(owns)
+            assert cursor.fetchone()[0] == 0
+        job = enqueue("Noop")
         with connection.cursor() as cursor:
             cursor.execute("SELECT @@OPTIONS & 16384")
             assert cursor.fetchone()[0] == 0

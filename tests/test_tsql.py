@@ -211,7 +211,7 @@ def test_every_returned_column_has_its_column_type(dialect: MssqlDialect) -> Non
     [declare] = parse(dialect.declare("@claimed"))
     assert declare.sql("tsql").count("[") >= len(JOB_COLUMNS)
     # taken from the model fields, so a bigint foreign key is declared bigint
-    types = dialect.declare_types()
+    types = dialect.declare_types
     assert types["job_type_id"] == "bigint" and types["id"] == "bigint" and types["payload"] == "nvarchar(max)"
 
 

@@ -25,6 +25,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
@@ -167,20 +168,17 @@ class MssqlDialect(Dialect):
         return LOCKED_READ_HINT
 
     # ----- types ----------------------------------------------------------------------------------
+    @cached_property
     def declare_types(self) -> dict[str, str]:
         """SQL Server type of each returned column, from the model fields (``db_type``), never by hand."""
-        cached = self.__dict__.get("_declare_types")
-        if cached is None:
-            from ..models import Job
+        from ..models import Job
 
-            fields = {f.attname: f for f in Job._meta.concrete_fields}
-            cached = {c: fields[c].db_type(self.connection) for c in JOB_COLUMNS}
-            self.__dict__["_declare_types"] = cached
-        return cached
+        fields = {f.attname: f for f in Job._meta.concrete_fields}
+        return {c: fields[c].db_type(self.connection) for c in JOB_COLUMNS}
 
     def declare(self, variable: str, columns: Sequence[str] = JOB_COLUMNS) -> str:
         """``DECLARE @variable TABLE (...)`` for ``columns`` (attnames), typed as the job table's."""
-        types = self.declare_types()
+        types = self.declare_types
         return f"DECLARE {variable} TABLE ({', '.join(f'{self.n.j[c]} {types[c]}' for c in columns)})"
 
     def _output(self, columns: Sequence[str], variable: str) -> str:
