@@ -1,8 +1,20 @@
 """The worker row and the heartbeat thread that keeps it fresh and renews the leases of held jobs.
 
 The thread uses its own database connection (Django connections are per thread) and closes it when
-it ends. It beats every ``HEARTBEAT_SECONDS``, or every third of the shortest lease among the jobs the
-slot holds when that is sooner, so a job is never reclaimed while its worker is alive.
+it ends. It beats every ``HEARTBEAT_SECONDS``, or every quarter of the *window* when that is sooner:
+the window is the shortest of ``WORKER_DEAD_AFTER_SECONDS`` and the leases of the jobs the slot holds,
+the time after which other workers may take its jobs if no beat gets through.
+
+Standing. A slot whose beats do not get through (no connection slot left for its heartbeat, a network
+partition, a process paused by SIGSTOP or a VM freeze) will have its jobs taken by others once the
+window has passed, while it may still be running them. So the heartbeat keeps the time of the last
+beat that got through (``ok_at``, measured before the beat was sent) and the slot acts on it:
+
+- past :data:`CLAIM_SHARE` of the window it claims nothing and hands back its unstarted jobs;
+- past :data:`STOP_SHARE` of the window its running job is *at risk*: ``should_stop()`` says so, and a
+  supervisor kills the slot (before the window ends, so that others never run the job alongside it);
+- a beat that finds the worker row under another incarnation (the name was taken over while this
+  process was paused) marks the slot *replaced*: it stops at once and exits.
 """
 
 from __future__ import annotations
@@ -12,6 +24,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 from django.db import IntegrityError, connections, transaction
 from django.db.models import DateTimeField, F, Q
@@ -20,12 +33,19 @@ from django.db.models.expressions import RawSQL
 from .conf import get_settings
 from .dialects import get_dialect
 from .exceptions import WorkerNameInUse
+from .states import Status
 from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line, pid_alive
 
 log = logging.getLogger("django_sqlqueue.worker")
 
+#: Shares of the window (see the module docstring): stop claiming, then treat the running job as lost.
+CLAIM_SHARE = 0.5
+STOP_SHARE = 0.8
+#: After a failed beat, the next try comes this soon (or at the normal interval, if sooner).
+RETRY_SECONDS = 1.0
 
-def register(name: str, using: str) -> bool:
+
+def register(name: str, using: str, incarnation: str = "") -> bool:
     """Take the worker row at start (host, pid, started now, heartbeat now, not stopped), if it is free.
 
     A claim treats Processing jobs held by its own name as its own leftovers and takes them back at
@@ -35,13 +55,15 @@ def register(name: str, using: str) -> bool:
     this very process. Otherwise :class:`WorkerNameInUse` is raised and nothing is written.
 
     The test and the write are one conditional UPDATE (or an INSERT that the unique name decides), so
-    two workers starting at the same moment under one name cannot both get it.
+    two workers starting at the same moment under one name cannot both get it. The row gets this
+    process's ``incarnation``: a process the name was taken from learns it at its next beat.
     """
     from .models import Worker
 
     host, pid = socket.gethostname()[:200], os.getpid()
     now = db_now(using)
-    values = {"host": host, "pid": pid, "started_at": now, "last_heartbeat": now, "stopped_at": None}
+    values = {"host": host, "pid": pid, "started_at": now, "last_heartbeat": now, "stopped_at": None,
+              "incarnation": incarnation}
     rows = Worker.objects.using(using)
     dead_after = get_settings().WORKER_DEAD_AFTER_SECONDS
     stale = RawSQL(get_dialect(connections[using]).now_plus("%s"), [-float(dead_after)],
@@ -71,21 +93,31 @@ def register(name: str, using: str) -> bool:
     raise WorkerNameInUse(f"worker name {name!r} keeps changing hands; is another worker starting under it?")
 
 
-def mark_stopped(name: str, using: str, jobs_done: int = 0) -> int:
-    """Stamp stopped_at: the claim then treats this worker as dead and takes its jobs at once."""
+def mark_stopped(name: str, using: str, jobs_done: int = 0, incarnation: str | None = None) -> int:
+    """Stamp stopped_at: the claim then treats this worker as dead and takes its jobs at once.
+
+    With ``incarnation``, only if the row is still that incarnation's (never stop a replacement's row).
+    """
     from .models import Worker
 
-    return Worker.objects.using(using).filter(name=name).update(
+    rows = Worker.objects.using(using).filter(name=name)
+    if incarnation is not None:
+        rows = rows.filter(incarnation=incarnation)
+    return rows.update(
         stopped_at=db_now(using), last_heartbeat=db_now(using), jobs_done=F("jobs_done") + jobs_done)
 
 
 class Heartbeat:
-    """Jobs a slot holds (id -> lease seconds) and the thread that renews them."""
+    """Jobs a slot holds (id -> lease seconds), the thread that renews them, and the slot's standing."""
 
-    def __init__(self, name: str, using: str, heartbeat_seconds: float, *, exit_with_parent: bool) -> None:
+    def __init__(self, name: str, using: str, heartbeat_seconds: float, *, exit_with_parent: bool,
+                 incarnation: str = "", dead_after: float = 60.0,
+                 on_beat: Callable[[Heartbeat], None] | None = None) -> None:
         self.name = name
         self.using = using
         self.heartbeat_seconds = heartbeat_seconds
+        self.incarnation = incarnation
+        self.dead_after = dead_after
         self._held: dict[int, int] = {}
         self._done = 0  # jobs finished since the last beat (added to the row's jobs_done)
         self._lock = threading.Lock()
@@ -93,12 +125,21 @@ class Heartbeat:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._parent = os.getppid() if exit_with_parent else None
+        #: Monotonic time at which the last beat that got through was sent (None: none yet).
+        self.ok_at: float | None = None
+        #: The worker row belongs to another incarnation now: this process must stop.
+        self.replaced = False
+        #: Held jobs whose lease renewal found them taken (reclaimed, or changed by an operator).
+        self.lost: set[int] = set()
+        self._failing = False
+        self._on_beat = on_beat
 
     # ----- called by the worker's main thread ----------------------------------------------------
     def hold(self, leases: dict[int, int]) -> None:
         with self._lock:
             self._held.update(leases)
         self._wake.set()  # a short lease may need an earlier renewal than planned
+        self._publish()
 
     def drop(self, job_id: int, *, finished: bool) -> None:
         with self._lock:
@@ -124,17 +165,40 @@ class Heartbeat:
         if self._thread is not None:
             self._thread.join(timeout=10)
 
-    # ----- the thread ----------------------------------------------------------------------------
-    def interval(self) -> float:
+    # ----- standing ------------------------------------------------------------------------------
+    def window(self) -> float:
+        """Seconds after the last beat that got through at which others may take this slot's jobs."""
         with self._lock:
             shortest = min(self._held.values(), default=None)
-        interval = self.heartbeat_seconds
-        if shortest is not None:
-            interval = min(interval, shortest / 3)
+        return self.dead_after if shortest is None else min(self.dead_after, shortest)
+
+    def deadline(self, share: float) -> float:
+        """Monotonic time at which ``share`` of the window since the last good beat has passed."""
+        if self.replaced or self.ok_at is None:
+            return 0.0
+        return self.ok_at + share * self.window()
+
+    def may_claim(self) -> bool:
+        """A beat got through recently enough that a claim's jobs will not be taken from under it."""
+        return not self.replaced and time.monotonic() < self.deadline(CLAIM_SHARE)
+
+    def at_risk(self, job_id: int) -> bool:
+        """The job may be (or soon be) someone else's: replaced, lease lost, or beats failing too long."""
+        return self.replaced or job_id in self.lost or time.monotonic() >= self.deadline(STOP_SHARE)
+
+    def _publish(self) -> None:
+        if self._on_beat is not None:
+            self._on_beat(self)
+
+    # ----- the thread ----------------------------------------------------------------------------
+    def interval(self) -> float:
+        interval = min(self.heartbeat_seconds, self.window() / 4)
+        if self._failing:
+            interval = min(interval, RETRY_SECONDS)
         return max(0.05, interval)
 
     def _loop(self) -> None:
-        next_beat = time.monotonic() + self.interval()
+        next_beat = time.monotonic()  # the first beat at once: the slot claims nothing before it
         try:
             while not self._stop:
                 self._wake.wait(max(0.0, next_beat - time.monotonic()))
@@ -147,16 +211,33 @@ class Heartbeat:
                 if now < next_beat:  # woken early by a claim: a shorter lease may need an earlier beat
                     next_beat = min(next_beat, now + self.interval())
                     continue
-                try:
-                    self.beat()
-                except DB_DOWN_ERRORS as exc:
-                    log.info("heartbeat_failed worker=%s error=%s", self.name, one_line(exc))
-                    close_connection(self.using)
-                except Exception:
-                    log.exception("heartbeat_error worker=%s", self.name)
+                self._beat_logged()
+                if self.replaced:
+                    return
                 next_beat = time.monotonic() + self.interval()
         finally:
             connections.close_all()  # this thread's connections only
+
+    def _beat_logged(self) -> None:
+        sent = time.monotonic()
+        try:
+            self.beat()
+        except DB_DOWN_ERRORS as exc:
+            # WARNING: a slot whose beats fail loses its jobs to other workers after the window.
+            log.warning("heartbeat_failed worker=%s error=%s last_ok=%s", self.name, one_line(exc),
+                        "never" if self.ok_at is None else f"{sent - self.ok_at:.1f}s ago")
+            self._failing = True
+            close_connection(self.using)
+        except Exception:
+            log.exception("heartbeat_error worker=%s", self.name)
+            self._failing = True
+        else:
+            if self._failing and self.ok_at is not None:
+                log.warning("heartbeat_back worker=%s after=%.1fs", self.name, sent - self.ok_at)
+            self._failing = False
+            if not self.replaced:
+                self.ok_at = sent
+        self._publish()
 
     def beat(self) -> None:
         """Renew the held jobs' leases (grouped by lease length) and stamp the worker row."""
@@ -168,14 +249,25 @@ class Heartbeat:
         for job_id, lease in held.items():
             by_lease.setdefault(lease, []).append(job_id)
         for lease, ids in by_lease.items():
-            kept = Job.objects.renew_leases(self.name, ids, lease, using=self.using)
+            kept = Job.objects.renew_leases(self.name, ids, lease, using=self.using, incarnation=self.incarnation)
             if kept < len(ids):
-                log.info("lease_lost worker=%s jobs=%s held=%s", self.name, len(ids) - kept, len(ids))
+                still = set(Job.objects.using(self.using).filter(
+                    pk__in=ids, worker=self.name, incarnation=self.incarnation,
+                    status_id=Status.PROCESSING).values_list("pk", flat=True))
+                gone = {i for i in ids if i not in still and i in self.held()}
+                self.lost |= gone
+                if gone:
+                    log.warning("lease_lost worker=%s jobs=%s", self.name, ",".join(map(str, sorted(gone))))
         done = self.take_done()
         try:
-            Worker.objects.using(self.using).filter(name=self.name).update(
+            stamped = Worker.objects.using(self.using).filter(name=self.name, incarnation=self.incarnation).update(
                 last_heartbeat=db_now(self.using), jobs_done=F("jobs_done") + done)
         except BaseException:
             with self._lock:
                 self._done += done  # counted at the next beat instead
             raise
+        if not stamped:
+            self.replaced = True
+            log.error("worker_replaced worker=%s incarnation=%s: the worker row belongs to another process now "
+                      "(this one was paused or cut off past WORKER_DEAD_AFTER_SECONDS and a worker started "
+                      "under its name); stopping without touching its jobs", self.name, self.incarnation)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -69,6 +70,11 @@ class JobSpec:
 
 #: Longest delay or retry a caller may ask for (a century): beyond it no timestamp column can hold the date.
 MAX_DELAY_SECONDS = 100 * 365 * 86400
+
+
+def new_incarnation() -> str:
+    """A fresh worker incarnation id (see ``Worker.incarnation``): random, 32 hex characters."""
+    return uuid.uuid4().hex
 
 
 def unstorable(value: Any) -> str | None:
@@ -391,18 +397,22 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         queues: Sequence[str] = (),
         types: Sequence[str] = (),
         using: str | None = None,
+        incarnation: str | None = None,
     ) -> list[Job]:
         """Claim up to ``limit`` jobs for ``worker`` in one statement; return them, claim order.
 
         Takes, in priority (high first), scheduled_for, id order: Pending/Error jobs that are due with
-        attempts left and an unpaused type; Processing jobs held by this worker name (its own
-        unfinished work after a restart); Processing jobs whose lease expired or whose worker's
-        heartbeat is stale. Each becomes Processing with attempt + 1, a lease from the database clock,
-        a new token (``version``) and a history row. Never returns a job to two claimers.
+        attempts left and an unpaused type; Processing jobs held by this worker name from an earlier
+        incarnation (its own unfinished work after a restart) unless another incarnation holds the
+        name's worker row now; Processing jobs whose lease expired or whose worker's heartbeat is stale.
+        Each becomes Processing with attempt + 1, a lease from the database clock, a new token
+        (``version``), ``incarnation`` (a fresh random one when None: each call is its own incarnation)
+        and a history row. Never returns a job to two claimers.
         """
         if not isinstance(limit, int) or limit < 1 or limit > 10_000:
             raise InvalidArgument(f"limit must be an integer from 1 to 10000, got {limit!r}")
-        return self.complete_and_claim((), worker, limit, queues=queues, types=types, using=using)[1]
+        return self.complete_and_claim((), worker, limit, queues=queues, types=types, using=using,
+                                       incarnation=incarnation)[1]
 
     def complete_many(self, done: Sequence[tuple[Job, Any] | tuple[Job, Any, float | None]], *,
                       using: str | None = None) -> list[Job]:
@@ -427,6 +437,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         types: Sequence[str] = (),
         using: str | None = None,
         reclaim: bool = True,
+        incarnation: str | None = None,
     ) -> tuple[list[Job], list[Job]]:
         """Record finished jobs and claim the next ones in ONE transaction (one commit, not two).
 
@@ -461,6 +472,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             default_lease_seconds=settings.LEASE_SECONDS,
             worker_dead_after_seconds=settings.WORKER_DEAD_AFTER_SECONDS,
             reclaim=reclaim,
+            incarnation=new_incarnation() if incarnation is None else str(incarnation)[:32],
         )
         connection = connections[alias]
         dialect = get_dialect(connection)
@@ -505,6 +517,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         reset_attempts: bool = False,
         duration: float | None = None,
         using: str | None = None,
+        _release_note: str = "",
     ) -> Job:
         """Move a job to ``status`` if ``token`` still matches its ``version``; return the new row.
 
@@ -547,7 +560,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 raise StaleJob(f"job {job.pk} changed since token {token} was read; nothing was changed")
             updated = self._rows_to_jobs(rows, alias)[0]
             if current == Status.PROCESSING and new != Status.PROCESSING:
-                self._close_attempt(cursor, dialect, job, updated, released=new == Status.PENDING)
+                self._close_attempt(cursor, dialect, job, updated, released=new == Status.PENDING,
+                                    note=_release_note)
         return updated
 
     def _modify_sets(self, dialect: Any, job: Job, current: Status, new: Status, step: str | None,
@@ -617,7 +631,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             sets.append(f"{j['attempt_num']} = 0")
         return sets, params
 
-    def _close_attempt(self, cursor: Any, dialect: Any, before: Job, after: Job, *, released: bool) -> None:
+    def _close_attempt(self, cursor: Any, dialect: Any, before: Job, after: Job, *, released: bool,
+                       note: str = "") -> None:
+        if released and note:
+            dialect.execute(cursor, dialect.close_attempt_sql(),
+                            [int(Status.PENDING), storable_error(note), None, before.pk, before.attempt_num])
+            return
         if released:
             dialect.execute(cursor, dialect.delete_attempt_sql(), [before.pk, before.attempt_num])
             return
@@ -651,24 +670,31 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         return self.modify(job, job.version, Status.PROCESSING, step=step, response=response,
                            using=using or job._state.db)
 
-    def release(self, job: Job, *, using: str | None = None) -> Job:
-        """Hand a claimed, unstarted job back to Pending without spending its attempt."""
-        return self.modify(job, job.version, Status.PENDING, using=using or job._state.db)
+    def release(self, job: Job, *, using: str | None = None, note: str = "") -> Job:
+        """Hand a claimed, unstarted job back to Pending without spending its attempt.
+
+        The attempt's history row is dropped, or, with a ``note`` (e.g. "claim reply lost"), kept and
+        closed as Pending with the note as its error, so the history shows what happened.
+        """
+        return self.modify(job, job.version, Status.PENDING, using=using or job._state.db,
+                           _release_note=note)
 
     # ----- leases and housekeeping --------------------------------------------------------------
     def renew_leases(self, worker: str, job_ids: Sequence[int], lease_seconds: int, *,
-                     using: str | None = None) -> int:
-        """Push the lease of jobs ``worker`` still holds; return how many it still holds.
+                     using: str | None = None, incarnation: str = "") -> int:
+        """Push the lease of jobs ``worker`` (its ``incarnation``) still holds; return how many it holds.
 
         No token bump: a lease renewal is not a state change. A job someone else reclaimed has another
-        worker name and is left alone (fencing: the late worker's finish is refused by the token).
+        worker name or incarnation and is left alone (fencing: the late worker's finish is refused by
+        the token).
         """
         if not job_ids:
             return 0
         alias = self._alias(using)
         dialect = get_dialect(connections[alias])
         with connections[alias].cursor() as cursor:
-            dialect.execute(cursor, dialect.renew_leases_sql(len(job_ids)), [int(lease_seconds), *job_ids, worker])
+            dialect.execute(cursor, dialect.renew_leases_sql(len(job_ids)), [int(lease_seconds), *job_ids, worker,
+                                                                         incarnation])
             return cursor.rowcount
 
     def reap(self, *, using: str | None = None, limit: int = 500) -> int:

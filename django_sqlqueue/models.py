@@ -94,6 +94,9 @@ class Job(models.Model):
     version = models.PositiveIntegerField(default=1)
     updated_at = models.DateTimeField()
     worker = models.CharField(max_length=200, blank=True, default="")
+    #: The incarnation (``Worker.incarnation``) of the worker process that claimed it: two processes
+    #: under one worker name (a paused one and its replacement) never take each other's jobs.
+    incarnation = models.CharField(max_length=32, blank=True, default="", db_default="", editable=False)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     dedupe_key = models.CharField(max_length=200, null=True, blank=True)
 
@@ -198,6 +201,10 @@ class Worker(models.Model):
     last_heartbeat = models.DateTimeField()
     stopped_at = models.DateTimeField(null=True, blank=True)
     jobs_done = models.PositiveBigIntegerField(default=0)
+    #: A random id written at each registration. Heartbeats and own-name takeovers are conditional on
+    #: it, so a process whose registration was taken over (it was paused past the dead-after time and
+    #: a same-name worker started) learns it at its next beat and stops.
+    incarnation = models.CharField(max_length=32, blank=True, default="", editable=False)
 
     class Meta:
         verbose_name = _("worker")

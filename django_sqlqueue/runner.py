@@ -195,11 +195,48 @@ def _check_json(value: Any, what: str) -> None:
         raise _BadReturn(f"{what} cannot be stored: {why}; the handler's work is done, so the job is not retried")
 
 
+def _atomic_depths() -> dict[str, int]:
+    from django.db import connections
+
+    return {conn.alias: len(conn.atomic_blocks) for conn in connections.all(initialized_only=True)}
+
+
+def _close_abandoned_atomics(before: dict[str, int]) -> list[str]:
+    """Roll back ``transaction.atomic()`` blocks a handler entered and never left; return the aliases.
+
+    Such a block (``atomic().__enter__()`` without its exit, a generator left suspended inside one)
+    keeps the connection in a transaction: the worker's own writes would then join it and vanish
+    when the connection is dropped. Each leftover block is exited as if an exception had left it,
+    innermost first, which is exactly Django's rollback (to its savepoint, or of the transaction).
+    """
+    from django.db import connections
+
+    left = []
+    for conn in connections.all(initialized_only=True):
+        depth = before.get(conn.alias, 0)
+        if len(conn.atomic_blocks) <= depth:
+            continue
+        left.append(conn.alias)
+        while len(conn.atomic_blocks) > depth:
+            block = conn.atomic_blocks[-1]
+            try:
+                block.__exit__(RuntimeError, RuntimeError("atomic block left open by a job handler"), None)
+            except Exception:  # the rollback itself failed: drop the connection, it is unusable
+                conn.atomic_blocks.clear()
+                conn.savepoint_ids.clear()
+                conn.in_atomic_block = False
+                conn.needs_rollback = False
+                conn.close()
+                break
+    return left
+
+
 def run(ctx: JobContext) -> Outcome:
     """Call the handler (once, or once per remaining step) and classify what happened."""
     from .models import Job
 
     started = time.monotonic()
+    depths = _atomic_depths()
     try:
         if ctx.handler.steps:
             response = _run_steps(ctx, Job)
@@ -219,6 +256,12 @@ def run(ctx: JobContext) -> Outcome:
         if isinstance(exc, KeyboardInterrupt):
             raise
         outcome = Outcome(Kind.ERROR, ctx.job, error=traceback.format_exc())
+    left = _close_abandoned_atomics(depths)
+    if left:
+        outcome = Outcome(Kind.ERROR, ctx.job, error=(
+            f"the handler returned with transaction.atomic() still open on database(s) {', '.join(left)}: "
+            f"its uncommitted work there was rolled back (leave every atomic block, e.g. use it as a "
+            f"'with' block)" + (f"\n{outcome.error}" if outcome.error else "")))
     outcome.duration = time.monotonic() - started
     return outcome
 

@@ -27,6 +27,11 @@ class SlotChannel:
         # records successes in batches, see recorder.py): [count, id, id, ...]. If the slot dies,
         # these ran: they must not be handed back as unstarted.
         self.unrecorded = ctx.Array("q", 1 + self.unrecorded_capacity)
+        # [monotonic time until which the running job is safe to keep running, 1 once the slot's
+        # heartbeat has reported]: past it, its lease may be (or soon be) someone else's (heartbeat.py).
+        self.safe = ctx.Array("d", 2)
+        # The exit code the slot itself chose (-1: none): any other exit is a death, whatever its code.
+        self.declared = ctx.Value("i", -1)
 
     #: Most run-but-unrecorded jobs a slot keeps (it records at once when this is reached).
     unrecorded_capacity = 1000
@@ -48,6 +53,15 @@ class SlotChannel:
         finally:
             if got:
                 lock.release()
+
+    def set_safe_until(self, when: float, known: bool) -> None:
+        with self.safe.get_lock():
+            self.safe[0], self.safe[1] = when, float(known)
+
+    def running_job_at_risk(self) -> bool:
+        """Read by the supervisor: the slot's heartbeat says its running job may be someone else's now."""
+        when, known = self.safe[0], self.safe[1]
+        return bool(known) and time.monotonic() >= when
 
     def set_current(self, job_id: int, timeout: float) -> None:
         with self.current.get_lock():
@@ -107,6 +121,7 @@ def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None)
             code = EXIT_FATAL
         else:
             raise
+    channel.declared.value = code
     sys.exit(code)
 
 

@@ -2,8 +2,15 @@
 
 Each slot is an OS process (``multiprocessing`` "spawn": a fresh interpreter that sets Django up,
 so no database connection or lock is ever inherited) running a :class:`~django_sqlqueue.worker.Worker`
-named ``<worker-name>/<slot>``. A restarted slot keeps its name, so its claim takes back at once the
+named ``<worker-name>/<slot>``. A restarted slot keeps its name but gets a new incarnation (chosen
+here, so the supervisor knows which jobs each process claimed), so its claim takes back at once the
 Processing jobs its previous incarnation held.
+
+A slot's own exit code is believed only if the slot declared it (``SlotChannel.declared``) and was
+not running a job: a handler calling ``os._exit(3)`` kills the slot, it does not stop the worker. A
+slot whose heartbeat says its running job may be someone else's now (beats failing for most of the
+lease, or the lease found taken) is killed before the lease ends, so two workers never run one job
+at the same time.
 
 The supervisor itself holds no jobs. It watches each slot's "current job and deadline" (shared
 memory written by the slot), SIGKILLs a slot whose job exceeds its type's timeout, marks that job
@@ -38,6 +45,7 @@ from .worker import (
     EXIT_FATAL,
     EXIT_FORCED,
     EXIT_OK,
+    EXIT_REPLACED,
     FAILED,
     N_COUNTERS,
     RETRIED,
@@ -66,7 +74,8 @@ class Slot:
     restart_at: float = 0.0
     failures: int = 0
     done: bool = False
-    pid: int = 0  # of the current (or last) process: its worker row tells what it claimed
+    pid: int = 0  # of the current (or last) process
+    incarnation: str = ""  # of the current (or last) process: stamped on every job it claimed
 
 
 @dataclass
@@ -185,6 +194,9 @@ class Supervisor:
 
     # ----- slots -----------------------------------------------------------------------------------
     def _start(self, slot: Slot, budget: Any) -> None:
+        from .managers import new_incarnation
+
+        slot.incarnation = new_incarnation()
         slot.channel = SlotChannel(self._ctx, slot.stop, slot.counters, budget)
         slot.proc = self._ctx.Process(target=slot_main, args=(self._slot_config(slot), slot.channel, self.log_level),
                                       name=f"sqlqueue-slot-{slot.index}")
@@ -196,7 +208,7 @@ class Supervisor:
     def _slot_config(self, slot: Slot) -> WorkerConfig:
         from dataclasses import replace
 
-        return replace(self.config, name=slot.name)
+        return replace(self.config, name=slot.name, incarnation=slot.incarnation)
 
     def _watch(self, slot: Slot, now: float, budget: Any) -> None:
         if slot.done:
@@ -213,14 +225,17 @@ class Supervisor:
         slot.proc.join()
         code = slot.proc.exitcode
         running = int(slot.channel.current[0]) if slot.channel is not None else 0
+        declared = slot.channel.declared.value if slot.channel is not None else code
         slot.proc = None
+        if running or code != declared:
+            code = f"{code} (undeclared)" if code != declared else code  # a death, whatever the code
         if code == EXIT_OK and (self._stopping or self.config.burst or self._budget_spent()):
             slot.done = True
-        elif code == EXIT_FATAL:
+        elif code in (EXIT_FATAL, EXIT_REPLACED):
             self._exit_code = 1
             slot.done = True
             if not self._stopping:
-                self._begin_stop("fatal-error")
+                self._begin_stop("replaced" if code == EXIT_REPLACED else "fatal-error")
         else:
             log.warning("slot_died worker=%s exit=%s job=%s", slot.name, code, running or "-")
             self._after_death(slot, running)
@@ -243,7 +258,10 @@ class Supervisor:
             return
         try:
             job_id, deadline, timeout = int(current[0]), current[1], current[2]
-            if not job_id or time.monotonic() <= deadline:
+            if not job_id:
+                return
+            at_risk = slot.channel.running_job_at_risk()
+            if not at_risk and time.monotonic() <= deadline:
                 return
             # Killed while we hold the lock: the slot cannot have moved on to another job meanwhile.
             os.kill(slot.proc.pid, signal.SIGKILL)
@@ -251,8 +269,13 @@ class Supervisor:
             lock.release()
         slot.proc.join()
         slot.proc = None
-        log.error("job_timed_out worker=%s job=%s timeout=%ss", slot.name, job_id, int(timeout))
-        self._mark_timed_out(slot, job_id, timeout)
+        if at_risk:
+            # Its lease is (or is about to be) someone else's: running on would run the job twice at once.
+            log.warning("slot_killed worker=%s reason=lease-at-risk job=%s (its heartbeat could not renew the "
+                        "lease, or the job was taken over)", slot.name, job_id)
+        else:
+            log.error("job_timed_out worker=%s job=%s timeout=%ss", slot.name, job_id, int(timeout))
+            self._mark_timed_out(slot, job_id, timeout)
         self._after_death(slot, job_id)
         slot.restart_at = 0.0  # restart at once: the slot was healthy, its job was not
 
@@ -299,13 +322,11 @@ class Supervisor:
         # started: they stay Processing and are reclaimed as a new attempt, not handed back.
         started = [running, *(slot.channel.unrecorded_ids() if slot.channel is not None else [])]
         try:
-            # Only jobs the dead PROCESS claimed: a job held under the same name since an earlier process
-            # (a worker killed -9 and restarted under its name) may have run there; it is reclaimed as a
-            # new attempt, never handed back. The process's claims are those made after it registered
-            # (both stamps are the database clock); one that died before registering claimed nothing.
-            row = WorkerRow.objects.using(using).filter(name=slot.name, pid=slot.pid).first()
-            mine = Job.objects.none() if row is None else Job.objects.using(using).filter(
-                worker=slot.name, status_id=Status.PROCESSING, started_at__gte=row.started_at)
+            # Only jobs the dead PROCESS claimed (its incarnation): a job held under the same name since
+            # an earlier process (a worker killed -9 and restarted under its name) may have run there;
+            # it is reclaimed as a new attempt, never handed back.
+            mine = Job.objects.using(using).filter(worker=slot.name, incarnation=slot.incarnation,
+                                                   status_id=Status.PROCESSING)
             for job in mine.exclude(pk__in=started):
                 try:
                     Job.objects.release(job, using=using)
@@ -313,7 +334,8 @@ class Supervisor:
                     pass
             if stopped:
                 now: RawSQL = db_now(using)
-                WorkerRow.objects.using(using).filter(name=slot.name).update(stopped_at=now)
+                WorkerRow.objects.using(using).filter(name=slot.name, incarnation=slot.incarnation).update(
+                    stopped_at=now)
         except DB_DOWN_ERRORS as exc:
             log.warning("slot_cleanup_skipped worker=%s error=%s", slot.name, one_line(exc))
             close_connection(using)

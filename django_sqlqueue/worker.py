@@ -1,13 +1,16 @@
 """One worker slot: claim -> run -> record, with a heartbeat thread renewing its leases.
 
 A :class:`Worker` runs in one OS process (a slot started by :mod:`django_sqlqueue.supervisor`, or
-in-process, e.g. from a test or a custom command, where job timeouts are not enforced). It holds no
-jobs when it claims, so any Processing row already held by its name is a leftover of a previous
-incarnation of the same slot and is reclaimed by the claim at once.
+in-process, e.g. from a test or a custom command, where job timeouts are not enforced). Each start
+registers a new *incarnation* of its name (a random id on the worker row, stamped on every job it
+claims): a Processing row held by its name under another incarnation is a leftover of a previous
+process of the same slot and is reclaimed by the claim at once, while a replaced process (paused past
+the dead-after time while another took its name) finds out at its next beat and stops.
 
-Threads: the main thread claims, runs handlers and records outcomes; one heartbeat thread, with its
-own database connection, stamps the ``Worker`` row and renews the leases of the jobs the slot holds
-(every ``HEARTBEAT_SECONDS``, or a third of the shortest held lease when that is sooner).
+Threads: the main thread claims, runs handlers and records outcomes; the heartbeat thread (its own
+connection, see heartbeat.py) stamps the ``Worker`` row, renews the held jobs' leases and keeps the
+slot's *standing*: no claim without a recent beat, and a running job whose lease may be gone is told
+to stop (and killed by the supervisor); the recorder's watchdog thread (see recorder.py).
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from . import jobtypes, runner, signals, wakeup
 from .backoff import backoff_seconds
 from .batching import BatchSizer
 from .conf import get_settings
-from .exceptions import IllegalTransition, JobNotFound, StaleJob, UnknownJobType
+from .exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob, UnknownJobType
 from .handlers import registry
-from .heartbeat import Heartbeat, mark_stopped, register
+from .heartbeat import STOP_SHARE, Heartbeat, mark_stopped, register
 from .recorder import Recorder
 from .states import CLAIMABLE, Status
 from .support import DB_DOWN_ERRORS, close_connection, configure_logging, one_line, send, tidy_connections
@@ -52,8 +55,9 @@ DB_RETRY_MIN, DB_RETRY_MAX = 0.5, 30.0
 #: Counter slots (shared with the supervisor when there is one).
 SUCCEEDED, RETRIED, FAILED, CANCELLED, RELEASED = range(5)
 N_COUNTERS = 5
-#: Exit codes of a slot process.
-EXIT_OK, EXIT_FORCED, EXIT_FATAL = 0, 1, 3
+#: Exit codes of a slot process (a supervisor believes one only if the slot also declared it, see
+#: slots.py: a handler's own ``os._exit(3)`` is a death, not a fatal error).
+EXIT_OK, EXIT_FORCED, EXIT_FATAL, EXIT_REPLACED = 0, 1, 3, 4
 
 
 def default_worker_name() -> str:
@@ -75,6 +79,8 @@ class WorkerConfig:
     #: Stop after this many jobs (None: no limit). Under a supervisor the budget is shared by slots.
     max_jobs: int | None = None
     using: str | None = None
+    #: This process's registration id (a supervisor picks it, to know which jobs a dead slot held).
+    incarnation: str = ""
 
 
 class Worker:
@@ -89,8 +95,13 @@ class Worker:
         self.counters: Any = channel.counters if channel is not None else [0] * N_COUNTERS
         self._budget = config.max_jobs  # in-process budget (a supervisor shares one across slots)
         self._signals = 0
+        from .managers import new_incarnation
+
+        self.incarnation = config.incarnation or new_incarnation()
         self.heartbeat = Heartbeat(self.name, self.using, self.settings.HEARTBEAT_SECONDS,
-                                   exit_with_parent=channel is not None)
+                                   exit_with_parent=channel is not None, incarnation=self.incarnation,
+                                   dead_after=self.settings.WORKER_DEAD_AFTER_SECONDS,
+                                   on_beat=self._on_beat if channel is not None else None)
         self._running_id: int | None = None
         #: Successes recorded together (with the next claim when the batch is done): see recorder.py.
         self.recorder = Recorder(self)
@@ -100,6 +111,10 @@ class Worker:
         self._reclaim_at = 0.0
         self._listener: wakeup.Waker | None = None
         self._db_down_since: float | None = None
+        #: A claim failed after it was sent: it may have committed with its reply lost (see _claim).
+        self._claim_in_doubt = False
+        self._standing_lost_since: float | None = None
+        self._exit_code = EXIT_OK
 
     # ----- lifecycle ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -115,9 +130,9 @@ class Worker:
                 signal.signal(signum, previous)
 
     def _run(self) -> int:
-        if self._db(register, self.name, self.using) is None:
+        if self._db(register, self.name, self.using, self.incarnation) is None:
             return EXIT_OK  # told to stop before the database was reachable
-        self.heartbeat.start()
+        self.heartbeat.start()  # its first beat at once: nothing is claimed before one gets through
         self._listener = wakeup.for_alias(self.using, self.settings.NOTIFY_CHANNEL, self.config.queues)
         log.info("worker_started worker=%s pid=%s queues=%s types=%s batch=%s burst=%s", self.name, os.getpid(),
                  ",".join(self.config.queues) or "*", ",".join(self.config.types) or "*",
@@ -127,7 +142,7 @@ class Worker:
             self._loop()
         finally:
             self._shutdown()
-        return EXIT_OK
+        return self._exit_code
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Only set flags here: logging or database work inside a signal handler can deadlock.
@@ -136,12 +151,24 @@ class Worker:
             os._exit(EXIT_FORCED)  # second signal: stop at once; running work is reclaimed by lease
 
     def stop_requested(self) -> bool:
-        return self._signals > 0 or (self.channel is not None and self.channel.stop.is_set())
+        return (self._signals > 0 or self.heartbeat.replaced
+                or (self.channel is not None and self.channel.stop.is_set()))
+
+    def _on_beat(self, heartbeat: Heartbeat) -> None:
+        """Heartbeat thread: tell the supervisor until when the running job is safe to keep running."""
+        assert self.channel is not None
+        running = self._running_id
+        lost = running is not None and (heartbeat.replaced or running in heartbeat.lost)
+        self.channel.set_safe_until(0.0 if lost else heartbeat.deadline(STOP_SHARE) or float("inf"),
+                                    heartbeat.ok_at is not None or heartbeat.replaced)
 
     def _loop(self) -> None:
         s = self.settings
         idle = s.POLL_MIN_SECONDS
         while not self.stop_requested():
+            if not self.heartbeat.may_claim():
+                self._wait_for_standing()
+                continue
             try:
                 jobs = self._claim()
             except DB_DOWN_ERRORS as exc:
@@ -164,6 +191,10 @@ class Worker:
                 if self.stop_requested():
                     self._release(jobs[ran:])
                     return
+                if not self.heartbeat.may_claim():
+                    # Beats are not getting through: others may soon take these. Hand them back now.
+                    self._give_back(self._release(jobs[ran:], reason="heartbeat_stale"))
+                    break
                 if ran and self.sizer.over_budget(started):
                     # A slow job in a batch of short ones: let other slots have the jobs not started.
                     self._give_back(self._release(jobs[ran:], reason="batch_over_time"))
@@ -172,7 +203,27 @@ class Worker:
                 ran += 1
             self.sizer.record(self._asked, len(jobs), ran, time.monotonic() - started)
             tidy_connections()
-        log.info("worker_stopping worker=%s reason=signal", self.name)
+        if self.heartbeat.replaced:
+            self._exit_code = EXIT_REPLACED
+            log.error("worker_stopping worker=%s reason=replaced", self.name)
+        else:
+            log.info("worker_stopping worker=%s reason=signal", self.name)
+
+    def _wait_for_standing(self) -> None:
+        """No beat got through lately (or none yet): claim nothing, record what ran, wait for one."""
+        now = time.monotonic()
+        if self._standing_lost_since is None:
+            self._standing_lost_since = now
+        elif now - self._standing_lost_since >= 1.0 and self.heartbeat.ok_at is not None:
+            log.warning("worker_not_claiming worker=%s reason=heartbeat_stale last_ok=%.1fs ago", self.name,
+                        now - self.heartbeat.ok_at)
+            self._standing_lost_since = now + 30.0  # say it again every 30 s, not every poll
+        try:
+            self.recorder.flush()  # complete only (nothing to do when no success is pending)
+        except DB_DOWN_ERRORS as exc:
+            self._db_trouble(exc)
+            return
+        self._sleep(0.05)
 
     def idle_wait(self, seconds: float) -> None:
         """Wait up to ``seconds`` for work to appear; returns early when a stop is requested.
@@ -195,9 +246,39 @@ class Worker:
             time.sleep(min(left, 0.05))
 
     # ----- claim, run, record ---------------------------------------------------------------------
+    def _hand_back_unreceived(self) -> None:
+        """Hand back jobs a claim took for this process whose reply never arrived (attempt refunded).
+
+        A claim can commit on the server and lose its reply (a pooler restart, a connection cut): its
+        jobs are Processing under this name and incarnation, but this process never saw them. They
+        are exactly this incarnation's Processing jobs that it neither holds nor has run.
+        """
+        from .models import Job
+
+        known = set(self.heartbeat.held()) | set(self.recorder.pending_ids())
+        rows = [job for job in Job.objects.using(self.using).filter(
+            worker=self.name, incarnation=self.incarnation, status_id=Status.PROCESSING) if job.pk not in known]
+        handed = 0
+        for job in rows:
+            try:
+                Job.objects.release(job, using=self.using,
+                                    note=f"claim reply lost: the claim by {self.name} committed but its reply "
+                                         f"never arrived; handed back unstarted, attempt refunded")
+                handed += 1
+            except (StaleJob, IllegalTransition, JobNotFound):
+                pass
+        self._claim_in_doubt = False
+        if handed:
+            self.counters[RELEASED] += handed
+            log.warning("claim_reply_lost worker=%s jobs=%s (handed back unstarted, attempts refunded)",
+                        self.name, handed)
+
     def _claim(self) -> list[Job] | None:
         from .models import Job
 
+        if self._claim_in_doubt:
+            self._hand_back_unreceived()
+        self._standing_lost_since = None
         want = self._reserve(self.sizer.next_size())
         if want == 0:
             return None
@@ -209,8 +290,12 @@ class Worker:
         reclaim = now >= self._reclaim_at
 
         def claim(done: list[Any], reclaim: bool) -> Any:
-            return Job.objects.complete_and_claim(done, self.name, want, queues=self.config.queues,
-                                                  types=self.config.types, using=self.using, reclaim=reclaim)
+            self._claim_in_doubt = True  # until its reply is in hand
+            got = Job.objects.complete_and_claim(done, self.name, want, queues=self.config.queues,
+                                                 types=self.config.types, using=self.using, reclaim=reclaim,
+                                                 incarnation=self.incarnation)
+            self._claim_in_doubt = False
+            return got
 
         try:
             # The batch's successes are committed with this claim: one transaction, not two.
@@ -257,8 +342,11 @@ class Worker:
         else:
             if self.channel is not None:
                 self.channel.set_current(job.pk, info.timeout_seconds)
+                self._on_beat(self.heartbeat)
+            job_id = job.pk
             try:
-                outcome = runner.run(runner.JobContext(job, handler, self.name, self.stop_requested))
+                outcome = runner.run(runner.JobContext(
+                    job, handler, self.name, lambda: self.stop_requested() or self.heartbeat.at_risk(job_id)))
             finally:
                 if self.channel is not None:
                     self.channel.handler_returned()
@@ -294,9 +382,10 @@ class Worker:
             log.warning("job_result_refused worker=%s job=%s outcome=%s reason=%s", self.name, job.pk,
                         kind.value, exc)
             return
-        except (DataError, IntegrityError) as exc:
-            # The database refused the outcome itself (a value it cannot store): retrying the same write
-            # cannot help, and crashing would re-run the job in a loop. Park the job with the reason.
+        except (DataError, IntegrityError, InvalidArgument, OverflowError, ValueError) as exc:
+            # The outcome cannot be stored (a value the database refuses, a retry time out of range):
+            # retrying the same write cannot help, and crashing would re-run the job in a loop. Park the
+            # job as Failed with the reason.
             log.error("job_outcome_unstorable worker=%s job=%s outcome=%s error=%s", self.name, job.pk,
                       kind.value, one_line(exc))
             try:
@@ -417,14 +506,16 @@ class Worker:
         unrecorded = set(self.recorder.pending_ids())  # the database is down: reclaimed later, as run
         leftover = [job_id for job_id in self.heartbeat.held()
                     if job_id != self._running_id and job_id not in unrecorded]
-        if leftover:  # only after an unexpected error: a normal stop released them already
+        if leftover and not self.heartbeat.replaced:  # after an unexpected error, or a stale heartbeat
             rows = self._db(lambda: list(Job.objects.using(self.using).filter(
-                pk__in=leftover, worker=self.name, status_id=Status.PROCESSING)), retry_while_stopping=2)
+                pk__in=leftover, worker=self.name, incarnation=self.incarnation, status_id=Status.PROCESSING)),
+                retry_while_stopping=2)
             self._release(rows or [])
         self.heartbeat.stop()
         if self._listener is not None:
             self._listener.close()
-        self._db(mark_stopped, self.name, self.using, self.heartbeat.take_done(), retry_while_stopping=2)
+        self._db(mark_stopped, self.name, self.using, self.heartbeat.take_done(), self.incarnation,
+                 retry_while_stopping=2)
         counts = self.counters
         log.info("worker_stopped worker=%s succeeded=%s retried=%s failed=%s cancelled=%s released=%s", self.name,
                  counts[SUCCEEDED], counts[RETRIED], counts[FAILED], counts[CANCELLED], counts[RELEASED])

@@ -67,6 +67,11 @@ class ClaimRequest:
     #: Also take stuck Processing jobs (this worker's own, expired leases, dead or stopped workers).
     #: A busy worker leaves this off between periodic looks: the due-only claim is much cheaper.
     reclaim: bool = True
+    #: The claiming process's incarnation (``Worker.incarnation``), stamped on the claimed jobs. Jobs
+    #: held under this worker name by ANOTHER incarnation are taken back as leftovers, but only while
+    #: no other incarnation holds the name's worker row (a replaced process must not take its
+    #: replacement's jobs).
+    incarnation: str = ""
 
 
 class Names:
@@ -289,14 +294,14 @@ class Dialect:
         reclaim = (
             f"SELECT {cols} FROM {n.job} j{hint}{self.index_hint(PROCESSING_INDEX)} "
             f"WHERE j.{j['status_id']} = {int(Status.PROCESSING)} "
-            f"AND (j.{j['worker']} = %s OR j.{j['lease_expires_at']} < {self.now()} "
+            f"AND (({self.own_leftovers()}) OR j.{j['lease_expires_at']} < {self.now()} "
             f"OR j.{j['worker']} IN ({dead_workers})) "
             f"AND {common} ORDER BY {order}{limit}{lock}"
         )
         params_due = [*self._top_params(req, top), *filter_params, *self._limit_params(req, limit)]
         params_reclaim = [
             *self._top_params(req, top),
-            req.worker,
+            *self.own_leftovers_params(req),
             -int(req.worker_dead_after_seconds),
             *filter_params,
             *self._limit_params(req, limit),
@@ -304,6 +309,19 @@ class Dialect:
         if not req.reclaim:
             return [due], params_due
         return [due, reclaim], [*params_due, *params_reclaim]
+
+    def own_leftovers(self) -> str:
+        """Processing jobs (alias ``j``) this worker name holds from another, earlier incarnation (a
+        restart), while no other incarnation holds the name. Params: :meth:`own_leftovers_params`."""
+        n, j, w = self.n, self.n.j, self.n.w
+        return (
+            f"j.{j['worker']} = %s AND j.{j['incarnation']} <> %s AND NOT EXISTS (SELECT 1 FROM "
+            f"{n.worker_table} ow WHERE ow.{w['name']} = %s AND ow.{w['incarnation']} <> %s)"
+        )
+
+    @staticmethod
+    def own_leftovers_params(req: ClaimRequest) -> list[Any]:
+        return [req.worker, req.incarnation, req.worker, req.incarnation]
 
     #: Names of the candidate branches, in :meth:`candidate_branches` order.
     BRANCH_NAMES = ("due", "reclaim")
@@ -338,11 +356,12 @@ class Dialect:
             f"{j['finished_at']} = NULL",
             f"{j['duration_ms']} = NULL",
             f"{j['worker']} = %s",
+            f"{j['incarnation']} = %s",
             f"{j['lease_expires_at']} = {lease}",
             f"{j['version']} = {a}{j['version']} + 1",
             f"{j['updated_at']} = {self.now()}",
         ]
-        return ", ".join(sets), [req.worker, int(req.default_lease_seconds)]
+        return ", ".join(sets), [req.worker, req.incarnation, int(req.default_lease_seconds)]
 
     def attempt_insert_sql(self) -> str:
         """INSERT of one history row per claimed job (job_id, attempt_num, worker, claimed_at)."""
@@ -383,12 +402,14 @@ class Dialect:
         return f"{a['job_id']} = %s AND {a['attempt_num']} = %s AND {a['finished_at']} IS NULL"
 
     def renew_leases_sql(self, count: int) -> str:
-        """Extend the leases a worker still holds. Params: lease seconds, ``count`` ids, worker name."""
+        """Extend the leases a worker process still holds. Params: lease seconds, ``count`` ids, worker
+        name, incarnation."""
         j = self.n.j
         marks = ", ".join(["%s"] * count)
         return (
             f"UPDATE {self.n.job} SET {j['lease_expires_at']} = {self.now_plus('%s')} "
-            f"WHERE {j['id']} IN ({marks}) AND {j['worker']} = %s AND {j['status_id']} = {int(Status.PROCESSING)}"
+            f"WHERE {j['id']} IN ({marks}) AND {j['worker']} = %s AND {j['incarnation']} = %s "
+            f"AND {j['status_id']} = {int(Status.PROCESSING)}"
         )
 
     def reap_candidates_sql(self) -> str:

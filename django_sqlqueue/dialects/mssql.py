@@ -197,7 +197,7 @@ class MssqlDialect(Dialect):
         n, j = self.n, self.n.j
         processing = f"j.{j['status_id']} = {int(Status.PROCESSING)}"
         top = f"SELECT TOP (%s) {cols} FROM {n.job} AS j{CLAIM_HINTS}"
-        mine = f"{top} WHERE {processing} AND j.{j['worker']} = %s AND {common} ORDER BY {order}"
+        mine = f"{top} WHERE {processing} AND {self.own_leftovers()} AND {common} ORDER BY {order}"
         expired = (f"{top} WHERE {processing} AND j.{j['lease_expires_at']} < {self.now()} "
                    f"AND {common} ORDER BY {order}")
         # The dead workers first: the pinned join below forces join order in the whole statement, so
@@ -209,7 +209,7 @@ class MssqlDialect(Dialect):
             f"WHERE {processing} AND (w.{n.w['stopped_at']} IS NOT NULL "
             f"OR w.{n.w['last_heartbeat']} < {self.now_plus('%s')}) AND {common} ORDER BY {order}"
         )
-        params = [req.limit, req.worker, *common_params,
+        params = [req.limit, *self.own_leftovers_params(req), *common_params,
                   req.limit, *common_params,
                   req.limit, -float(req.worker_dead_after_seconds), *common_params]
         return [mine, expired, dead], params
