@@ -681,8 +681,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
 
     # ----- leases and housekeeping --------------------------------------------------------------
     def renew_leases(self, worker: str, job_ids: Sequence[int], lease_seconds: int, *,
-                     using: str | None = None, incarnation: str = "") -> int:
-        """Push the lease of jobs ``worker`` (its ``incarnation``) still holds; return how many it holds.
+                     using: str | None = None, incarnation: str | None = None) -> int:
+        """Push the lease of jobs ``worker`` (its ``incarnation``, if given) still holds; return how many.
 
         No token bump: a lease renewal is not a state change. A job someone else reclaimed has another
         worker name or incarnation and is left alone (fencing: the late worker's finish is refused by
@@ -693,8 +693,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         alias = self._alias(using)
         dialect = get_dialect(connections[alias])
         with connections[alias].cursor() as cursor:
-            dialect.execute(cursor, dialect.renew_leases_sql(len(job_ids)), [int(lease_seconds), *job_ids, worker,
-                                                                         incarnation])
+            dialect.execute(cursor, dialect.renew_leases_sql(len(job_ids), incarnation is not None),
+                            [int(lease_seconds), *job_ids, worker, *([incarnation] if incarnation is not None else [])])
             return cursor.rowcount
 
     def reap(self, *, using: str | None = None, limit: int = 500) -> int:

@@ -133,6 +133,10 @@ SQLQUEUE = {
     # Fast retries keep the demo and the tests short; production keeps the defaults.
     "BACKOFF_BASE_SECONDS": float(os.environ.get("SQLQUEUE_BACKOFF_BASE", "1")),
     "BACKOFF_MAX_SECONDS": 60.0,
+    # Process-level tests of pauses and partitions shorten the liveness timings (never set in production).
+    **({"WORKER_DEAD_AFTER_SECONDS": float(os.environ["SQLQUEUE_TEST_DEAD_AFTER"]),
+        "HEARTBEAT_SECONDS": float(os.environ.get("SQLQUEUE_TEST_HEARTBEAT", "0.2"))}
+       if os.environ.get("SQLQUEUE_TEST_DEAD_AFTER") else {}),
 }
 
 LOGGING = {

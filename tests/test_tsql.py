@@ -171,7 +171,7 @@ def test_housekeeping_statements(dialect: MssqlDialect, statement: str) -> None:
 def test_renew_leases(dialect: MssqlDialect) -> None:
     sql = dialect.renew_leases_sql(3)
     assert sql.startswith("SET NOCOUNT OFF; ")  # the caller reads the row count
-    [_, update] = parse(sql, [60, 1, 2, 3, "w"])
+    [_, update] = parse(sql, [60, 1, 2, 3, "w", "incarnation"])
     assert "DATEADD(MILLISECOND" in update.sql("tsql").upper()
 
 

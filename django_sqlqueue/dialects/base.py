@@ -401,15 +401,16 @@ class Dialect:
         a = self.n.a
         return f"{a['job_id']} = %s AND {a['attempt_num']} = %s AND {a['finished_at']} IS NULL"
 
-    def renew_leases_sql(self, count: int) -> str:
+    def renew_leases_sql(self, count: int, incarnation: bool = True) -> str:
         """Extend the leases a worker process still holds. Params: lease seconds, ``count`` ids, worker
-        name, incarnation."""
+        name, and (``incarnation``) the incarnation."""
         j = self.n.j
         marks = ", ".join(["%s"] * count)
         return (
             f"UPDATE {self.n.job} SET {j['lease_expires_at']} = {self.now_plus('%s')} "
-            f"WHERE {j['id']} IN ({marks}) AND {j['worker']} = %s AND {j['incarnation']} = %s "
-            f"AND {j['status_id']} = {int(Status.PROCESSING)}"
+            f"WHERE {j['id']} IN ({marks}) AND {j['worker']} = %s "
+            + (f"AND {j['incarnation']} = %s " if incarnation else "")
+            + f"AND {j['status_id']} = {int(Status.PROCESSING)}"
         )
 
     def reap_candidates_sql(self) -> str:

@@ -315,9 +315,9 @@ class MssqlDialect(Dialect):
             cursor.nextset()
         return finished, cursor.fetchall()
 
-    def renew_leases_sql(self, count: int) -> str:
+    def renew_leases_sql(self, count: int, incarnation: bool = True) -> str:
         # The caller reads the row count: make sure it is reported, whatever an earlier batch left.
-        return "SET NOCOUNT OFF; " + super().renew_leases_sql(count)
+        return "SET NOCOUNT OFF; " + super().renew_leases_sql(count, incarnation)
 
     # ----- modify and enqueue ---------------------------------------------------------------------
     def update_returning(self, set_sql: str, where_sql: str) -> str:

@@ -101,3 +101,49 @@ def fail_now(job: JobContext) -> Any:
 def bad_return(job: JobContext) -> Any:
     _log(job, "run")
     return {"when": object()}
+
+
+@sqlqueue.handler("test.Ticker")
+def ticker(job: JobContext) -> Any:
+    """Tick for ``seconds``, appending ``<pid> <wall time> <event>`` lines to ``ticks`` (a file path).
+
+    ``cooperative`` (default true): stop early, logging "stopped", once ``job.should_stop()`` says so.
+    A test compares the lines of two processes to see whether they ever ran the job at the same time.
+    """
+    path, seconds = job.payload["ticks"], float(job.payload.get("seconds", 30))
+    cooperative = job.payload.get("cooperative", True)
+
+    def tick(event: str) -> None:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{os.getpid()} {time.time():.6f} {event} {job.attempt_num}\n")
+
+    tick("start")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if cooperative and job.should_stop():
+            tick("stopped")
+            raise Retry("told to stop")
+        tick("tick")
+        time.sleep(0.02)
+    tick("end")
+    return {"ticked": seconds}
+
+
+@sqlqueue.handler("test.LeaveAtomic")
+def leave_atomic(job: JobContext) -> Any:
+    """Enter transaction.atomic() and return without leaving it (a handler bug the worker must survive)."""
+    from django.db import transaction
+
+    from django_sqlqueue.models import QueueStatus
+
+    _log(job, "run")
+    transaction.atomic().__enter__()
+    QueueStatus.objects.filter(pk=-1).update(name="never")  # some work inside the abandoned block
+    return {"left": "open"}
+
+
+@sqlqueue.handler("test.Exit", lease_seconds=5)
+def exit_now(job: JobContext) -> Any:
+    """Exit the slot process at once with the payload's ``code`` (a handler calling os._exit)."""
+    _log(job, "run")
+    os._exit(int(job.payload.get("code", 3)))
