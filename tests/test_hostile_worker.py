@@ -352,3 +352,20 @@ def test_a_slot_whose_heartbeat_cannot_connect_stops_claiming(worker_procs, tmp_
         admin.execute("ALTER ROLE starved CONNECTION LIMIT -1")
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'starved'")
         admin.close()
+
+
+@pytest.mark.timeout(60)
+def test_an_outcome_that_cannot_be_stored_fails_the_job_with_the_reason(job_log) -> None:
+    """Finding 21.3: a backoff of 1e10 s (a row written before validation existed, or by SQL) made
+    ``modify`` refuse the retry time; the slot died and re-ran the handler on every restart."""
+    from django_sqlqueue import jobtypes
+    from django_sqlqueue.models import JobType
+
+    job = Job.objects.enqueue("test.AlwaysFail", {"log": str(job_log.path)}, max_attempts=5)
+    JobType.objects.filter(name="test.AlwaysFail").update(backoff_base_seconds=1e10, backoff_max_seconds=1e10)
+    jobtypes.clear_cache()
+    wu.run_worker("unstorable")
+    job.refresh_from_db()
+    assert job.status_id == Status.FAILED, (job.status_id, job.error)
+    assert "could not be stored" in job.error and "run_in" in job.error
+    assert [e for _a, e in job_log.events(job.pk)] == ["run"]
