@@ -204,7 +204,7 @@ class Worker(models.Model):
     #: A random id written at each registration. Heartbeats and own-name takeovers are conditional on
     #: it, so a process whose registration was taken over (it was paused past the dead-after time and
     #: a same-name worker started) learns it at its next beat and stops.
-    incarnation = models.CharField(max_length=32, blank=True, default="", editable=False)
+    incarnation = models.CharField(max_length=32, blank=True, default="", db_default="", editable=False)
 
     class Meta:
         verbose_name = _("worker")

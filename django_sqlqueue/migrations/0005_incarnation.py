@@ -46,7 +46,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='worker',
             name='incarnation',
-            field=models.CharField(blank=True, default='', editable=False, max_length=32),
+            field=models.CharField(blank=True, db_default='', default='', editable=False, max_length=32),
         ),
         migrations.RunPython(cover_incarnation, uncover_incarnation, elidable=False),
     ]
