@@ -49,6 +49,9 @@ if str(ROOT) not in sys.path:
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 BATCHES = ("auto", 1, "auto", 20)  # worker i runs with --batch BATCHES[i % 4] (auto: the default)
 GRACE_SECONDS = 10
+#: Liveness timings of the soak's workers (testproject/settings.py reads them): short, so that a worker
+#: paused past its dead-after time is replaced within the run.
+DEAD_AFTER_SECONDS, HEARTBEAT_SECONDS = 6.0, 0.5
 
 
 @dataclass
@@ -64,6 +67,8 @@ class SoakConfig:
     slot_kill_share: float = 0.35  # share of kills that hit one slot instead of a whole worker
     db_restart: bool = True  # PostgreSQL only, and only with a restart function
     sigterm: bool = True
+    #: Pause a busy worker's process group past its dead-after time, start a same-name twin, resume.
+    pause_twin: bool = True
     dedupe_share: float = 0.08
     delayed_share: float = 0.10
     delay_max: float = 15.0
@@ -195,7 +200,9 @@ class Soak:
             config.seed = str(random.SystemRandom().randrange(10**9))
         self.rng = random.Random(f"{config.seed}:chaos")
         self.env = {**os.environ, "SQLQUEUE_DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "testproject.settings",
-                    "SQLQUEUE_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
+                    "SQLQUEUE_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
+                    "SQLQUEUE_TEST_DEAD_AFTER": str(DEAD_AFTER_SECONDS),
+                    "SQLQUEUE_TEST_HEARTBEAT": str(HEARTBEAT_SECONDS)}
         self.workers: list[WorkerProc] = []
         self.all_workers: list[WorkerProc] = []
         self.producers: list[subprocess.Popen] = []
@@ -325,6 +332,46 @@ class Soak:
                   f"{new.name} ({'same' if same else 'new'} name)")
         return True
 
+    def do_pause_twin(self) -> bool:
+        """SIGSTOP a busy worker's whole group past its dead-after time, start a twin under its name, SIGCONT.
+
+        What a VM pause or a partition does. The twin takes the paused worker's jobs; the paused one,
+        resumed, must find itself replaced and exit 1 without running any of them alongside the twin
+        (the no_live_double_runs check).
+        """
+        from django_sqlqueue.models import Worker
+
+        busy = self.holders()
+        live = [w for w in self.workers if w.proc.poll() is None and w.name in busy]
+        if not live:
+            return False
+        w = self.rng.choice(live)
+        w.leaving = True
+        self.workers.remove(w)
+        started = time.monotonic()
+        os.killpg(w.proc.pid, signal.SIGSTOP)
+        self.note(f"SIGSTOP worker {w.name} (pid {w.proc.pid} and its slots) for {DEAD_AFTER_SECONDS + 1.5} s")
+        try:
+            time.sleep(DEAD_AFTER_SECONDS + 1.5)
+            twin = self.start_worker(w.name)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # every slot of the twin registered under the name
+                pids = slot_pids(twin.proc.pid)
+                if len(pids) == self.c.concurrency and self._db(lambda p=pids: Worker.objects.filter(
+                        name__startswith=f"{w.name}/", pid__in=p).count()) == self.c.concurrency:
+                    break
+                time.sleep(0.1)
+        finally:
+            os.killpg(w.proc.pid, signal.SIGCONT)
+        try:
+            code = w.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            code = None
+            self.kill_group(w)
+        self.chaos["pause_twin"] = {"worker": w.name, "exit": code, "seconds": round(time.monotonic() - started, 1)}
+        self.note(f"{w.name} resumed next to its twin and exited with {code}")
+        return True
+
     def do_restart(self) -> None:
         from django.db import connection
 
@@ -421,6 +468,9 @@ class Soak:
                     self.do_restart()
                 elif c.sigterm and "sigterm" not in self.chaos and share >= 0.5:
                     self.do_sigterm()
+                elif c.pause_twin and "pause_twin" not in self.chaos and share >= 0.6 and share < 0.95:
+                    if not self.do_pause_twin():
+                        time.sleep(0.05)
                 elif (c.kill_every > 0 and now >= next_kill and share < 0.97
                       and (c.max_kills is None or self.chaos["kills"] < c.max_kills)):
                     if self.kill_one():
@@ -439,7 +489,7 @@ class Soak:
         checks = verify(run=self.run_id, workdir=self.workdir, producers=c.producers, planned_calls=c.jobs,
                         producer_codes=codes, worker_events=self.worker_events, chaos=self.chaos,
                         chaos_wanted={"min_kills": 1 if c.kill_every > 0 else 0, "db_restart": restart_wanted,
-                                      "sigterm": c.sigterm}, numbers=numbers)
+                                      "sigterm": c.sigterm, "pause_twin": c.pause_twin}, numbers=numbers)
         drain = round(finished_at - self.t0, 1) if finished_at else None
         numbers.update(
             run_seconds=run_seconds, drain_seconds=drain,

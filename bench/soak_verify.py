@@ -116,9 +116,13 @@ def verify(*, run: str, workdir: Path, producers: int, planned_calls: int, produ
             last = (lines or [""])[-1][:100]
             attempts[job_id].append((num, finished is not None, outcome, last))
     effects: dict[int, list[tuple[int, str]]] = defaultdict(list)
-    for job_id, num, kind in SideEffect.objects.values_list("job_id", "attempt_num", "kind").iterator(5000):
+    spans: dict[int, list[tuple[float, float, int]]] = defaultdict(list)
+    for job_id, num, kind, started, created, pid in SideEffect.objects.values_list(
+            "job_id", "attempt_num", "kind", "started", "created_at", "pid").iterator(5000):
         if job_id in jobs:
             effects[job_id].append((num, kind))
+            if started is not None:
+                spans[job_id].append((started, created.timestamp(), pid))
 
     by_type = Counter(j["type"] for j in jobs.values())
     numbers["jobs"] = len(jobs)
@@ -161,8 +165,14 @@ def verify(*, run: str, workdir: Path, producers: int, planned_calls: int, produ
     open_rows = 0
     open_jobs = 0
     unplanned: Counter[str] = Counter()
+    refunded = 0
     for pk, j in jobs.items():
         rows = sorted(attempts.get(pk, []))
+        # A claim whose reply was lost is handed back with its attempt refunded: its row is kept, closed
+        # as Pending ("claim reply lost"), and the next claim opens a row under the same number.
+        lost_replies = [r for r in rows if r[1] and r[2] == Status.PENDING and r[3].startswith("claim reply lost")]
+        refunded += len(lost_replies)
+        rows = [r for r in rows if r not in lost_replies]
         nums = [r[0] for r in rows]
         if nums != list(range(1, j["attempt"] + 1)):
             bad_history.append((pk, "numbers", nums, j["attempt"]))
@@ -187,6 +197,7 @@ def verify(*, run: str, workdir: Path, producers: int, planned_calls: int, produ
                         f"{numbers['attempt_rows']} attempt rows match attempt_num on every job; {open_rows} "
                         f"attempts never closed (killed or lost) on {open_jobs} jobs", bad_history))
     numbers["killed_attempts"] = open_rows
+    numbers["claim_replies_lost"] = refunded
     numbers["jobs_with_killed_attempts"] = open_jobs
     numbers["unplanned_errors"] = dict(unplanned.most_common(5))
 
@@ -221,6 +232,19 @@ def verify(*, run: str, workdir: Path, producers: int, planned_calls: int, produ
                         f"{len(nontx_jobs)} non-transactional jobs, {reruns} re-runs on {rerun_jobs} jobs, "
                         f"{len(nontx_bad)} not explained by a never-closed attempt "
                         f"(examples: job, effect attempts, final attempt, never-closed attempts)", nontx_bad))
+
+    # ----- live double runs: two processes inside one job's handler at the same time ---------------------
+    live_doubles = []
+    for pk, runs in spans.items():
+        runs.sort()
+        for (_s1, end1, pid1), (start2, _e2, pid2) in zip(runs, runs[1:], strict=False):
+            if pid1 != pid2 and start2 < end1:
+                live_doubles.append((pk, pid1, pid2, round(end1 - start2, 3)))
+    numbers["live_double_runs"] = len(live_doubles)
+    checks.append(Check("no_live_double_runs", not live_doubles,
+                        f"{sum(len(r) for r in spans.values())} handler runs with a side effect, "
+                        f"{len(live_doubles)} of them overlapping another process's run of the same job "
+                        f"(examples: job, pids, seconds of overlap)", live_doubles))
 
     # ----- planned transient failures -------------------------------------------------------------------
     flaky = [pk for pk, j in jobs.items() if j["fail"]]
@@ -278,11 +302,18 @@ def verify(*, run: str, workdir: Path, producers: int, planned_calls: int, produ
         missing.append("no database restart")
     if chaos_wanted.get("sigterm") and not term:
         missing.append("no SIGTERM")
+    twin = chaos.get("pause_twin")
+    if chaos_wanted.get("pause_twin") and not twin:
+        missing.append("no pause + same-name twin")
+    elif twin and twin.get("exit") != 1:
+        missing.append(f"the paused worker {twin.get('worker')} exited {twin.get('exit')} after resuming, not 1 "
+                       f"(replaced)")
     checks.append(Check("chaos", not missing,
                         f"{chaos.get('kills', 0)} kill -9 ({chaos.get('worker_kills', 0)} whole workers: "
                         f"{chaos.get('same_name', 0)} restarted under the same name, {chaos.get('new_name', 0)} "
                         f"under a new one; {chaos.get('slot_kills', 0)} single slots), database restart: "
                         f"{chaos.get('db_restart', {}).get('seconds', '-') if chaos.get('db_restart') else 'no'}"
-                        f"{' s' if chaos.get('db_restart') else ''}, SIGTERM: {'yes' if term else 'no'}",
+                        f"{' s' if chaos.get('db_restart') else ''}, SIGTERM: {'yes' if term else 'no'}, pause + twin: "
+                        f"{'exit ' + str(twin.get('exit')) if twin else 'no'}",
                         missing))
     return checks

@@ -27,7 +27,7 @@ from django.db import transaction
 
 import django_sqlqueue as sqlqueue
 from django_sqlqueue.models import Job
-from django_sqlqueue.runner import JobContext
+from django_sqlqueue.runner import JobContext, Retry
 
 from .models import SideEffect
 
@@ -52,6 +52,7 @@ class TransientError(ConnectionError):
 
 
 def _prelude(job: JobContext) -> dict[str, Any]:
+    job.started = time.time()
     payload = job.payload if isinstance(job.payload, dict) else {}
     if job.attempt_num <= int(payload.get("fail", 0)):
         raise TransientError(f"planned transient failure {job.attempt_num} of {payload['fail']}")
@@ -61,8 +62,12 @@ def _prelude(job: JobContext) -> dict[str, Any]:
 
 
 def _effect(job: JobContext, kind: str, using: str) -> SideEffect:
+    # A well-behaved handler looks before a side effect: after a pause its lease may be someone else's.
+    if job.should_stop():
+        raise Retry("told to stop before the side effect")
     return SideEffect.objects.using(using).create(
-        job_id=job.pk, attempt_num=job.attempt_num, kind=kind, worker=job.worker, pid=os.getpid())
+        job_id=job.pk, attempt_num=job.attempt_num, kind=kind, worker=job.worker, pid=os.getpid(),
+        started=job.started)
 
 
 def _transactional(job: JobContext) -> Any:

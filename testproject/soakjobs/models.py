@@ -21,6 +21,9 @@ class SideEffect(models.Model):
     worker = models.CharField(max_length=200)
     pid = models.PositiveIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
+    #: ``time.time()`` when the handler run that wrote it started: [started, created_at] is the run's
+    #: live span, so two processes' spans of one job that overlap are a live double run.
+    started = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["job_id", "id"]
