@@ -69,6 +69,11 @@ class SoakConfig:
     sigterm: bool = True
     #: Pause a busy worker's process group past its dead-after time, start a same-name twin, resume.
     pause_twin: bool = True
+    #: PostgreSQL only. Workers connect through bench/faultproxy.py, which loses the replies of a few
+    #: committed claims; and once, the workers' role may open no new connection while every heartbeat
+    #: connection is cut (connection starvation: the job connections keep working).
+    reply_cuts: bool = True
+    starve: bool = True
     dedupe_share: float = 0.08
     delayed_share: float = 0.10
     delay_max: float = 15.0
@@ -203,6 +208,7 @@ class Soak:
                     "SQLQUEUE_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
                     "SQLQUEUE_TEST_DEAD_AFTER": str(DEAD_AFTER_SECONDS),
                     "SQLQUEUE_TEST_HEARTBEAT": str(HEARTBEAT_SECONDS)}
+        self.proxy: Any = None
         self.workers: list[WorkerProc] = []
         self.all_workers: list[WorkerProc] = []
         self.producers: list[subprocess.Popen] = []
@@ -372,6 +378,60 @@ class Soak:
         self.note(f"{w.name} resumed next to its twin and exited with {code}")
         return True
 
+    # ----- PostgreSQL connection faults --------------------------------------------------------------------
+    WORKER_ROLE = "soak_worker"
+
+    def route_workers(self) -> None:
+        """PostgreSQL: workers log in as a role of their own (so its connections can be limited) through
+        the fault proxy (so claim replies can be lost); producers and this process connect directly."""
+        from urllib.parse import urlsplit, urlunsplit
+
+        from django.db import connection
+
+        from bench.faultproxy import CuttingProxy
+
+        role = self.WORKER_ROLE
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role])
+            if not cursor.fetchone():
+                cursor.execute(f"CREATE ROLE {role} LOGIN NOSUPERUSER")
+            cursor.execute(f"ALTER ROLE {role} CONNECTION LIMIT -1")
+            cursor.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
+            cursor.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}")
+        parts = urlsplit(self.url)
+        netloc = f"{role}@{parts.hostname}:{parts.port}"
+        if self.c.reply_cuts:
+            self.proxy = CuttingProxy(parts.port or 5432, host=parts.hostname or "127.0.0.1")
+            netloc = f"{role}@{parts.hostname}:{self.proxy.port}"
+        self.env["SQLQUEUE_DATABASE_URL"] = urlunsplit(parts._replace(netloc=netloc))
+
+    def do_reply_cuts(self) -> None:
+        self.proxy.arm(3)
+        self.chaos["reply_cuts"] = {"armed": 3}
+        self.note("fault proxy armed: the replies of the next 3 committed claims are lost")
+
+    def do_starve(self) -> None:
+        """The workers' role may open no new connection; every heartbeat connection is cut; after
+        DEAD_AFTER_SECONDS + 2 s the limit is lifted. Slots must stop claiming, and running jobs must be
+        stopped before others may take them (no_live_double_runs)."""
+        from django.db import connection
+
+        role = self.WORKER_ROLE
+        started = time.monotonic()
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER ROLE {role} CONNECTION LIMIT 0")
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s "
+                           "AND query LIKE %s", [role, 'UPDATE "django_sqlqueue_worker"%'])
+            cut = len(cursor.fetchall())
+        self.note(f"connection starvation: {role} may not connect, {cut} heartbeat connections cut")
+        try:
+            time.sleep(DEAD_AFTER_SECONDS + 2.0)
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute(f"ALTER ROLE {role} CONNECTION LIMIT -1")
+        self.chaos["starve"] = {"heartbeats_cut": cut, "seconds": round(time.monotonic() - started, 1)}
+        self.note("connection starvation over")
+
     def do_restart(self) -> None:
         from django.db import connection
 
@@ -426,6 +486,8 @@ class Soak:
         (self.workdir / "logs").mkdir(parents=True, exist_ok=True)
         report = Report(config=asdict(c), run=self.run_id)
         type_ids = self.prepare()
+        if c.db == "postgres" and (c.reply_cuts or c.starve):
+            self.route_workers()
         expected = c.expected_jobs()
         restart_wanted = c.db == "postgres" and c.db_restart and self.restart_db is not None
         self.note(f"run {self.run_id}: {c.jobs} enqueue calls ({expected} distinct jobs) by {c.producers} producers, "
@@ -468,6 +530,10 @@ class Soak:
                     self.do_restart()
                 elif c.sigterm and "sigterm" not in self.chaos and share >= 0.5:
                     self.do_sigterm()
+                elif (self.proxy is not None and "reply_cuts" not in self.chaos and share >= 0.2):
+                    self.do_reply_cuts()
+                elif c.db == "postgres" and c.starve and "starve" not in self.chaos and share >= 0.4:
+                    self.do_starve()
                 elif c.pause_twin and "pause_twin" not in self.chaos and share >= 0.6 and share < 0.95:
                     if not self.do_pause_twin():
                         time.sleep(0.05)
@@ -484,12 +550,17 @@ class Soak:
             codes = [p.poll() for p in self.producers]
         finally:
             self.cleanup()
+            if self.proxy is not None:
+                self.chaos.setdefault("reply_cuts", {})["cut"] = self.proxy.cuts
+                self.proxy.close()
         run_seconds = round(time.monotonic() - self.t0, 1)
         numbers: dict[str, Any] = {"worker_log": self.log_stats()}
         checks = verify(run=self.run_id, workdir=self.workdir, producers=c.producers, planned_calls=c.jobs,
                         producer_codes=codes, worker_events=self.worker_events, chaos=self.chaos,
                         chaos_wanted={"min_kills": 1 if c.kill_every > 0 else 0, "db_restart": restart_wanted,
-                                      "sigterm": c.sigterm, "pause_twin": c.pause_twin}, numbers=numbers)
+                                      "sigterm": c.sigterm, "pause_twin": c.pause_twin,
+                                      "reply_cuts": c.db == "postgres" and c.reply_cuts,
+                                      "starve": c.db == "postgres" and c.starve}, numbers=numbers)
         drain = round(finished_at - self.t0, 1) if finished_at else None
         numbers.update(
             run_seconds=run_seconds, drain_seconds=drain,

@@ -302,6 +302,12 @@ def verify(*, run: str, workdir: Path, producers: int, planned_calls: int, produ
         missing.append("no database restart")
     if chaos_wanted.get("sigterm") and not term:
         missing.append("no SIGTERM")
+    cuts = chaos.get("reply_cuts") or {}
+    if chaos_wanted.get("reply_cuts") and not cuts.get("cut"):
+        missing.append("no claim reply was lost")
+    starve = chaos.get("starve")
+    if chaos_wanted.get("starve") and not (starve and starve.get("heartbeats_cut")):
+        missing.append("no connection starvation (or no heartbeat connection to cut)")
     twin = chaos.get("pause_twin")
     if chaos_wanted.get("pause_twin") and not twin:
         missing.append("no pause + same-name twin")
@@ -314,6 +320,8 @@ def verify(*, run: str, workdir: Path, producers: int, planned_calls: int, produ
                         f"under a new one; {chaos.get('slot_kills', 0)} single slots), database restart: "
                         f"{chaos.get('db_restart', {}).get('seconds', '-') if chaos.get('db_restart') else 'no'}"
                         f"{' s' if chaos.get('db_restart') else ''}, SIGTERM: {'yes' if term else 'no'}, pause + twin: "
-                        f"{'exit ' + str(twin.get('exit')) if twin else 'no'}",
+                        f"{'exit ' + str(twin.get('exit')) if twin else 'no'}, claim replies lost: {cuts.get('cut', 0)} "
+                        f"({numbers.get('claim_replies_lost', 0)} jobs handed back), starvation: "
+                        f"{str(starve.get('heartbeats_cut')) + ' heartbeats cut' if starve else 'no'}",
                         missing))
     return checks

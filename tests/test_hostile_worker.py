@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from bench.faultproxy import CuttingProxy
 from django_sqlqueue.models import Job, JobAttempt
 from django_sqlqueue.models import Worker as WorkerRow
 from django_sqlqueue.states import Status
@@ -186,94 +187,6 @@ def _pg_only() -> None:
         pytest.skip("PostgreSQL: a TCP connection to cut")
 
 
-class CuttingProxy:
-    """A TCP proxy in front of PostgreSQL that loses the reply of one claim, after it committed.
-
-    It forwards bytes both ways. After a client sends a claim (``SKIP LOCKED`` in its text) while
-    ``armed``, the server's answer is held back until its ReadyForQuery message arrives (the claim
-    ran alone in autocommit, so it has committed by then), and then both sockets are closed without
-    a byte of it reaching the client: exactly a reply lost by a pooler restart or a network cut.
-    """
-
-    READY = b"Z\x00\x00\x00\x05"
-
-    def __init__(self, port: int) -> None:
-        import socket
-        import threading
-
-        self.upstream = ("127.0.0.1", port)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.armed = threading.Event()
-        self.cut = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._closed = False
-        self._spawn(self._accept)
-
-    def _spawn(self, target, *args) -> None:
-        import threading
-
-        t = threading.Thread(target=target, args=args, daemon=True)
-        t.start()
-        self._threads.append(t)
-
-    def _accept(self) -> None:
-        import socket
-
-        while not self._closed:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            state = {"claim_sent": False}
-            self._spawn(self._pump_up, client, server, state)
-            self._spawn(self._pump_down, server, client, state)
-
-    def _pump_up(self, src, dst, state) -> None:
-        try:
-            while data := src.recv(65536):
-                if self.armed.is_set() and not self.cut.is_set() and b"SKIP LOCKED" in data:
-                    state["claim_sent"] = True
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            self._close(src, dst)
-
-    def _pump_down(self, src, dst, state) -> None:
-        held = b""
-        try:
-            while data := src.recv(65536):
-                if state["claim_sent"]:
-                    held += data
-                    if self.READY in held:
-                        self.cut.set()
-                        self.armed.clear()
-                        return  # closed in finally: the committed claim's reply is never delivered
-                    continue
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            self._close(src, dst)
-
-    @staticmethod
-    def _close(*socks) -> None:
-        import socket
-
-        for s in socks:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            s.close()
-
-    def close(self) -> None:
-        self._closed = True
-        self.listener.close()
-
-
 @pytest.mark.timeout(120)
 def test_a_claim_whose_reply_is_lost_costs_no_attempt(worker_procs, job_log) -> None:
     """Finding 22.2: the claim commits, its reply never arrives; with max_attempts=1 the jobs used to end
@@ -281,7 +194,7 @@ def test_a_claim_whose_reply_is_lost_costs_no_attempt(worker_procs, job_log) -> 
     _pg_only()
     jobs = [Job.objects.enqueue("test.Echo", {"log": str(job_log.path), "n": i}, max_attempts=1) for i in range(5)]
     proxy = CuttingProxy(int(connection.settings_dict["PORT"]))
-    proxy.armed.set()
+    proxy.arm()
     try:
         from tests.procutil import test_db_env
 
