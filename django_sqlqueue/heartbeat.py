@@ -221,6 +221,9 @@ class Heartbeat:
     def _beat_logged(self) -> None:
         sent = time.monotonic()
         try:
+            # Connecting is not part of the beat: the lease is measured from just before the statements.
+            connections[self.using].ensure_connection()
+            sent = time.monotonic()
             self.beat()
         except DB_DOWN_ERRORS as exc:
             # WARNING: a slot whose beats fail loses its jobs to other workers after the window.

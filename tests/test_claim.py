@@ -79,6 +79,29 @@ def test_own_unfinished_work_is_reclaimed_at_once(noop_type: JobType) -> None:
         (1, "app1/0"), (2, "app1/0")]
 
 
+def test_incarnations_a_replaced_process_takes_nothing_back_and_its_twin_takes_its_jobs(noop_type: JobType) -> None:
+    """Two processes under one name (one paused past the dead-after time, a same-name restart):
+    leftovers are taken only from another incarnation, and only by the one that holds the name's row."""
+    now = timezone.now()
+    first = enqueue("Noop")
+    Worker.objects.create(name="dup/0", started_at=now, last_heartbeat=now, incarnation="a")
+    [mine] = Job.objects.claim("dup/0", 1, incarnation="a")
+    assert Job.objects.filter(pk=first.pk, incarnation="a").exists()
+    assert Job.objects.claim("dup/0", 1, incarnation="a") == []  # its own live job is not a leftover
+    # The name changes hands (the twin registered): the twin takes "a"'s job as a leftover...
+    Worker.objects.filter(name="dup/0").update(incarnation="b")
+    [taken] = Job.objects.claim("dup/0", 1, incarnation="b")
+    assert taken.pk == first.pk and taken.attempt_num == 2
+    # ...and "a", resumed, takes nothing back, and can renew nothing.
+    second = enqueue("Noop", priority=-1)
+    Job.objects.filter(pk=second.pk).update(status_id=Status.PROCESSING, worker="dup/0", incarnation="b",
+                                            attempt_num=1, lease_expires_at=now + timedelta(minutes=5))
+    assert Job.objects.claim("dup/0", 5, incarnation="a") == []
+    assert Job.objects.renew_leases("dup/0", [first.pk], 60, incarnation="a") == 0
+    assert Job.objects.renew_leases("dup/0", [first.pk], 60, incarnation="b") == 1
+    assert mine.version < taken.version
+
+
 def test_expired_lease_is_reclaimed_by_another_worker(noop_type: JobType) -> None:
     job = enqueue("Noop")
     first = Job.objects.claim("dead/0", 1)[0]
