@@ -634,6 +634,8 @@ class Soak:
                 counts[key] += text.count(pattern)
             lines = text.splitlines()
             for i, line in enumerate(lines):
+                if "slot_died" in line or "slot_killed" in line:  # shown when no_crashes fails
+                    self.worker_events.setdefault("slot_lines", []).append(f"{path.name}: {line[:300]}")
                 if line.startswith("Traceback (most recent call last)"):
                     # The exception line: the first one after the frames that is not indented.
                     last = next((x for x in lines[i + 1:] if x and not x[0].isspace()), "?")[:160]

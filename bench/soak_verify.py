@@ -294,7 +294,8 @@ def verify(*, run: str, workdir: Path, producers: int, planned_calls: int, produ
     checks.append(Check("no_crashes", not crashes and died == chaos.get("slot_kills", 0),
                         f"{sum(crashes.values())} tracebacks in the worker logs; {died} slot deaths seen by the "
                         f"supervisors for {chaos.get('slot_kills', 0)} slots killed on purpose",
-                        sorted(crashes.items(), key=lambda kv: -kv[1])))
+                        [*sorted(crashes.items(), key=lambda kv: -kv[1]), *worker_events.get("slot_lines", [])[:8]]
+                        if crashes or died != chaos.get("slot_kills", 0) else []))
     missing = []
     if chaos.get("kills", 0) < chaos_wanted.get("min_kills", 0):
         missing.append(f"kills {chaos.get('kills', 0)} < {chaos_wanted['min_kills']}")
