@@ -29,6 +29,7 @@ from django.utils.translation import gettext_lazy as _
 from . import admin_actions
 from .admin_filters import (
     CheapPaginator,
+    DeclaredFiltersOnly,
     HasErrorFilter,
     JobTypeFilter,
     LeaseExpiredFilter,
@@ -37,8 +38,10 @@ from .admin_filters import (
     StatusFilter,
     StepFilter,
     WorkerFilter,
+    check_date_hierarchy,
     date_hierarchy_context,
     has_error,
+    parse_id,
 )
 from .admin_subtypes import ReadOnlyJobInline, subtype_inlines_for
 from .admin_types import JobTypeAdmin, WorkerAdmin, status_badge
@@ -51,18 +54,51 @@ from .states import CLAIMABLE, FINISHED, Status
 ERROR_EXCERPT_CHARS = 120
 #: Payload / response larger than this (as pretty JSON) are cut on the job page.
 PRETTY_JSON_LIMIT = 200_000
+#: Nesting indented on the job page; deeper values are written compactly on one line. Indenting is
+#: recursive (Python's encoder, or ours): a response nested ~990 deep raised RecursionError on the page.
+PRETTY_JSON_DEPTH = 20
 
 
 def pretty_json(value: Any) -> SafeString:
-    """Indented JSON in a <pre>, HTML-escaped (a payload holding ``<script>`` shows as text)."""
+    """Indented JSON in a <pre>, HTML-escaped (a payload holding ``<script>`` shows as text).
+
+    Indented to :data:`PRETTY_JSON_DEPTH` levels, compact below; written piece by piece and stopped at
+    :data:`PRETTY_JSON_LIMIT` characters, so a large value costs the page that much, not its whole size
+    several times over.
+    """
     if value is None:
         return format_html('<span class="quiet">{}</span>', "—")
-    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    parts: list[str] = []
+    size = 0
+    for chunk in _pretty_chunks(value, 0):
+        parts.append(chunk)
+        size += len(chunk)
+        if size > PRETTY_JSON_LIMIT:
+            break
+    text = "".join(parts)
     note = ""
-    if len(text) > PRETTY_JSON_LIMIT:
-        note = f"\n… cut at {PRETTY_JSON_LIMIT} of {len(text)} characters"
+    if size > PRETTY_JSON_LIMIT:
+        note = f"\n… cut at {PRETTY_JSON_LIMIT} characters"
         text = text[:PRETTY_JSON_LIMIT]
     return format_html('<pre class="sqlqueue-json">{}{}</pre>', text, note)
+
+
+def _pretty_chunks(value: Any, depth: int) -> Any:
+    """``json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)`` as pieces, indented to
+    :data:`PRETTY_JSON_DEPTH` levels (then compact: C code, no Python recursion per level)."""
+    if not isinstance(value, dict | list) or not value or depth >= PRETTY_JSON_DEPTH:
+        yield json.dumps(value, ensure_ascii=False, sort_keys=True)
+        return
+    pad, inner = "  " * depth, "  " * (depth + 1)
+    opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
+    yield opening
+    items = sorted(value.items()) if isinstance(value, dict) else enumerate(value)
+    for i, (key, item) in enumerate(items):
+        yield ("," if i else "") + "\n" + inner
+        if isinstance(value, dict):
+            yield json.dumps(key, ensure_ascii=False) + ": "
+        yield from _pretty_chunks(item, depth + 1)
+    yield "\n" + pad + closing
 
 
 def stamp(when: datetime | None) -> str:
@@ -133,6 +169,11 @@ class JobAttemptInline(ReadOnlyJobInline, admin.TabularInline):
 class JobChangeList(ChangeList):
     """The list reads an excerpt of the error and neither payload nor response (they may be large)."""
 
+    def get_filters(self, request: HttpRequest) -> Any:
+        if self.date_hierarchy:
+            check_date_hierarchy(self.date_hierarchy, self.filter_params)
+        return super().get_filters(request)
+
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
         qs = super().get_queryset(request, exclude_parameters)
         # The end of a traceback says what went wrong: read only that much of the error.
@@ -140,7 +181,7 @@ class JobChangeList(ChangeList):
 
 
 @admin.register(Job)
-class JobAdmin(admin_actions.JobActionPermissions, admin.ModelAdmin):
+class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.ModelAdmin):
     list_display = ("id", "type_col", "queue", "status_col", "step", "attempts", "scheduled", "started",
                     "duration", "worker", "error_excerpt")
     list_display_links = ("id",)
@@ -196,8 +237,9 @@ class JobAdmin(admin_actions.JobActionPermissions, admin.ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        if term.lstrip("#").isdigit():
-            return queryset.filter(Q(pk=int(term.lstrip("#"))) | Q(dedupe_key=term)), False
+        job_id = parse_id(term.lstrip("#"))  # ASCII digits within 64 bits ("²" is a digit to isdigit())
+        if job_id is not None:
+            return queryset.filter(Q(pk=job_id) | Q(dedupe_key=term)), False
         if queryset.model.objects.filter(dedupe_key=term).exists():  # one seek: a key is exact, stop here
             return queryset.filter(dedupe_key=term), False
         return queryset.filter(has_error(queryset.db), error__icontains=term), False

@@ -163,9 +163,13 @@ def _report(modeladmin: Any, request: HttpRequest, outcome: Outcome, verb: str, 
 
 def _back_to_job(request: HttpRequest, outcome: Outcome) -> HttpResponse | None:
     """Buttons on a job's page post here with ``_sqlqueue_return``: send the operator back to that job."""
-    job_id = request.POST.get("_sqlqueue_return")
-    if job_id and job_id.isdigit():
-        return HttpResponseRedirect(reverse("admin:django_sqlqueue_job_change", args=[int(job_id)]))
+    from .admin_filters import parse_id
+
+    # parse_id, not str.isdigit(): "²" is a digit to isdigit() and a ValueError to int(), which was a 500
+    # after the action had been applied.
+    job_id = parse_id(request.POST.get("_sqlqueue_return"))
+    if job_id is not None:
+        return HttpResponseRedirect(reverse("admin:django_sqlqueue_job_change", args=[job_id]))
     return None
 
 

@@ -8,6 +8,11 @@ Everything here is written for a job table with millions of rows:
 - every filter's WHERE clause is one an index serves (docs/admin.md lists which);
 - the paginator never counts the whole table (:class:`CheapPaginator`);
 - the date hierarchy never runs ``SELECT DISTINCT date_trunc(...)`` (:func:`date_hierarchy_context`).
+
+And a value none of the filter's choices could hold (``?status=Error``, ``?status=99``, ``?type=abc``,
+an id past 64 bits, a NUL) is refused as Django's own filters refuse theirs: the list redirects to
+``?e=1`` and shows no jobs, instead of ignoring the filter and listing (and letting an action select)
+every job.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ import calendar
 import datetime
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import BooleanField, Max, Min, Q, QuerySet
@@ -30,6 +36,38 @@ from django.utils.translation import gettext_lazy as _
 from django_admin_listfilter_dropdown.filters import SimpleDropdownFilter
 
 from .states import CLAIMABLE, Status, sql_list
+
+#: Largest id a filter or the search takes: the id columns are 64-bit integers.
+MAX_ID = 2**63 - 1
+
+
+def parse_id(text: Any) -> int | None:
+    """``text`` as a row id (ASCII digits, 1 to 2**63 - 1), else None.
+
+    ``str.isdigit()`` is true for ``"²"`` and other digits ``int()`` refuses or reads as another
+    number, and a larger number overflows the database's integer: both were a 500.
+    """
+    if not (isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 19):
+        return None
+    value = int(text)
+    return value if 1 <= value <= MAX_ID else None
+
+
+def refuse(parameter: str, value: Any, why: str) -> NoReturn:
+    """Refuse a filter value the way Django's own filters do (the list redirects to ``?e=1``)."""
+    raise IncorrectLookupParameters(f"{parameter}={value!r}: {why}")
+
+
+def text_value(parameter: str, value: str, max_length: int) -> str:
+    """A free-text filter value (queue, step, worker) a column of ``max_length`` could hold."""
+    from .managers import unstorable
+
+    if len(value) > max_length:
+        refuse(parameter, value[:50], f"longer than {max_length} characters")
+    why = unstorable(value)
+    if why:
+        refuse(parameter, value[:50], why)
+    return value
 
 #: How many distinct queue / step values a filter lists at most (each costs one index seek).
 MAX_DISTINCT_VALUES = 50
@@ -76,21 +114,50 @@ def cached_distinct_values(queryset: QuerySet, field: str) -> list[Any]:
     return values
 
 
-class StatusFilter(SimpleDropdownFilter):
+class CheckedFilter:
+    """Mixin for list filters: a value the filter's column could not hold is refused, and a value given
+    is always applied.
+
+    The value is checked as the filter is built (:meth:`clean`), before Django decides whether to show
+    the filter: Django drops a filter with no choices, and its value with it, so ``?worker=w1`` on a
+    site with no worker rows listed every job, ready for "select all" and an action.
+    """
+
+    parameter_name: str
+
+    def __init__(self, request: Any, params: Any, model: Any, model_admin: Any) -> None:
+        super().__init__(request, params, model, model_admin)  # type: ignore[call-arg]
+        raw = self.value()  # type: ignore[attr-defined]
+        self.cleaned = None if raw is None else self.clean(raw)
+
+    def clean(self, value: str) -> Any:
+        """The value to filter on; :func:`refuse` a value the column cannot hold."""
+        raise NotImplementedError
+
+    def has_output(self) -> bool:
+        return self.value() is not None or super().has_output()  # type: ignore[attr-defined,misc]
+
+
+class StatusFilter(CheckedFilter, SimpleDropdownFilter):
     title = _("status")
     parameter_name = "status"
 
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
         return [(str(int(s)), s.label) for s in Status]
 
+    def clean(self, value: str) -> int:
+        status = parse_id(value)
+        if status not in {int(s) for s in Status}:
+            refuse(self.parameter_name, value, "not a status id (1 to 9)")
+        return status  # type: ignore[return-value]
+
     def queryset(self, request: Any, queryset: QuerySet) -> QuerySet | None:
-        value = _int(self.value())
-        if value is None or value not in {int(s) for s in Status}:
+        if self.cleaned is None:
             return queryset
-        return queryset.filter(status_id=value)  # index: status_id (FK) / sqlqueue_job_status_type
+        return queryset.filter(status_id=self.cleaned)  # index: status_id (FK) / sqlqueue_job_status_type
 
 
-class JobTypeFilter(SimpleDropdownFilter):
+class JobTypeFilter(CheckedFilter, SimpleDropdownFilter):
     title = _("type")
     parameter_name = "type"
 
@@ -99,12 +166,19 @@ class JobTypeFilter(SimpleDropdownFilter):
 
         return [(str(pk), name) for pk, name in JobType.objects.order_by("name").values_list("pk", "name")]
 
+    def clean(self, value: str) -> int:
+        type_id = parse_id(value)
+        if type_id is None:
+            refuse(self.parameter_name, value, "not a job type id")
+        return type_id
+
     def queryset(self, request: Any, queryset: QuerySet) -> QuerySet | None:
-        value = _int(self.value())
-        return queryset if value is None else queryset.filter(job_type_id=value)  # index: type_id (FK)
+        if self.cleaned is None:
+            return queryset
+        return queryset.filter(job_type_id=self.cleaned)  # index: type_id (FK)
 
 
-class QueueFilter(SimpleDropdownFilter):
+class QueueFilter(CheckedFilter, SimpleDropdownFilter):
     title = _("queue")
     parameter_name = "queue"
 
@@ -113,12 +187,16 @@ class QueueFilter(SimpleDropdownFilter):
 
         return [(q, q) for q in cached_distinct_values(Job.objects.all(), "queue")]
 
+    def clean(self, value: str) -> str:
+        return text_value(self.parameter_name, value, 100)
+
     def queryset(self, request: Any, queryset: QuerySet) -> QuerySet | None:
-        value = self.value()
-        return queryset if value is None else queryset.filter(queue=value)  # index: sqlqueue_job_queue
+        if self.cleaned is None:
+            return queryset
+        return queryset.filter(queue=self.cleaned)  # index: sqlqueue_job_queue
 
 
-class StepFilter(SimpleDropdownFilter):
+class StepFilter(CheckedFilter, SimpleDropdownFilter):
     title = _("step")
     parameter_name = "step"
 
@@ -128,14 +206,16 @@ class StepFilter(SimpleDropdownFilter):
         steps = cached_distinct_values(Job.objects.filter(step__gt=""), "step")
         return [("-", _("(no step)")), *((s, s) for s in steps)]
 
+    def clean(self, value: str) -> str:
+        return "" if value == "-" else text_value(self.parameter_name, value, 100)
+
     def queryset(self, request: Any, queryset: QuerySet) -> QuerySet | None:
-        value = self.value()
-        if value is None:
+        if self.cleaned is None:
             return queryset
-        return queryset.filter(step="" if value == "-" else value)  # index: sqlqueue_job_step
+        return queryset.filter(step=self.cleaned)  # index: sqlqueue_job_step
 
 
-class WorkerFilter(SimpleDropdownFilter):
+class WorkerFilter(CheckedFilter, SimpleDropdownFilter):
     title = _("worker")
     parameter_name = "worker"
 
@@ -146,19 +226,28 @@ class WorkerFilter(SimpleDropdownFilter):
         names = Worker.objects.order_by("-last_heartbeat").values_list("name", flat=True)[:100]
         return [(n, n) for n in sorted(names)]
 
+    def clean(self, value: str) -> str:
+        return text_value(self.parameter_name, value, 200)
+
     def queryset(self, request: Any, queryset: QuerySet) -> QuerySet | None:
-        value = self.value()
-        return queryset if value is None else queryset.filter(worker=value)  # index: sqlqueue_job_worker
+        if self.cleaned is None:
+            return queryset
+        return queryset.filter(worker=self.cleaned)  # index: sqlqueue_job_worker
 
 
-class _YesFilter(admin.SimpleListFilter):
+class _YesFilter(CheckedFilter, admin.SimpleListFilter):
     """A filter with a single "Yes" choice (the negation would be a scan: it is not offered)."""
 
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
         return [("1", _("Yes"))]
 
+    def clean(self, value: str) -> bool:
+        if value != "1":
+            refuse(self.parameter_name, value, "the only choice is 1 (Yes)")
+        return True
+
     def queryset(self, request: Any, queryset: QuerySet) -> QuerySet | None:
-        return queryset.filter(self.condition(queryset.db)) if self.value() == "1" else queryset
+        return queryset if self.cleaned is None else queryset.filter(self.condition(queryset.db))
 
     def condition(self, using: str) -> Q:
         raise NotImplementedError
@@ -224,6 +313,52 @@ class HasErrorFilter(_YesFilter):
 
     def condition(self, using: str) -> Q:
         return has_error(using)
+
+
+class DeclaredFiltersOnly:
+    """ModelAdmin mixin: a list may be filtered through the URL only by its declared filters.
+
+    Django's own ``lookup_allowed`` lets any lookup on a local field through, to anyone who may view
+    the list: ``?error__regex=(a+)+$`` (exponential backtracking, in the web process on SQLite),
+    ``?payload__icontains=x`` (a scan of every payload), ``?payload__contains=x`` (a 500 on SQLite).
+    Here only the list filters' own parameters and the date hierarchy's are allowed; anything else is
+    Django's ``DisallowedModelAdminLookup`` (a 400).
+    """
+
+    def lookup_allowed(self, lookup: str, value: Any, request: Any = None) -> bool:
+        return lookup in self.declared_lookups(request)
+
+    def declared_lookups(self, request: Any) -> set[str]:
+        """The URL parameters the declared list filters and the date hierarchy read."""
+        from django.contrib.admin.utils import get_fields_from_path
+
+        allowed: set[str] = set()
+        for item in self.get_list_filter(request):  # type: ignore[attr-defined]
+            if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
+                allowed.add(item.parameter_name)  # no instance: building one may query its choices
+                continue
+            if isinstance(item, str | tuple | list):
+                path, filter_class = (item, admin.FieldListFilter.create) if isinstance(item, str) else item
+                field = get_fields_from_path(self.model, path)[-1]  # type: ignore[attr-defined]
+                spec = filter_class(field, request, {}, self.model, self, field_path=path)  # type: ignore[attr-defined]
+            else:
+                spec = item(request, {}, self.model, self)  # type: ignore[attr-defined]
+            allowed.update(spec.expected_parameters() or ())
+        hierarchy = getattr(self, "date_hierarchy", None)
+        if hierarchy:
+            allowed.update(f"{hierarchy}__{part}" for part in ("year", "month", "day"))
+        return allowed
+
+
+def check_date_hierarchy(field_name: str, params: dict[str, Any]) -> None:
+    """Refuse a date hierarchy value Django would crash on (``?enqueued_at__year=10**30`` overflows
+    ``datetime()`` with an OverflowError, which Django does not catch) or that names no date."""
+    for part, high in (("year", 9999), ("month", 12), ("day", 31)):
+        key = f"{field_name}__{part}"
+        for value in params.get(key, ()):
+            number = parse_id(value)
+            if number is None or number > high:
+                refuse(key, value, f"not a {part} (1 to {high})")
 
 
 def _int(value: Any) -> int | None:

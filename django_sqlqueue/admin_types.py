@@ -19,6 +19,7 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from .admin_filters import CheckedFilter, DeclaredFiltersOnly, refuse
 from .admin_views import changelist_url
 from .conf import get_settings
 from .models import Job, JobType, Worker
@@ -85,7 +86,7 @@ def _set_paused(modeladmin: Any, request: HttpRequest, queryset: QuerySet, pause
                             messages.SUCCESS)
 
 
-class JobTypeAdmin(admin.ModelAdmin):
+class JobTypeAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
     list_display = ("name", "paused_flag", "max_attempts_col", "backoff_col", "timeout_col", "lease_col",
                     "job_counts", "updated_at")
     list_filter = ("paused",)
@@ -151,7 +152,7 @@ class JobTypeAdmin(admin.ModelAdmin):
         return render_counts(obj.pk, counts)
 
 
-class WorkerStateFilter(admin.SimpleListFilter):
+class WorkerStateFilter(CheckedFilter, admin.SimpleListFilter):
     """Alive, stale (heartbeat older than WORKER_DEAD_AFTER_SECONDS, not stopped) or stopped.
 
     The worker table holds one row per worker process: small, so no index is needed.
@@ -174,8 +175,13 @@ class WorkerStateFilter(admin.SimpleListFilter):
             return queryset.filter(stopped_at__isnull=False)
         return queryset
 
+    def clean(self, value: str) -> str:
+        if value not in ("alive", "stale", "stopped"):
+            refuse(self.parameter_name, value, "the choices are alive, stale and stopped")
+        return value
 
-class WorkerAdmin(admin.ModelAdmin):
+
+class WorkerAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
     list_display = ("name", "state", "host", "pid", "started_at", "heartbeat", "jobs_done", "held_jobs",
                     "stopped_at")
     list_filter = (WorkerStateFilter,)

@@ -25,6 +25,8 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from .conf import get_settings
+from .exceptions import InvalidArgument
+from .limits import MAX_DELAY_SECONDS, check_when
 from .states import CLAIMABLE, FINISHED, Status
 
 if TYPE_CHECKING:
@@ -41,7 +43,12 @@ CHART_FAILED = (Status.ERROR, Status.FAILED)
 
 # ----- Retry at… ----------------------------------------------------------------------------------
 class RetryAtForm(forms.Form):
-    """When the selected jobs should run again: a date and time, or a delay from now."""
+    """When the selected jobs should run again: a date and time, or a delay from now.
+
+    Either must fall within a century of now (:data:`~django_sqlqueue.limits.MAX_DELAY_SECONDS`), the
+    bound ``modify`` holds every schedule to: a form error, not an OverflowError (10,000,000 days) or
+    a refusal per job.
+    """
 
     UNITS = {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
 
@@ -51,7 +58,8 @@ class RetryAtForm(forms.Form):
         input_formats=["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M"],
         help_text=gettext_lazy("In the server's time zone."),
     )
-    delay = forms.IntegerField(label=gettext_lazy("or in"), required=False, min_value=0, max_value=10_000_000)
+    delay = forms.IntegerField(label=gettext_lazy("or in"), required=False, min_value=0,
+                               max_value=MAX_DELAY_SECONDS)
     unit = forms.ChoiceField(label=gettext_lazy("unit"), choices=[(u, u) for u in UNITS], initial="minutes")
 
     def clean(self) -> dict[str, Any]:
@@ -59,6 +67,13 @@ class RetryAtForm(forms.Form):
         run_at, delay = data.get("run_at"), data.get("delay")
         if (run_at is None) == (delay is None):
             raise forms.ValidationError(_("Give either a date and time or a delay."))
+        if delay is not None and data.get("unit") in self.UNITS and delay * self.UNITS[data["unit"]] > MAX_DELAY_SECONDS:
+            self.add_error("delay", _("At most 100 years from now."))
+        elif run_at is not None:
+            try:
+                check_when(run_at, "the time")
+            except InvalidArgument:
+                self.add_error("run_at", _("Give a time within 100 years of now."))
         return data
 
     def when(self) -> datetime:

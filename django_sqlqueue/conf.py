@@ -5,12 +5,14 @@ Read through :func:`get_settings` (not cached at import) so tests and ``override
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from django.conf import settings as django_settings
 
 from .exceptions import SqlQueueConfigError
+from .limits import MAX_BACKOFF_SECONDS
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class QueueSettings:
     WORKER_DEAD_AFTER_SECONDS: float = 60.0
     #: Largest serialised payload accepted at enqueue, in bytes.
     MAX_PAYLOAD_BYTES: int = 1_000_000
+    #: Largest serialised response (a handler's return value) stored, in bytes; a larger one fails the job.
+    MAX_RESPONSE_BYTES: int = 1_000_000
     #: Seconds a worker caches job-type settings before re-reading them.
     TYPE_CACHE_SECONDS: float = 5.0
     #: Idle polling: start at POLL_MIN_SECONDS, double up to POLL_MAX_SECONDS while there is no work.
@@ -58,6 +62,7 @@ _NUMERIC_MINIMUMS = {
     "HEARTBEAT_SECONDS": 0.01,
     "WORKER_DEAD_AFTER_SECONDS": 1,
     "MAX_PAYLOAD_BYTES": 1,
+    "MAX_RESPONSE_BYTES": 1,
     "TYPE_CACHE_SECONDS": 0,
     "POLL_MIN_SECONDS": 0.001,
     "POLL_MAX_SECONDS": 0.001,
@@ -103,8 +108,13 @@ def _build(user: Any) -> QueueSettings:
     result = replace(QueueSettings(), **user)
     for name, minimum in _NUMERIC_MINIMUMS.items():
         value = getattr(result, name)
-        if not isinstance(value, int | float) or value < minimum:
+        if not isinstance(value, int | float) or not math.isfinite(value) or value < minimum:
             raise SqlQueueConfigError(f"SQLQUEUE[{name!r}] must be a number >= {minimum}, got {value!r}")
+    for name in ("BACKOFF_BASE_SECONDS", "BACKOFF_MAX_SECONDS"):
+        value = getattr(result, name)
+        if value > MAX_BACKOFF_SECONDS:
+            raise SqlQueueConfigError(f"SQLQUEUE[{name!r}] must be at most {MAX_BACKOFF_SECONDS} seconds (a year), "
+                                      f"got {value!r}")
     if not isinstance(result.BATCH_MAX, int) or result.BATCH_MAX > 1000:
         raise SqlQueueConfigError(f"SQLQUEUE['BATCH_MAX'] must be an integer from 1 to 1000, got {result.BATCH_MAX!r}")
     return result

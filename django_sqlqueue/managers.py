@@ -8,7 +8,6 @@ admin and the API alike.
 from __future__ import annotations
 
 import json
-import math
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -21,7 +20,7 @@ from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
-from . import jobtypes
+from . import jobtypes, limits
 from .conf import get_settings
 from .dialects import JOB_COLUMNS, ClaimRequest, get_dialect
 from .exceptions import (
@@ -68,8 +67,8 @@ class JobSpec:
     subtypes: Sequence[JobData] = field(default_factory=tuple)
 
 
-#: Longest delay or retry a caller may ask for (a century): beyond it no timestamp column can hold the date.
-MAX_DELAY_SECONDS = 100 * 365 * 86400
+#: Longest delay or retry a caller may ask for (a century; see :mod:`.limits`).
+MAX_DELAY_SECONDS = limits.MAX_DELAY_SECONDS
 
 
 def new_incarnation() -> str:
@@ -102,8 +101,8 @@ def unstorable(value: Any) -> str | None:
 
 
 def finite_seconds(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) \
-        and 0 <= value <= MAX_DELAY_SECONDS
+    """A non-negative, finite number of seconds within :data:`MAX_DELAY_SECONDS`."""
+    return limits.is_seconds(value, MAX_DELAY_SECONDS)
 
 
 def duration_ms(seconds: float | None) -> int | None:
@@ -133,6 +132,20 @@ def _encode_json(value: Any, what: str, limit: int | None = None) -> str:
     return text
 
 
+def _check_response(value: Any) -> None:
+    """A response the queue may store: JSON, storable on every vendor, within ``MAX_RESPONSE_BYTES``."""
+    why = limits.response_too_large(_encode_json(value, "response"))
+    if why:
+        raise InvalidPayload(f"response cannot be stored: {why}")
+
+
+def _storable_key(value: Any, what: str) -> None:
+    """Queue names and dedupe keys: text every vendor stores (PostgreSQL refuses NUL in text)."""
+    why = unstorable(value)
+    if why:
+        raise InvalidArgument(f"{what} cannot be stored: {why}")
+
+
 class JobQuerySet(models.QuerySet):
     """Read helpers used by the admin, the worker and tests."""
 
@@ -148,6 +161,24 @@ class JobQuerySet(models.QuerySet):
 
     def lease_expired(self) -> JobQuerySet:
         return self.filter(status_id=Status.PROCESSING, lease_expires_at__lt=timezone.now())
+
+    def purgeable(self, statuses: Iterable[Status | int], cutoff: datetime, queues: Sequence[str] = ()) -> JobQuerySet:
+        """Jobs :meth:`JobManager.purge` would delete: in ``statuses`` (finished ones only), finished
+        (or, without a finish time, last updated) before ``cutoff``, of ``queues`` if given.
+
+        Read ids from it (``values_list("id")``), never whole rows: payloads can be large.
+        """
+        old = models.Q(finished_at__lt=cutoff) | models.Q(finished_at__isnull=True, updated_at__lt=cutoff)
+        qs = self.filter(old, status_id__in=_purge_statuses(statuses))
+        return qs.filter(queue__in=list(queues)) if queues else qs
+
+
+def _purge_statuses(statuses: Iterable[Status | int]) -> list[int]:
+    out = sorted({int(Status(s)) for s in statuses})
+    if not out or any(Status(s) not in FINISHED for s in out):
+        raise InvalidArgument("only finished jobs may be purged: statuses must be some of "
+                              f"{', '.join(s.label for s in sorted(FINISHED))}, got {statuses!r}")
+    return out
 
 
 class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
@@ -289,6 +320,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         for spec in specs:
             info = infos.get(spec.job_type)
             if info is None:
+                limits.check_type_name(spec.job_type)
                 info = jobtypes.get_type(spec.job_type, using=alias, create=registry.is_registered(spec.job_type))
                 infos[spec.job_type] = info
             rows.append(self._validated_row(spec, info, settings.MAX_PAYLOAD_BYTES, alias, dialect))
@@ -329,23 +361,23 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                        dialect: Any) -> list[Any]:
         if not isinstance(spec.queue, str) or not spec.queue or len(spec.queue) > 100:
             raise InvalidArgument(f"queue must be a non-empty string of at most 100 characters, got {spec.queue!r}")
+        _storable_key(spec.queue, "queue name")
         if not isinstance(spec.priority, int) or not -32768 <= spec.priority <= 32767:
             raise InvalidArgument(f"priority must be an integer from -32768 to 32767, got {spec.priority!r}")
         if spec.max_attempts is not None and (not isinstance(spec.max_attempts, int) or not 1 <= spec.max_attempts <= 32767):
             raise InvalidArgument(f"max_attempts must be an integer from 1 to 32767, got {spec.max_attempts!r}")
         if spec.dedupe_key is not None and (not isinstance(spec.dedupe_key, str) or not 0 < len(spec.dedupe_key) <= 200):
             raise InvalidArgument("dedupe_key must be a non-empty string of at most 200 characters")
+        if spec.dedupe_key is not None:
+            _storable_key(spec.dedupe_key, "dedupe_key")
         when = spec.scheduled_for
         if spec.delay is not None:
             if when is not None:
                 raise InvalidArgument("give scheduled_for or delay, not both")
-            seconds = spec.delay.total_seconds() if isinstance(spec.delay, timedelta) else spec.delay
-            if not finite_seconds(seconds):
-                raise InvalidArgument(f"delay must be a non-negative number of seconds up to "
-                                      f"{MAX_DELAY_SECONDS}, got {spec.delay!r}")
+            seconds = limits.check_delay(spec.delay)
             when = timezone.now() + timedelta(seconds=seconds) if seconds else None
-        if when is not None and timezone.is_naive(when):
-            raise InvalidArgument("scheduled_for must be timezone-aware")
+        elif when is not None:
+            limits.check_when(when)
         payload = dialect.json_param(
             "{}" if spec.payload is None else _encode_json(spec.payload, "payload", limit))
         return [
@@ -458,7 +490,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         alias = self._alias(using)
         items = []
         for job, response, *ran in done:
-            _encode_json(response, "response")
+            _check_response(response)
             items.append((job.pk, job.version, self._prep("response", response, alias),
                           duration_ms(ran[0] if ran else None)))
         settings = get_settings()
@@ -543,10 +575,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         current = job.state
         if new not in TRANSITIONS[current] or (current, new) in CLAIM_ONLY:
             raise IllegalTransition(f"job {job.pk}: {current.label} -> {new.label} is not allowed")
-        if scheduled_for is not None and timezone.is_naive(scheduled_for):
-            raise InvalidArgument("scheduled_for must be timezone-aware")
-        if run_in is not None and (scheduled_for is not None or not finite_seconds(run_in)):
-            raise InvalidArgument("run_in must be a non-negative number of seconds, without scheduled_for")
+        if scheduled_for is not None:
+            limits.check_when(scheduled_for)
+        if run_in is not None:
+            if scheduled_for is not None:
+                raise InvalidArgument("give run_in or scheduled_for, not both")
+            limits.check_delay(run_in, "run_in (a retry's delay)")
         ms = duration_ms(duration)
         connection = connections[alias]
         dialect = get_dialect(connection)
@@ -588,7 +622,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             sets.append(f"{j['step']} = %s")
             params.append(step)
         if response is not _UNSET:
-            _encode_json(response, "response")
+            _check_response(response)
             sets.append(f"{j['response']} = %s")
             params.append(self._prep("response", response, alias))
         if error is not None:
@@ -697,6 +731,53 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                             [int(lease_seconds), *job_ids, worker, *([incarnation] if incarnation is not None else [])])
             return cursor.rowcount
 
+    def purge(self, ids: Sequence[int], *, statuses: Iterable[Status | int], cutoff: datetime,
+              queues: Sequence[str] = (), using: str | None = None) -> int:
+        """Delete those of jobs ``ids`` that :meth:`JobQuerySet.purgeable` still selects, with their
+        history and subtype rows, in one transaction (one per chunk where the database takes fewer
+        parameters than ``ids`` needs); return how many jobs were deleted.
+
+        The ids were read earlier, without a lock: a job retried (back to Pending) or otherwise changed
+        since is kept, rows and all. The jobs that still qualify are locked first, so none can change
+        between the deletion of its rows and its own; the conditions are repeated in the job DELETE.
+        Rows are deleted by job id and never read: no payload is loaded, whatever its size, and no
+        delete signal is sent. Every model referencing ``Job`` must do so with ``on_delete=CASCADE``
+        (history, subtype tables: their rows go too) or ``DO_NOTHING``; see :func:`purge_references`.
+        """
+        if timezone.is_naive(cutoff):
+            raise InvalidArgument("cutoff must be timezone-aware")
+        status_ids = _purge_statuses(statuses)
+        ids = [int(i) for i in ids]
+        queues = list(queues)
+        alias = self._alias(using)
+        dialect = get_dialect(connections[alias])
+        room = dialect.max_params - len(status_ids) - len(queues) - 2
+        if room < 1:
+            raise InvalidArgument(f"too many queues for one purge statement on this database: {len(queues)}")
+        when = self._prep("finished_at", cutoff, alias)
+        references = purge_references(self.model)
+        deleted = 0
+        for start in range(0, len(ids), room):
+            deleted += self._purge_chunk(ids[start:start + room], status_ids, when, queues, references, alias)
+        return deleted
+
+    def _purge_chunk(self, ids: list[int], status_ids: list[int], when: Any, queues: list[str],
+                     references: list[tuple[str, str]], alias: str) -> int:
+        connection = connections[alias]
+        dialect = get_dialect(connection)
+        tail = [*status_ids, when, when, *queues]
+        with connection.cursor() as cursor, dialect.exclusive_transaction(cursor):
+            where = dialect.purge_where(len(ids), len(status_ids), len(queues))
+            dialect.execute(cursor, dialect.purge_lock_sql(where), [*ids, *tail])
+            locked = [row[0] for row in cursor.fetchall()]
+            if not locked:
+                return 0
+            for table, column in references:
+                dialect.execute(cursor, dialect.delete_by_job_sql(table, column, len(locked)), locked)
+            where = dialect.purge_where(len(locked), len(status_ids), len(queues))
+            dialect.execute(cursor, dialect.purge_delete_sql(where), [*locked, *tail])
+            return cursor.rowcount
+
     def reap(self, *, using: str | None = None, limit: int = 500) -> int:
         """Move Processing jobs with an expired lease and no attempts left to Failed; return how many.
 
@@ -720,3 +801,36 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             except (StaleJob, IllegalTransition, JobNotFound):
                 continue  # someone else moved it meanwhile
         return done
+
+
+def purge_references(job_model: type[Job]) -> list[tuple[str, str]]:
+    """(table, column) of every model that references a job and is deleted with it: the attempt
+    history and the subtype tables (``on_delete=CASCADE``), in model order.
+
+    :meth:`JobManager.purge` deletes these rows by job id, one level deep, as the database would have
+    them gone; a reference it cannot honour that way (``PROTECT``, ``SET_NULL``, a cascaded model that
+    is itself referenced) is refused up front with :class:`~.exceptions.SqlQueueError` rather than
+    half done or failed by a foreign key at commit.
+    """
+    from .exceptions import SqlQueueError
+
+    def references(model: Any) -> list[Any]:
+        # Every reverse relation, hidden ones too (the subtypes' related_name is "+").
+        return [f for f in model._meta.get_fields(include_hidden=True) if f.auto_created and not f.concrete
+                and (f.one_to_many or f.one_to_one or f.many_to_many)]
+
+    out = []
+    for rel in references(job_model):
+        related = rel.related_model
+        if rel.on_delete is models.DO_NOTHING or related._meta.proxy:
+            continue
+        where = f"{related._meta.label}.{rel.field.name}"
+        if rel.on_delete is not models.CASCADE or rel.many_to_many:
+            raise SqlQueueError(f"purge_queue deletes jobs by id and cannot honour {where} "
+                                f"(on_delete={getattr(rel.on_delete, '__name__', rel.on_delete)!s}): "
+                                "references to jobs must use CASCADE or DO_NOTHING")
+        if any(r.on_delete is not models.DO_NOTHING for r in references(related)):
+            raise SqlQueueError(f"purge_queue deletes the rows of {related._meta.label} by job id, one level "
+                                f"deep, but other models reference them: delete those first")
+        out.append((related._meta.db_table, rel.field.column))
+    return out

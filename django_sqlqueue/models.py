@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from . import limits
 from .fields import JSONValueField
 from .managers import JobManager
 from .states import CLAIMABLE, UNFINISHED, Status
@@ -32,21 +34,44 @@ class QueueStatus(models.Model):
         return self.name
 
 
+def _at_least(field: str, minimum: float) -> Q:
+    return Q(**{f"{field}__isnull": True}) | Q(**{f"{field}__gte": minimum})
+
+
+def _between(field: str, minimum: float, maximum: float) -> Q:
+    return Q(**{f"{field}__isnull": True}) | Q(**{f"{field}__gte": minimum, f"{field}__lte": maximum})
+
+
 class JobType(models.Model):
     """One row per job type, with the settings an operator may change while workers run.
 
-    Blank numeric settings fall back to the ``SQLQUEUE`` setting of the same meaning.
+    Blank numeric settings fall back to the ``SQLQUEUE`` setting of the same meaning. Each setting has
+    bounds (:mod:`.limits`): checked by the model's validators (the admin form), by check constraints in
+    the database (whatever writes the row), and again when a row is read (:meth:`from_db`).
     """
 
-    name = models.CharField(max_length=200, unique=True)
+    name = models.CharField(max_length=200, unique=True, validators=[limits.validate_type_name])
     description = models.CharField(max_length=500, blank=True, default="")
     max_attempts = models.PositiveSmallIntegerField(
-        null=True, blank=True, help_text=_("Blank: SQLQUEUE['MAX_ATTEMPTS'] (3 unless set).")
+        null=True, blank=True, validators=[MinValueValidator(limits.MIN_ATTEMPTS)],
+        help_text=_("At least 1. Blank: SQLQUEUE['MAX_ATTEMPTS'] (3 unless set).")
     )
-    backoff_base_seconds = models.FloatField(null=True, blank=True)
-    backoff_max_seconds = models.FloatField(null=True, blank=True)
-    timeout_seconds = models.PositiveIntegerField(null=True, blank=True)
-    lease_seconds = models.PositiveIntegerField(null=True, blank=True)
+    backoff_base_seconds = models.FloatField(
+        null=True, blank=True, validators=[limits.FiniteRange(0, limits.MAX_BACKOFF_SECONDS)],
+        help_text=_("0 to 31536000 (a year). Blank: SQLQUEUE['BACKOFF_BASE_SECONDS'].")
+    )
+    backoff_max_seconds = models.FloatField(
+        null=True, blank=True, validators=[limits.FiniteRange(0, limits.MAX_BACKOFF_SECONDS)],
+        help_text=_("0 to 31536000 (a year). Blank: SQLQUEUE['BACKOFF_MAX_SECONDS'].")
+    )
+    timeout_seconds = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(limits.MIN_TIMEOUT_SECONDS)],
+        help_text=_("At least 1. Blank: SQLQUEUE['TIMEOUT_SECONDS'].")
+    )
+    lease_seconds = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(limits.MIN_LEASE_SECONDS)],
+        help_text=_("At least 1; renewed every third of it while the job runs. Blank: SQLQUEUE['LEASE_SECONDS'].")
+    )
     paused = models.BooleanField(default=False, help_text=_("Workers do not claim jobs of a paused type."))
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -54,9 +79,36 @@ class JobType(models.Model):
     class Meta:
         verbose_name = _("job type")
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(condition=_at_least("max_attempts", limits.MIN_ATTEMPTS),
+                                   name="sqlqueue_jobtype_max_attempts"),
+            models.CheckConstraint(condition=_at_least("timeout_seconds", limits.MIN_TIMEOUT_SECONDS),
+                                   name="sqlqueue_jobtype_timeout"),
+            models.CheckConstraint(condition=_at_least("lease_seconds", limits.MIN_LEASE_SECONDS),
+                                   name="sqlqueue_jobtype_lease"),
+            models.CheckConstraint(condition=_between("backoff_base_seconds", 0, limits.MAX_BACKOFF_SECONDS),
+                                   name="sqlqueue_jobtype_backoff_base"),
+            models.CheckConstraint(condition=_between("backoff_max_seconds", 0, limits.MAX_BACKOFF_SECONDS),
+                                   name="sqlqueue_jobtype_backoff_max"),
+        ]
 
     def __str__(self) -> str:
         return self.name
+
+    @classmethod
+    def from_db(cls, db: str | None, field_names: Any, values: Any, **kwargs: Any) -> JobType:
+        """A row as read, its settings brought within bounds (with a warning) if they are not.
+
+        The check constraints keep new rows in bounds; this covers a row the database holds from before
+        them (or with its constraints dropped), so no worker ever runs with a lease of 0 s.
+        """
+        row = super().from_db(db, field_names, values, **kwargs)  # kwargs: fetch_mode (Django 6.1)
+        for field in limits.TYPE_SETTING_BOUNDS:
+            value = row.__dict__.get(field)
+            fixed = limits.clamp_type_setting(row.__dict__.get("name", "?"), field, value)
+            if fixed is not value:
+                row.__dict__[field] = fixed
+        return row
 
 
 class Job(models.Model):

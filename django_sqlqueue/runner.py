@@ -49,8 +49,10 @@ class Retry(SqlQueueError):
         """
         if delay is not None and at is not None:
             raise ValueError("give delay or at, not both")
-        if at is not None and timezone.is_naive(at):
-            raise ValueError("at must be timezone-aware")
+        if at is not None:  # aware and within a century (InvalidArgument is a ValueError)
+            from .limits import check_when
+
+            check_when(at, "at")
         if isinstance(delay, timedelta):
             delay = delay.total_seconds()
         if delay is not None:
@@ -190,7 +192,9 @@ def _check_json(value: Any, what: str) -> None:
             f"{what} cannot be stored as JSON ({type(exc).__name__}: {exc}); the handler's work is done, "
             f"so the job is not retried"
         ) from exc
-    why = unstorable(value)
+    from .limits import response_too_large
+
+    why = unstorable(value) or response_too_large(json.dumps(value, allow_nan=False, separators=(",", ":")))
     if why:
         raise _BadReturn(f"{what} cannot be stored: {why}; the handler's work is done, so the job is not retried")
 

@@ -175,6 +175,24 @@ def test_renew_leases(dialect: MssqlDialect) -> None:
     assert "DATEADD(MILLISECOND" in update.sql("tsql").upper()
 
 
+def test_purge_statements(dialect: MssqlDialect) -> None:
+    """purge_queue: lock the jobs that still qualify (update locks, the current row), delete their rows by
+    job id, then the jobs with the same conditions; the job DELETE reports its row count."""
+    cutoff = datetime(2026, 1, 1, tzinfo=UTC)
+    where = dialect.purge_where(3, 2, 1)
+    params = [1, 2, 3, 4, 5, cutoff, cutoff, "emails"]
+    [lock] = parse(dialect.purge_lock_sql(where), params)
+    assert hints(lock.find(exp.Table)) == {"UPDLOCK", "ROWLOCK"}
+    assert [c.sql("tsql") for c in lock.expressions] == ["[id]"]  # never a payload
+    [delete] = parse(dialect.delete_by_job_sql("notifications_emailchannel", "job_id", 3), [1, 2, 3])
+    assert isinstance(delete, exp.Delete) and "[job_id] IN (@p1, @p2, @p3)" in delete.sql("tsql")
+    sql = dialect.purge_delete_sql(where)
+    assert sql.startswith("SET NOCOUNT OFF; ")
+    [_, delete] = parse(sql, params)
+    assert isinstance(delete, exp.Delete)
+    assert "[status_id] IN (@p4, @p5)" in delete.sql("tsql") and "[queue] IN (@p8)" in delete.sql("tsql")
+
+
 def test_time_arithmetic_keeps_fractions_and_long_delays(dialect: MssqlDialect) -> None:
     """DATEADD takes an int: seconds would overflow past 68 years and drop fractions; days + ms do not."""
     sql = dialect.now_plus("%s")

@@ -74,6 +74,10 @@ class ClaimRequest:
     incarnation: str = ""
 
 
+def _marks(count: int) -> str:
+    return ", ".join(["%s"] * count)
+
+
 class Names:
     """Quoted table and column names, all taken from model meta."""
 
@@ -517,6 +521,51 @@ class Dialect:
 
     #: Most parameters one statement may carry (SQL Server allows 2100).
     max_params: int = 30000
+
+    # ----- retention (purge_queue) ------------------------------------------------------------------
+    def exclusive_transaction(self, cursor: CursorWrapper) -> AbstractContextManager[Any]:
+        """A transaction whose locking reads (:meth:`purge_lock_sql`) hold their rows until it ends."""
+        return transaction.atomic(using=self.connection.alias)
+
+    def row_lock_hint(self) -> str:
+        """Table hint of a read that locks the rows it returns until the transaction ends."""
+        return ""
+
+    def row_lock_clause(self) -> str:
+        """Clause ending a read that locks the rows it returns until the transaction ends."""
+        return ""
+
+    def purge_where(self, nids: int, nstatuses: int, nqueues: int) -> str:
+        """The jobs of a purge batch that may still go: these ids, still in one of these (finished)
+        statuses, finished (else last updated) before the cutoff, of these queues if any.
+
+        Params: ``nids`` ids, ``nstatuses`` status ids, the cutoff twice, ``nqueues`` queue names.
+        """
+        j = self.n.j
+        where = (
+            f"{j['id']} IN ({_marks(nids)}) AND {j['status_id']} IN ({_marks(nstatuses)}) "
+            f"AND ({j['finished_at']} < %s OR ({j['finished_at']} IS NULL AND {j['updated_at']} < %s))"
+        )
+        if nqueues:
+            where += f" AND {j['queue']} IN ({_marks(nqueues)})"
+        return where
+
+    def purge_lock_sql(self, where_sql: str) -> str:
+        """The ids of the jobs matching ``where_sql``, locked against every other write until commit:
+        a job a worker or an operator moves on (retried to Pending) is either seen moved, and kept, or
+        waits until the purge is over. No other column is read (payloads can be large)."""
+        j = self.n.j
+        return f"SELECT {j['id']} FROM {self.n.job}{self.row_lock_hint()} WHERE {where_sql}{self.row_lock_clause()}"
+
+    def delete_by_job_sql(self, table: str, column: str, count: int) -> str:
+        """Delete the rows of ``table`` (history, a subtype table) whose ``column`` names one of ``count``
+        jobs. ``table`` and ``column`` come from model meta."""
+        qn = self.connection.ops.quote_name
+        return f"DELETE FROM {qn(table)} WHERE {qn(column)} IN ({_marks(count)})"
+
+    def purge_delete_sql(self, where_sql: str) -> str:
+        """Delete the job rows matching ``where_sql`` (the purge's conditions, repeated)."""
+        return f"DELETE FROM {self.n.job} WHERE {where_sql}"
 
     def insert_chunk(self, per_row: int) -> int:
         """Rows per bulk INSERT statement, for rows of ``per_row`` parameters."""

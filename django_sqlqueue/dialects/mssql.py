@@ -167,6 +167,15 @@ class MssqlDialect(Dialect):
     def locked_read_hint(self) -> str:
         return LOCKED_READ_HINT
 
+    def row_lock_hint(self) -> str:
+        # Update locks on the rows read, held to the end of the transaction (the current row is read,
+        # not a version, even under READ_COMMITTED_SNAPSHOT).
+        return " WITH (UPDLOCK, ROWLOCK)"
+
+    def purge_delete_sql(self, where_sql: str) -> str:
+        # The caller reads the row count: make sure it is reported, whatever an earlier batch left.
+        return "SET NOCOUNT OFF; " + super().purge_delete_sql(where_sql)
+
     # ----- types ----------------------------------------------------------------------------------
     @cached_property
     def declare_types(self) -> dict[str, str]:

@@ -36,6 +36,10 @@ class PostgresDialect(Dialect):
     def ms_since(self, column_sql: str) -> str:
         return f"CAST(EXTRACT(EPOCH FROM (now() - {column_sql})) * 1000 AS bigint)"
 
+    def row_lock_clause(self) -> str:
+        # A row a concurrent transaction changes is waited for, then its WHERE is checked again.
+        return " FOR UPDATE"
+
     def claim_sql(self, req: ClaimRequest) -> tuple[str, list[Any]]:
         n, j, a = self.n, self.n.j, self.n.a
         # FOR UPDATE OF j: lock only job rows (not the job-type rows the filters read).

@@ -71,6 +71,10 @@ class SqliteDialect(Dialect):
             raise
         cursor.execute("COMMIT", [])
 
+    def exclusive_transaction(self, cursor: CursorWrapper) -> Any:
+        # No row locks: BEGIN IMMEDIATE takes the database's write lock before the first read.
+        return self.write_transaction(cursor)
+
     def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
         """Claim and write history (inside :meth:`write_transaction`)."""
         sql, params = self.claim_sql(req)

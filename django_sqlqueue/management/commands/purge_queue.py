@@ -1,8 +1,11 @@
 """``manage.py purge_queue --older-than 7d --status Completed``: retention for finished jobs.
 
 Deletes in small batches, each its own short transaction (a job row, its history and its subtype rows
-go together through the ORM's cascade), so the queue table is never locked for long and SQL Server
-has no reason to escalate to a table lock. Only finished statuses may be purged.
+go together, deleted by job id: :meth:`~django_sqlqueue.managers.JobManager.purge`), so the queue table
+is never locked for long and SQL Server has no reason to escalate to a table lock. Only finished
+statuses may be purged, and a job that changed since its id was read (retried to Pending) is kept: the
+conditions are checked again, under a lock, in the batch's own transaction. No job row is ever loaded,
+so memory does not grow with payload size.
 """
 
 from __future__ import annotations
@@ -13,15 +16,13 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from django_sqlqueue.conf import get_settings
 from django_sqlqueue.states import FINISHED, Status
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-MAX_BATCH = 2000  # SQL Server takes at most 2100 parameters per statement
+MAX_BATCH = 2000  # ids per batch (JobManager.purge splits a batch further where parameters run short)
 
 
 def parse_age(text: str) -> timedelta:
@@ -65,10 +66,7 @@ class Command(BaseCommand):
             raise CommandError(f"--pause must be from 0 to 60 seconds, got {o['pause']}")
         using = get_settings().DATABASE
         cutoff = timezone.now() - age
-        old = Q(finished_at__lt=cutoff) | Q(finished_at__isnull=True, updated_at__lt=cutoff)
-        qs = Job.objects.using(using).filter(old, status_id__in=statuses)
-        if o["queues"]:
-            qs = qs.filter(queue__in=o["queues"])
+        qs = Job.objects.using(using).purgeable(statuses, cutoff, o["queues"])
         workers = Worker.objects.using(using).filter(last_heartbeat__lt=cutoff)
         labels = ", ".join(s.label for s in statuses)
         if o["dry_run"]:
@@ -77,12 +75,11 @@ class Command(BaseCommand):
             return
         deleted = 0
         while True:
+            # Ids only: a job that changes before its batch is deleted is left out by purge() itself.
             ids = list(qs.order_by("id").values_list("id", flat=True)[: o["batch_size"]])
             if not ids:
                 break
-            with transaction.atomic(using=using):
-                Job.objects.using(using).filter(pk__in=ids).delete()
-            deleted += len(ids)
+            deleted += Job.objects.purge(ids, statuses=statuses, cutoff=cutoff, queues=o["queues"], using=using)
             if o["verbosity"] >= 2:
                 self.stdout.write(f"  deleted {deleted} so far")
             if o["pause"]:

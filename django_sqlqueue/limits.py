@@ -1,0 +1,201 @@
+"""The queue's documented bounds, checked where a value enters: the API, the model, the admin forms.
+
+A value outside them is refused with a message naming the bound, at the call that brought it in,
+instead of failing later, far from its cause: a retry time no timestamp column can hold would crash
+the worker recording it; a lease of 0 s lets two workers run the same job; a newline in a type name
+forges log lines. ``docs/configuration.md`` lists these bounds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import unicodedata
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+from django.utils.deconstruct import deconstructible
+
+from .exceptions import InvalidArgument
+
+log = logging.getLogger("django_sqlqueue")
+
+#: Longest delay, retry or backoff a caller may ask for, and how far ahead (or back) a job may be
+#: scheduled: a century. Every vendor's timestamp columns hold any date within it (SQL Server's
+#: datetime2 and SQLite's ISO text end with the year 9999, PostgreSQL's much later), and so does
+#: Python's datetime; the admin's "Retry at…" form and the worker's retry are held to it too.
+MAX_DELAY_SECONDS = 100 * 365 * 86400
+#: Largest backoff a job type (or ``SQLQUEUE['BACKOFF_*_SECONDS']``) may set: a year. A retry is for a
+#: transient failure; a wait longer than this is a schedule, and belongs in ``scheduled_for``.
+MAX_BACKOFF_SECONDS = 365 * 86400
+#: Smallest lease a job type may set. The heartbeat renews a lease every third of its length (or every
+#: ``HEARTBEAT_SECONDS`` when that is sooner), so any lease spans at least three renewals; a lease of 0 s
+#: expires at the claim itself and lets a second worker take the job while the first runs it.
+MIN_LEASE_SECONDS = 1
+#: Smallest run-time limit and attempt count of a job type (0 would mean "never runs").
+MIN_TIMEOUT_SECONDS = 1
+MIN_ATTEMPTS = 1
+
+
+def is_seconds(value: Any, maximum: float = MAX_DELAY_SECONDS) -> bool:
+    """A finite, non-negative number of seconds up to ``maximum`` (a bool is not a number here)."""
+    return (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            and 0 <= value <= maximum)
+
+
+def check_delay(value: float | timedelta, what: str = "delay") -> float:
+    """``value`` (seconds or a timedelta) as seconds; :class:`InvalidArgument` outside 0 .. a century."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if not is_seconds(seconds):
+        raise InvalidArgument(f"{what} must be a non-negative number of seconds up to {MAX_DELAY_SECONDS} "
+                              f"(100 years), got {value!r}")
+    return float(seconds)
+
+
+def check_when(when: datetime, what: str = "scheduled_for", now: datetime | None = None) -> datetime:
+    """``when`` if it is timezone-aware and within a century of now; else :class:`InvalidArgument`.
+
+    A date further out is a mistake (a unit mixed up, a year typed wrong), and near the year 9999 one
+    that the database cannot store or that a time-zone conversion for display overflows.
+    """
+    if not isinstance(when, datetime):
+        raise InvalidArgument(f"{what} must be a datetime, got {when!r}")
+    if timezone.is_naive(when):
+        raise InvalidArgument(f"{what} must be timezone-aware")
+    now = now or timezone.now()
+    span = timedelta(seconds=MAX_DELAY_SECONDS)
+    if not now - span <= when <= now + span:
+        raise InvalidArgument(f"{what} must be within 100 years of now, got {when.isoformat()}")
+    return when
+
+
+def retry_at_seconds(at: datetime) -> float:
+    """Seconds from now until ``at`` (0 if past), for ``Retry(at=...)``: refused beyond a century.
+
+    The worker records a retry as "due in so many seconds" by the database clock; this is where a
+    handler's absurd ``at`` is caught, in the handler's own attempt, not when the worker records it.
+    """
+    check_when(at, "Retry(at=...)")
+    return max(0.0, (at - timezone.now()).total_seconds())
+
+
+# ----- job type settings ------------------------------------------------------------------------------
+def unsafe_text(text: str) -> str | None:
+    """Why ``text`` may not name a job type (or appear in one log line), or None.
+
+    Control characters (newline, carriage return, escape, NUL, ...) and the Unicode line and paragraph
+    separators would let a name start a new line in the worker's log and forge entries there.
+    """
+    for char in text:
+        category = unicodedata.category(char)
+        if category == "Cc" or category in ("Zl", "Zp"):
+            return f"it contains the control character {char!r}"
+    return None
+
+
+def check_type_name(name: str) -> str:
+    """``name`` if it may name a job type; :class:`InvalidArgument` for control characters."""
+    why = unsafe_text(name) if isinstance(name, str) else None
+    if why:
+        raise InvalidArgument(f"a job type name may not contain control characters or line breaks: {why}")
+    return name
+
+
+def validate_type_name(value: str) -> None:
+    """Model validator for ``JobType.name`` (the admin form shows the message)."""
+    why = unsafe_text(value)
+    if why:
+        raise ValidationError("A job type name may not contain control characters or line breaks (%(why)s).",
+                              code="control_character", params={"why": why})
+
+
+@deconstructible
+class FiniteRange:
+    """Model validator: a finite number from ``minimum`` to ``maximum`` (NaN and infinity refused:
+    ``NaN < 0`` and ``NaN > max`` are both false, so Min/MaxValueValidator let NaN through)."""
+
+    def __init__(self, minimum: float, maximum: float) -> None:
+        self.minimum = minimum
+        self.maximum = maximum
+
+    def __call__(self, value: Any) -> None:
+        if value is None:
+            return
+        if not (isinstance(value, int | float) and math.isfinite(value) and self.minimum <= value <= self.maximum):
+            raise ValidationError("Enter a number from %(min)s to %(max)s.", code="out_of_range",
+                                  params={"min": self.minimum, "max": self.maximum})
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, FiniteRange) and (self.minimum, self.maximum) == (other.minimum, other.maximum)
+
+    def __hash__(self) -> int:
+        return hash((self.minimum, self.maximum))
+
+
+#: JobType field -> (smallest, largest) value it may hold (None: no bound of ours beyond the column's).
+TYPE_SETTING_BOUNDS: dict[str, tuple[float, float | None]] = {
+    "max_attempts": (MIN_ATTEMPTS, None),
+    "timeout_seconds": (MIN_TIMEOUT_SECONDS, None),
+    "lease_seconds": (MIN_LEASE_SECONDS, None),
+    "backoff_base_seconds": (0, MAX_BACKOFF_SECONDS),
+    "backoff_max_seconds": (0, MAX_BACKOFF_SECONDS),
+}
+
+
+def clamp_type_setting(type_name: str, field: str, value: Any) -> Any:
+    """A job type's stored ``field`` value brought within its bounds, with a warning if it was not.
+
+    For rows written before the bounds existed (or past them by hand): a lease of 0 would let two
+    workers run the same job, a backoff of 1e10 s would make every retry unrecordable. None (blank:
+    the ``SQLQUEUE`` default applies) and values within bounds are returned as they are.
+    """
+    if value is None or field not in TYPE_SETTING_BOUNDS:
+        return value
+    low, high = TYPE_SETTING_BOUNDS[field]
+    if isinstance(value, float) and math.isnan(value):
+        fixed: Any = None
+    elif value < low:
+        fixed = type(value)(low)
+    elif high is not None and value > high:
+        fixed = type(value)(high)
+    else:
+        return value
+    log.warning("job_type_setting_out_of_range type=%r field=%s stored=%r used=%r (bounds: %s..%s); "
+                "fix it in the admin", type_name, field, value, "the default" if fixed is None else fixed,
+                low, "" if high is None else high)
+    return fixed
+
+
+# ----- responses -----------------------------------------------------------------------------------------
+def response_too_large(text: str) -> str | None:
+    """Why a handler's response, serialised as ``text``, is refused for its size, or None.
+
+    Mirrors the payload limit: a response is stored in the job row and shown on the job page, so one
+    of many megabytes costs every read of the row and the page's memory many times its size.
+    """
+    from .conf import get_settings
+
+    limit = get_settings().MAX_RESPONSE_BYTES
+    size = len(text.encode("utf-8"))
+    if size > limit:
+        return f"it is {size} bytes; the limit is {limit} (SQLQUEUE['MAX_RESPONSE_BYTES'])"
+    return None
+
+
+def response_problem(value: Any) -> str | None:
+    """Why a handler's return value cannot be stored as the job's response, or None.
+
+    For the worker, before it records a success: JSON-serialisable values only (NaN, sets refused), no
+    NUL or lone surrogate (PostgreSQL cannot store them), and within ``MAX_RESPONSE_BYTES``.
+    """
+    import json
+
+    from .managers import unstorable
+
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        return f"it is not JSON-serialisable ({type(exc).__name__}: {exc})"
+    return unstorable(value) or response_too_large(text)
