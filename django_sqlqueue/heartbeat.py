@@ -24,7 +24,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from django.db import IntegrityError, connections, transaction
 from django.db.models import DateTimeField, F, Q
@@ -45,7 +45,8 @@ STOP_SHARE = 0.8
 RETRY_SECONDS = 1.0
 
 
-def register(name: str, using: str, incarnation: str = "") -> bool:
+def register(name: str, using: str, incarnation: str = "", queues: Sequence[str] = (),
+             types: Sequence[str] = ()) -> bool:
     """Take the worker row at start (host, pid, started now, heartbeat now, not stopped), if it is free.
 
     A claim treats Processing jobs held by its own name as its own leftovers and takes them back at
@@ -56,14 +57,15 @@ def register(name: str, using: str, incarnation: str = "") -> bool:
 
     The test and the write are one conditional UPDATE (or an INSERT that the unique name decides), so
     two workers starting at the same moment under one name cannot both get it. The row gets this
-    process's ``incarnation``: a process the name was taken from learns it at its next beat.
+    process's ``incarnation``: a process the name was taken from learns it at its next beat, and the
+    ``queues`` and ``types`` it serves (empty: all), for the admin.
     """
     from .models import Worker
 
     host, pid = socket.gethostname()[:200], os.getpid()
     now = db_now(using)
     values = {"host": host, "pid": pid, "started_at": now, "last_heartbeat": now, "stopped_at": None,
-              "incarnation": incarnation}
+              "incarnation": incarnation, "queues": list(queues), "types": list(types)}
     rows = Worker.objects.using(using)
     dead_after = get_settings().WORKER_DEAD_AFTER_SECONDS
     stale = RawSQL(get_dialect(connections[using]).now_plus("%s"), [-float(dead_after)],

@@ -257,6 +257,10 @@ class Worker(models.Model):
     #: it, so a process whose registration was taken over (it was paused past the dead-after time and
     #: a same-name worker started) learns it at its next beat and stops.
     incarnation = models.CharField(max_length=32, blank=True, default="", db_default="", editable=False)
+    #: The queues and job types it serves (empty: all), as given at start: the admin can tell which due
+    #: work no live worker will ever take.
+    queues = models.JSONField(default=list, blank=True, editable=False)
+    types = models.JSONField(default=list, blank=True, editable=False)
 
     class Meta:
         verbose_name = _("worker")

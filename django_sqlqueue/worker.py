@@ -130,7 +130,7 @@ class Worker:
                 signal.signal(signum, previous)
 
     def _run(self) -> int:
-        if self._db(register, self.name, self.using, self.incarnation) is None:
+        if self._db(register, self.name, self.using, self.incarnation, self.config.queues, self.config.types) is None:
             return EXIT_OK  # told to stop before the database was reachable
         self.heartbeat.start()  # its first beat at once: nothing is claimed before one gets through
         self._listener = wakeup.for_alias(self.using, self.settings.NOTIFY_CHANNEL, self.config.queues)

@@ -98,3 +98,13 @@ def test_a_second_worker_process_under_a_live_name_is_refused(worker_procs) -> N
     assert WorkerRow.objects.get(name="same/0").pid == pid
     job = Job.objects.enqueue("test.Noop")
     wu.wait_until(lambda: Job.objects.get(pk=job.pk).state == Status.COMPLETED, what="the first worker to run a job")
+
+
+def test_the_worker_row_records_what_it_serves() -> None:
+    """The admin tells due work nobody serves from work a live worker will take (issue 18)."""
+    assert register("serves/0", "default", "i1", queues=("emails", "reports"), types=("SendEmail",))
+    row = WorkerRow.objects.get(name="serves/0")
+    assert (row.queues, row.types, row.incarnation) == (["emails", "reports"], ["SendEmail"], "i1")
+    assert register("all/0", "default", "i2")
+    row = WorkerRow.objects.get(name="all/0")
+    assert (row.queues, row.types) == ([], [])

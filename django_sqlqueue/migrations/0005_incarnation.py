@@ -1,4 +1,6 @@
-"""Worker incarnations: each registration of a worker name gets a random id, stamped on the jobs it
+"""Worker incarnations, and what each worker serves.
+
+Incarnations: each registration of a worker name gets a random id, stamped on the jobs it
 claims, so that a paused process and its same-name replacement never take each other's jobs.
 
 On SQL Server the reclaim's "own leftovers" seek (``sqlqueue_job_processing_worker``) also covers the
@@ -47,6 +49,16 @@ class Migration(migrations.Migration):
             model_name='worker',
             name='incarnation',
             field=models.CharField(blank=True, db_default='', default='', editable=False, max_length=32),
+        ),
+        migrations.AddField(
+            model_name='worker',
+            name='queues',
+            field=models.JSONField(blank=True, default=list, editable=False),
+        ),
+        migrations.AddField(
+            model_name='worker',
+            name='types',
+            field=models.JSONField(blank=True, default=list, editable=False),
         ),
         migrations.RunPython(cover_incarnation, uncover_incarnation, elidable=False),
     ]
