@@ -116,6 +116,10 @@ def database_from_url(url: str) -> dict:
 
 
 DATABASES = {"default": database_from_url(os.environ.get("SQLQUEUE_DATABASE_URL", ""))}
+# SQLQUEUE_LISTEN_DATABASE_URL: a second alias, "listen", that workers LISTEN through
+# (SQLQUEUE["LISTEN_DATABASE"]): a direct connection while "default" goes through PgBouncer.
+if os.environ.get("SQLQUEUE_LISTEN_DATABASE_URL"):
+    DATABASES["listen"] = database_from_url(os.environ["SQLQUEUE_LISTEN_DATABASE_URL"])
 
 
 AUTH_PASSWORD_VALIDATORS: list = []
@@ -133,6 +137,7 @@ SQLQUEUE = {
     # Fast retries keep the demo and the tests short; production keeps the defaults.
     "BACKOFF_BASE_SECONDS": float(os.environ.get("SQLQUEUE_BACKOFF_BASE", "1")),
     "BACKOFF_MAX_SECONDS": 60.0,
+    **({"LISTEN_DATABASE": "listen"} if "listen" in DATABASES else {}),
 }
 
 LOGGING = {
