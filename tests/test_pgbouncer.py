@@ -125,8 +125,9 @@ def test_prepared_statements_through_pgbouncer_1_18_the_supervisor_survives(work
     w.signal(signal.SIGTERM)
     assert w.wait(60) == 0, w.output()
     assert "supervisor_db_error" not in w.stderr(), w.output()
-    # The queue is intact: the same worker name, configured as Django does by default, drains it.
+    # The queue is intact: the same worker name drains it with Django's default prepare_threshold (None),
+    # server-side binding still on (its unnamed statements are fine through any PgBouncer).
     again = worker_procs("--worker-name", "prepared", "--burst", "--concurrency", "2",
-                         env={"SQLQUEUE_DATABASE_URL": through(bouncer)})
+                         env={"SQLQUEUE_DATABASE_URL": through(bouncer, "server_side_binding=true")})
     assert again.wait(120) == 0, again.output()
     assert completed() == 20 and not Job.objects.exclude(status_id=Status.COMPLETED).exists()
