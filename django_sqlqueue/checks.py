@@ -32,6 +32,14 @@ def check_queue_database(app_configs: Any = None, **kwargs: Any) -> list[checks.
         errors.append(checks.Error(
             "django-sqlqueue needs USE_TZ = True: the claim compares columns with the database's UTC clock",
             id="sqlqueue.E004"))
+    if qs.LISTEN_DATABASE and qs.LISTEN_DATABASE not in settings.DATABASES:
+        errors.append(checks.Error(f"SQLQUEUE['LISTEN_DATABASE'] names {qs.LISTEN_DATABASE!r}, which is not in "
+                                   f"DATABASES", id="sqlqueue.E006"))
+    elif (qs.LISTEN_DATABASE and connection.vendor == "postgresql"
+          and connections[qs.LISTEN_DATABASE].vendor != "postgresql"):
+        errors.append(checks.Error(f"SQLQUEUE['LISTEN_DATABASE'] names {qs.LISTEN_DATABASE!r}, a "
+                                   f"{connections[qs.LISTEN_DATABASE].vendor} database: LISTEN needs PostgreSQL",
+                                   id="sqlqueue.E007"))
     if connection.vendor == "sqlite":
         import sqlite3
 

@@ -43,6 +43,9 @@ class QueueSettings:
     POLL_MAX_SECONDS: float = 2.0
     #: PostgreSQL only: wake idle workers with LISTEN/NOTIFY on this channel ("" turns it off).
     NOTIFY_CHANNEL: str = "sqlqueue"
+    #: PostgreSQL only: the database alias idle workers LISTEN through ("": DATABASE's). Set it to an
+    #: alias with a direct connection (or a session pool) when DATABASE goes through a transaction pooler.
+    LISTEN_DATABASE: str = ""
     #: ``--batch auto`` (the default): most jobs a slot claims at once, and the seconds a claimed batch
     #: may take before its unstarted jobs are handed back to other slots (see batching.py).
     BATCH_MAX: int = 50
@@ -115,6 +118,9 @@ def _build(user: Any) -> QueueSettings:
         if value > MAX_BACKOFF_SECONDS:
             raise SqlQueueConfigError(f"SQLQUEUE[{name!r}] must be at most {MAX_BACKOFF_SECONDS} seconds (a year), "
                                       f"got {value!r}")
+    if not isinstance(result.LISTEN_DATABASE, str):
+        raise SqlQueueConfigError(f"SQLQUEUE['LISTEN_DATABASE'] must be a database alias (a string), "
+                                  f"got {result.LISTEN_DATABASE!r}")
     if not isinstance(result.BATCH_MAX, int) or result.BATCH_MAX > 1000:
         raise SqlQueueConfigError(f"SQLQUEUE['BATCH_MAX'] must be an integer from 1 to 1000, got {result.BATCH_MAX!r}")
     return result

@@ -315,6 +315,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         dialect = get_dialect(connection)
         settings = get_settings()
         specs = list(specs)
+        if not specs:  # nothing to insert, nobody to wake (an INSERT of no rows is a syntax error)
+            return []
         rows: list[list[Any]] = []
         infos: dict[Any, jobtypes.TypeInfo] = {}  # one lookup per type name, not per job
         for spec in specs:

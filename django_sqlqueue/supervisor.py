@@ -22,6 +22,11 @@ jobs go back to Pending) and waits ``grace_seconds`` for them; slots still runni
 and their rows marked stopped, so other workers take their jobs at once. A second signal kills the
 slots at once and exits 1; their jobs are reclaimed later by lease (or at once by a worker of the
 same name).
+
+The supervisor's database work runs on a thread of its own (:mod:`django_sqlqueue.dbthread`): no
+database wait (a server that does not answer, a pooler's queue, a lock) delays a signal, a timeout kill
+or the grace period. After the slots are gone it waits at most ``CLEANUP_SECONDS`` for that work, and
+any database error there is logged, never fatal.
 """
 
 from __future__ import annotations
@@ -35,7 +40,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.db import Error as DatabaseError
+
 from . import signals
+from .dbthread import Call, DatabaseThread
 from .exceptions import IllegalTransition, JobNotFound, StaleJob
 from .slots import SlotChannel, slot_main
 from .states import Status
@@ -60,6 +68,11 @@ TICK_SECONDS = 0.1
 #: A slot that ran at least this long before dying restarts at once (a crash loop backs off).
 STABLE_SECONDS = 30.0
 MAX_RESTART_DELAY = 60.0
+#: Once the slots are gone, the most the supervisor waits for its database work (handing back jobs,
+#: stamping rows stopped) before it exits anyway: what is left is reclaimed by name or lease.
+CLEANUP_SECONDS = 5.0
+#: Connect timeout of the supervisor's connection, when the database's OPTIONS set none.
+CONNECT_TIMEOUT_SECONDS = 5.0
 
 
 @dataclass
@@ -76,6 +89,9 @@ class Slot:
     done: bool = False
     pid: int = 0  # of the current (or last) process
     incarnation: str = ""  # of the current (or last) process: stamped on every job it claimed
+    #: The database work after its last death (hand-back): the slot restarts only once it has finished,
+    #: so that work can never touch jobs the next incarnation claims.
+    cleanup: Call | None = None
 
 
 @dataclass
@@ -111,6 +127,7 @@ class Supervisor:
     _slots: list[Slot] = field(default_factory=list)
     _extra: list[int] = field(default_factory=lambda: [0] * N_COUNTERS)
     _exit_code: int = EXIT_OK
+    _reaping: Call | None = None
 
     def run(self) -> Summary:
         from django.db import connections
@@ -118,6 +135,7 @@ class Supervisor:
         from .conf import get_settings
 
         self._using = self.config.using or get_settings().DATABASE
+        self._db = DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS)
         started = time.monotonic()
         ctx = multiprocessing.get_context("spawn")
         self._ctx = ctx
@@ -153,6 +171,7 @@ class Supervisor:
                 if slot.proc is not None and slot.proc.is_alive():
                     slot.proc.kill()
                     slot.proc.join()
+            self._finish_db()
             for signum, previous in saved.items():
                 signal.signal(signum, previous)
             if bar is not None:
@@ -160,6 +179,14 @@ class Supervisor:
                 bar.close()
             connections.close_all()
         return self._summary(time.monotonic() - started)
+
+    def _finish_db(self) -> None:
+        """Give the database work still queued (hand-backs, stopped stamps) ``CLEANUP_SECONDS``, no more."""
+        left = self._db.close(CLEANUP_SECONDS)
+        if left:
+            log.warning("supervisor_cleanup_unfinished worker=%s calls=%s seconds=%s (the database did not "
+                        "answer in time: jobs not handed back are reclaimed by a worker of the same name at "
+                        "once, or by lease)", self.config.name, ",".join(c.name for c in left), CLEANUP_SECONDS)
 
     # ----- signals and stopping ------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -216,7 +243,7 @@ class Supervisor:
         if slot.proc is None:
             if self._stopping:
                 slot.done = True
-            elif now >= slot.restart_at:
+            elif now >= slot.restart_at and (slot.cleanup is None or slot.cleanup.finished):
                 self._start(slot, budget)
             return
         if slot.proc.is_alive():
@@ -287,45 +314,70 @@ class Supervisor:
         slot.proc = None
         return int(slot.channel.current[0])
 
-    # ----- database work (all tolerant of an unavailable database) ----------------------------------
-    def _mark_timed_out(self, slot: Slot, job_id: int, timeout: float) -> None:
+    # ----- database work: on the database thread, every error logged, none fatal --------------------
+    def _db_failed(self, event: str, exc: BaseException, *, quiet: bool = False, **fields: Any) -> None:
+        """Log a database error of the supervisor's, with a hint when it is a known setup mistake.
+
+        A WARNING, except with ``quiet`` for an unreachable database (the slots already say so).
+        """
+        from django.db import connections
+
+        from .dialects import dialect_class
+
+        hint = dialect_class(connections[self._using].vendor).error_hint(exc)
+        detail = "".join(f"{key}={value} " for key, value in fields.items())
+        level = logging.INFO if quiet and isinstance(exc, DB_DOWN_ERRORS) else logging.WARNING
+        log.log(level, "%s %serror=%s%s", event, detail, one_line(exc), f" hint: {hint}" if hint else "")
+        close_connection(self._using)
+
+    def _mark_timed_out(self, slot: Slot, job_id: int, timeout: float) -> Call:
+        return self._db.submit(f"mark_timed_out:{job_id}", self._mark_timed_out_now, slot.name, job_id, timeout)
+
+    def _mark_timed_out_now(self, name: str, job_id: int, timeout: float) -> None:
         from .models import Job
 
         try:
             job = Job.objects.get_for_update(job_id, using=self._using)
-            if job.state != Status.PROCESSING or job.worker != slot.name:
+            if job.state != Status.PROCESSING or job.worker != name:
                 return  # finished just before the kill, or already someone else's
-            new = Job.objects.fail(job, f"timed out after {int(timeout)} s (worker {slot.name} was killed)",
+            new = Job.objects.fail(job, f"timed out after {int(timeout)} s (worker {name} was killed)",
                                    using=self._using)
         except (StaleJob, IllegalTransition, JobNotFound):
             return
-        except DB_DOWN_ERRORS as exc:
-            log.warning("timeout_not_recorded job=%s error=%s (the job is reclaimed by lease)", job_id, one_line(exc))
-            close_connection(self._using)
+        except DatabaseError as exc:
+            self._db_failed("timeout_not_recorded", exc, job=job_id)  # reclaimed by lease
             return
         if new.state == Status.ERROR:
             self._extra[RETRIED] += 1
-            send(signals.job_retried, job=new, worker=slot.name, error=new.error, duration=timeout)
+            send(signals.job_retried, job=new, worker=name, error=new.error, duration=timeout)
         else:
             self._extra[FAILED] += 1
-            send(signals.job_failed, job=new, worker=slot.name, error=new.error, duration=timeout)
+            send(signals.job_failed, job=new, worker=name, error=new.error, duration=timeout)
 
-    def _after_death(self, slot: Slot, running: int, *, stopped: bool = False) -> None:
-        """A slot died: hand back its claimed-but-unstarted jobs; mark its row stopped if asked."""
+    def _after_death(self, slot: Slot, running: int, *, stopped: bool = False) -> Call:
+        """A slot died: hand back its claimed-but-unstarted jobs; mark its row stopped if asked.
+
+        Submitted to the database thread; the slot restarts only once this has finished.
+        """
+        # Its running job and the successes it had not recorded yet (batched, see recorder.py) were
+        # started: they stay Processing and are reclaimed as a new attempt, not handed back.
+        started = [running, *(slot.channel.unrecorded_ids() if slot.channel is not None else [])]
+        slot.cleanup = self._db.submit(f"after_death:{slot.name}", self._after_death_now, slot.name,
+                                       slot.incarnation, started, stopped)
+        return slot.cleanup
+
+    def _after_death_now(self, name: str, incarnation: str, started: list[int], stopped: bool) -> None:
         from django.db.models.expressions import RawSQL
 
         from .models import Job
         from .models import Worker as WorkerRow
 
         using = self._using
-        # Its running job and the successes it had not recorded yet (batched, see recorder.py) were
-        # started: they stay Processing and are reclaimed as a new attempt, not handed back.
-        started = [running, *(slot.channel.unrecorded_ids() if slot.channel is not None else [])]
         try:
             # Only jobs the dead PROCESS claimed (its incarnation): a job held under the same name since
             # an earlier process (a worker killed -9 and restarted under its name) may have run there;
             # it is reclaimed as a new attempt, never handed back.
-            mine = Job.objects.using(using).filter(worker=slot.name, incarnation=slot.incarnation,
+            mine = Job.objects.using(using).filter(worker=name, incarnation=incarnation,
                                                    status_id=Status.PROCESSING)
             for job in mine.exclude(pk__in=started):
                 try:
@@ -334,20 +386,22 @@ class Supervisor:
                     pass
             if stopped:
                 now: RawSQL = db_now(using)
-                WorkerRow.objects.using(using).filter(name=slot.name, incarnation=slot.incarnation).update(
-                    stopped_at=now)
-        except DB_DOWN_ERRORS as exc:
-            log.warning("slot_cleanup_skipped worker=%s error=%s", slot.name, one_line(exc))
-            close_connection(using)
+                WorkerRow.objects.using(using).filter(name=name, incarnation=incarnation).update(stopped_at=now)
+        except DatabaseError as exc:
+            self._db_failed("slot_cleanup_skipped", exc, worker=name)
 
     def _reap(self) -> None:
+        if self._reaping is not None and not self._reaping.finished:
+            return  # the last one still waits for the database: no pile-up
+        self._reaping = self._db.submit("reap", self._reap_now)
+
+    def _reap_now(self) -> None:
         from .models import Job
 
         try:
             n = Job.objects.reap(using=self._using)
-        except DB_DOWN_ERRORS as exc:
-            log.info("reap_skipped error=%s", one_line(exc))
-            close_connection(self._using)
+        except DatabaseError as exc:
+            self._db_failed("reap_skipped", exc, quiet=True)
             return
         if n:
             log.warning("reaped jobs=%s (lease expired with no attempts left: Failed)", n)
@@ -369,13 +423,19 @@ class Supervisor:
         from .models import Job
         from .states import CLAIMABLE
 
-        try:
+        counted: list[int] = []
+
+        def count() -> None:
             qs = Job.objects.using(self._using).filter(status_id__in=CLAIMABLE)
             if self.config.queues:
                 qs = qs.filter(queue__in=self.config.queues)
             if self.config.types:
                 qs = qs.filter(job_type__name__in=self.config.types)
-            total: int | None = qs.count()
-        except DB_DOWN_ERRORS:
-            total = None
+            try:
+                counted.append(qs.count())
+            except DatabaseError:
+                close_connection(self._using)
+
+        self._db.submit("count", count).wait(CLEANUP_SECONDS)  # a bar without a total rather than a wait
+        total = counted[0] if counted else None
         return tqdm(total=total, unit="job", file=sys.stderr, dynamic_ncols=True, leave=True)

@@ -6,6 +6,17 @@ Django's: a listening connection must stay in autocommit and outside any transac
 soon as a notification names one of its queues, instead of sleeping out its poll interval. Polling
 stays as the fallback: a lost notification costs at most ``POLL_MAX_SECONDS``.
 
+A LISTEN only works on a connection that stays one server session: through PgBouncer in transaction
+(or statement) mode it lands on whichever pooled server connection ran it and notifications go to
+whichever client holds that server connection next (a web process's psycopg keeps them in a backlog
+that never shrinks), never to the listener. So a listener proves itself when it connects: it LISTENs
+on a channel of its own, sends a notification to it through the queue's connection (the path an
+enqueue's notification takes), and only LISTENs on the real channel when that arrives within
+``CHECK_SECONDS``. Otherwise it logs a WARNING and the worker polls. A check channel is used once, so
+a LISTEN left behind on a pooled server connection by a failed check is never notified again.
+``SQLQUEUE["LISTEN_DATABASE"]`` names the database alias to LISTEN through (a direct connection or a
+session pool) when the queue's own alias goes through a transaction pooler.
+
 SQLite has no notifications, but every connection can ask, for nothing (no disk read, no lock), whether
 another connection committed since it last asked: ``PRAGMA data_version``. An idle slot asks every
 ``SqliteWatcher.interval`` seconds and claims as soon as something changed, instead of sleeping out a
@@ -15,11 +26,18 @@ poll interval that grows to ``POLL_MAX_SECONDS``. SQL Server workers poll.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 log = logging.getLogger("django_sqlqueue.worker")
+
+#: Seconds a listener waits for its own test notification before it decides LISTEN does not work
+#: here. A working connection gets it in milliseconds; only a broken setup waits this long (once).
+CHECK_SECONDS = 3.0
+#: Seconds a listener's connection attempt may take (when the alias's OPTIONS set no connect_timeout).
+CONNECT_TIMEOUT = 10
 
 
 class Waker(Protocol):
@@ -28,24 +46,72 @@ class Waker(Protocol):
     def close(self) -> None: ...
 
 
-def for_alias(using: str, channel: str, queues: Sequence[str] = ()) -> Waker | None:
+class ListenCheckFailed(Exception):
+    """The listener's own test notification did not arrive: LISTEN does not work through this connection."""
+
+
+def for_alias(using: str, channel: str, queues: Sequence[str] = (), *,
+              listen_using: str | None = None) -> Waker | None:
     """The wake-up source for Django database ``using``: LISTEN on PostgreSQL, data_version on SQLite."""
-    return PgListener.for_alias(using, channel, queues) or SqliteWatcher.for_alias(using)
+    return (PgListener.for_alias(using, channel, queues, listen_using=listen_using)
+            or SqliteWatcher.for_alias(using))
+
+
+def for_worker(using: str, queues: Sequence[str], stop: Callable[[], bool], worker: str = "") -> tuple[Waker | None, str]:
+    """The wake-up source a worker slot uses, checked, and its name for the ``worker_started`` line.
+
+    ``listen`` (LISTEN/NOTIFY, its test notification arrived), ``data_version`` (SQLite) or ``poll``:
+    no wake-ups (SQL Server, ``NOTIFY_CHANNEL = ""``, or LISTEN failed its check: logged as a WARNING).
+    A listener that could not connect at all stays in place and retries (and checks) later.
+    """
+    from .conf import get_settings
+
+    settings = get_settings()
+    waker = for_alias(using, settings.NOTIFY_CHANNEL, queues, listen_using=settings.LISTEN_DATABASE or None)
+    if isinstance(waker, PgListener):
+        waker.worker = worker
+        try:
+            waker.start(stop)
+        except ListenCheckFailed:
+            return None, "poll"
+        return waker, "listen" if waker.listening else "poll"
+    if waker is not None:
+        return waker, "data_version"
+    return None, "poll"
 
 
 class PgListener:
-    """LISTEN on one channel with a psycopg 3 connection of its own; reconnects lazily after errors."""
+    """LISTEN on one channel with a psycopg 3 connection of its own; reconnects lazily after errors.
 
-    def __init__(self, connection_params: dict[str, Any], channel: str, queues: Sequence[str] = ()) -> None:
+    ``params`` are the psycopg connection parameters of the alias LISTEN goes through; ``notify_using``
+    is the Django alias the test notification is sent through (the queue's, as enqueues send theirs).
+    """
+
+    def __init__(self, connection_params: dict[str, Any], channel: str, queues: Sequence[str] = (), *,
+                 notify_using: str | None = None, listen_using: str = "") -> None:
         self.params = connection_params
         self.channel = channel
         self.queues = set(queues)
+        self.notify_using = notify_using
+        self.listen_using = listen_using
+        self.worker = ""
+        #: A check failed: this connection path never delivers, so the listener only sleeps from now on.
+        self.disabled = False
         self._conn: Any = None
         self._broken_until = 0.0
 
+    @property
+    def listening(self) -> bool:
+        return self._conn is not None
+
     @classmethod
-    def for_alias(cls, using: str, channel: str, queues: Sequence[str] = ()) -> PgListener | None:
-        """A listener for Django database ``using``, or None when it is not PostgreSQL with psycopg 3."""
+    def for_alias(cls, using: str, channel: str, queues: Sequence[str] = (), *,
+                  listen_using: str | None = None) -> PgListener | None:
+        """A listener for Django database ``using``, or None when it is not PostgreSQL with psycopg 3.
+
+        It LISTENs through ``listen_using`` (default: ``using`` itself), which must be PostgreSQL.
+        """
+        from django.core.exceptions import ImproperlyConfigured
         from django.db import connections
 
         wrapper = connections[using]
@@ -55,29 +121,104 @@ class PgListener:
             import psycopg  # noqa: F401
         except ImportError:
             return None
-        params = dict(wrapper.get_connection_params())
+        listen_alias = listen_using or using
+        if listen_alias not in connections.settings:
+            raise ImproperlyConfigured(f"SQLQUEUE['LISTEN_DATABASE'] names {listen_alias!r}, which is not in DATABASES")
+        listen_wrapper = connections[listen_alias]
+        if listen_wrapper.vendor != "postgresql":
+            raise ImproperlyConfigured(f"SQLQUEUE['LISTEN_DATABASE'] names {listen_alias!r}, a "
+                                       f"{listen_wrapper.vendor} database: LISTEN needs PostgreSQL")
+        params = dict(listen_wrapper.get_connection_params())
         for key in ("cursor_factory", "context", "prepare_threshold", "server_side_binding"):
             params.pop(key, None)
-        return cls(params, channel, queues)
+        params.setdefault("connect_timeout", CONNECT_TIMEOUT)
+        return cls(params, channel, queues, notify_using=using, listen_using=listen_alias)
 
-    def _connect(self) -> Any:
+    def start(self, stop: Callable[[], bool]) -> None:
+        """Connect, check and LISTEN now (a worker's start), instead of at the first wait.
+
+        Raises :class:`ListenCheckFailed` (after logging a WARNING) when the test notification does
+        not arrive; a connection error is logged and retried at a later wait.
+        """
+        try:
+            self._conn = self._connect(stop)
+        except ListenCheckFailed:
+            raise
+        except Exception as exc:
+            self._give_up(exc)
+
+    def _connect(self, stop: Callable[[], bool] = lambda: False) -> Any:
         import psycopg
         from psycopg import sql
 
         conn = psycopg.connect(**self.params, autocommit=True)
-        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+        try:
+            if self.notify_using is not None:
+                self._check(conn, stop)
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+        except BaseException:
+            conn.close()
+            raise
         return conn
+
+    def _check(self, conn: Any, stop: Callable[[], bool]) -> None:
+        """Prove that a notification sent through the queue's connection reaches ``conn``."""
+        from psycopg import sql
+
+        check = f"sqlqueue_check_{secrets.token_hex(8)}"  # used once: see the module docstring
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(check)))
+        self._send_check(check)
+        started = time.monotonic()
+        end = started + CHECK_SECONDS
+        arrived = False
+        while not arrived and not stop() and time.monotonic() < end:
+            # (notifies() holds the connection until the loop ends: nothing else may run on it inside)
+            for note in conn.notifies(timeout=max(0.0, min(end - time.monotonic(), 0.25)), stop_after=1):
+                arrived = arrived or note.channel == check
+        if arrived:
+            conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(check)))
+            log.debug("listen_checked worker=%s listen_database=%s ms=%.1f", self.worker, self.listen_using,
+                      (time.monotonic() - started) * 1000)
+            return
+        if stop():  # stopping already: no verdict, no warning
+            raise ListenCheckFailed("stopping")
+        try:
+            conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(check)))
+        except Exception:
+            pass
+        self.disabled = True
+        log.warning(
+            "listen_check_failed worker=%s listen_database=%s channel=%s seconds=%s (a test notification sent "
+            "through database %r did not arrive on the LISTEN connection: polling instead, so pickup takes up "
+            "to POLL_MAX_SECONDS. Behind PgBouncer in transaction mode, LISTEN never receives: set "
+            "SQLQUEUE['LISTEN_DATABASE'] to an alias with a direct connection or a session pool, see "
+            "docs/pgbouncer.md)", self.worker, self.listen_using, self.channel, CHECK_SECONDS,
+            self.notify_using)
+        raise ListenCheckFailed(check)
+
+    def _send_check(self, check: str) -> None:
+        from django.db import connections
+
+        from .dialects import get_dialect
+
+        assert self.notify_using is not None
+        connection = connections[self.notify_using]
+        with connection.cursor() as cursor:  # delivered at commit: autocommit, or the caller's commit
+            cursor.execute(get_dialect(connection).notify_sql(), [check, "check"])
 
     def wait(self, seconds: float, stop: Callable[[], bool]) -> bool:
         """Wait up to ``seconds``; True as soon as a notification for our queues arrives.
 
         Returns early (False) when ``stop()`` becomes true. On a connection error it logs once, waits
-        without listening, and tries to listen again on a later call (after 30 s).
+        without listening, and tries to listen again on a later call (after 30 s). After a failed
+        check it only waits.
         """
         end = time.monotonic() + seconds
-        if self._conn is None and time.monotonic() >= self._broken_until:
+        if self._conn is None and not self.disabled and time.monotonic() >= self._broken_until:
             try:
-                self._conn = self._connect()
+                self._conn = self._connect(stop)
+            except ListenCheckFailed:
+                pass
             except Exception as exc:
                 self._give_up(exc)
         while not stop():

@@ -133,11 +133,10 @@ class Worker:
         if self._db(register, self.name, self.using, self.incarnation, self.config.queues, self.config.types) is None:
             return EXIT_OK  # told to stop before the database was reachable
         self.heartbeat.start()  # its first beat at once: nothing is claimed before one gets through
-        self._listener = wakeup.for_alias(self.using, self.settings.NOTIFY_CHANNEL, self.config.queues)
-        log.info("worker_started worker=%s pid=%s queues=%s types=%s batch=%s burst=%s", self.name, os.getpid(),
-                 ",".join(self.config.queues) or "*", ",".join(self.config.types) or "*",
-                 self.config.batch or f"auto(max {self.sizer.max_size})",
-                 self.config.burst)
+        self._listener, wake = wakeup.for_worker(self.using, self.config.queues, self.stop_requested, self.name)
+        log.info("worker_started worker=%s pid=%s queues=%s types=%s batch=%s burst=%s wakeup=%s", self.name,
+                 os.getpid(), ",".join(self.config.queues) or "*", ",".join(self.config.types) or "*",
+                 self.config.batch or f"auto(max {self.sizer.max_size})", self.config.burst, wake)
         try:
             self._loop()
         finally:

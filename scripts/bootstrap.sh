@@ -4,8 +4,9 @@
 #   scripts/bootstrap.sh [--minimal]
 #
 # 1. Debian packages, only the missing ones and only when root:
-#      postgresql (server binaries), unixodbc, libltdl7, chromium, and libossp-uuid16 where the
-#      Babelfish kit (../shared/babelfish, the tds test stage) is present
+#      postgresql (server binaries), pgbouncer (tests/test_pgbouncer.py, in the postgres stage;
+#      the package enables its own service where systemd runs), unixodbc, libltdl7, chromium, and
+#      libossp-uuid16 where the Babelfish kit (../shared/babelfish, the tds test stage) is present
 #    --minimal (or SQLQUEUE_BOOTSTRAP_MINIMAL=1) needs only unixodbc + libltdl7
 #    (enough for the demo).  SQLQUEUE_SKIP_APT=1 skips this step entirely.
 # 2. A repo-local .venv with Python >= 3.12, chosen from: $SQLQUEUE_PYTHON,
@@ -25,7 +26,7 @@ minimal=${SQLQUEUE_BOOTSTRAP_MINIMAL:-0}
 for arg in "$@"; do
     case "$arg" in
         --minimal) minimal=1 ;;
-        -h|--help) sed -n '2,14p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -h|--help) sed -n '2,15p' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "bootstrap: unknown argument: $arg" >&2; exit 2 ;;
     esac
 done
@@ -50,6 +51,7 @@ have_lib libodbc.so.2 || missing+=(unixodbc)
 have_lib libltdl.so.7 || missing+=(libltdl7)
 if [ "$minimal" != 1 ]; then
     compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || missing+=(postgresql)
+    command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
     # The Babelfish kit (tests' tds stage) links libossp-uuid.so.16 (its uuid-ossp extension).
     if [ -f "$ROOT/../shared/babelfish/start.sh" ] || [ -n "${SQLQUEUE_BABELFISH_KIT:-}" ]; then
         have_lib libossp-uuid.so.16 || missing+=(libossp-uuid16)

@@ -3,6 +3,8 @@
 # extra arguments, the core tests once more under PostgreSQL server-side binding), and the SQL Server
 # code path over TDS on Babelfish when ../shared/babelfish is there (the "tds" stage; see
 # tests/babelfish.py: not SQL Server, no locking semantics, so the tests that need them skip there).
+# The postgres stage also runs workers behind a real PgBouncer in transaction mode (tests/test_pgbouncer.py,
+# ~45 s; skipped with the reason when Debian's pgbouncer package is not installed).
 #
 #   scripts/test.sh [extra pytest args]     e.g. scripts/test.sh -x -k claim
 #

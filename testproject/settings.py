@@ -116,6 +116,10 @@ def database_from_url(url: str) -> dict:
 
 
 DATABASES = {"default": database_from_url(os.environ.get("SQLQUEUE_DATABASE_URL", ""))}
+# SQLQUEUE_LISTEN_DATABASE_URL: a second alias, "listen", that workers LISTEN through
+# (SQLQUEUE["LISTEN_DATABASE"]): a direct connection while "default" goes through PgBouncer.
+if os.environ.get("SQLQUEUE_LISTEN_DATABASE_URL"):
+    DATABASES["listen"] = database_from_url(os.environ["SQLQUEUE_LISTEN_DATABASE_URL"])
 
 
 AUTH_PASSWORD_VALIDATORS: list = []
@@ -137,6 +141,7 @@ SQLQUEUE = {
     **({"WORKER_DEAD_AFTER_SECONDS": float(os.environ["SQLQUEUE_TEST_DEAD_AFTER"]),
         "HEARTBEAT_SECONDS": float(os.environ.get("SQLQUEUE_TEST_HEARTBEAT", "0.2"))}
        if os.environ.get("SQLQUEUE_TEST_DEAD_AFTER") else {}),
+    **({"LISTEN_DATABASE": "listen"} if "listen" in DATABASES else {}),
 }
 
 LOGGING = {

@@ -114,3 +114,18 @@ def test_the_session_uses_the_binding_it_was_asked_for() -> None:
     with connection.cursor() as cursor:
         cursor_class = type(cursor.cursor).__name__
     assert (cursor_class == "ServerBindingCursor") is wanted, cursor_class
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("empty", [[], (), iter(())], ids=["list", "tuple", "iterator"])
+def test_enqueue_many_of_nothing_returns_nothing(empty) -> None:
+    """Nothing to insert is not an error (in autocommit it sent "INSERT ... VALUES RETURNING" and failed)."""
+    assert not connection.in_atomic_block  # the one-statement path first
+    before = Job.objects.count()
+    assert Job.objects.enqueue_many(empty) == []
+    from django.db import transaction
+
+    with transaction.atomic():  # the multi-statement path too: nothing inserted, the transaction still usable
+        assert Job.objects.enqueue_many([]) == []
+        assert Job.objects.count() == before
+    assert Job.objects.count() == before

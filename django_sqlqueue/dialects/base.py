@@ -575,6 +575,16 @@ class Dialect:
         """True for transient conflicts the caller should simply retry (deadlock victim, lock timeout)."""
         return False
 
+    @staticmethod
+    def error_hint(exc: BaseException) -> str:
+        """A sentence for the log that says what to change when ``exc`` comes from a known setup mistake."""
+        return ""
+
+    @classmethod
+    def connect_timeout_options(cls, seconds: float) -> dict[str, Any]:
+        """Backend OPTIONS that bound a connection attempt to about ``seconds`` ({}: nothing to bound)."""
+        return {}
+
     def listen(self, channel: str) -> None:  # pragma: no cover - overridden where supported
         raise NotImplementedError
 

@@ -419,6 +419,10 @@ class MssqlDialect(Dialect):
             return SQL_TYPE_TIMESTAMP, 27, 7
         raise TypeError(f"no SQL Server parameter type is declared for {type(value).__name__} values")
 
+    @classmethod
+    def connect_timeout_options(cls, seconds: float) -> dict[str, Any]:
+        return {"connection_timeout": max(1, round(seconds))}  # mssql-django: the driver's login timeout
+
     # ----- errors ---------------------------------------------------------------------------------
     def is_retryable_error(self, exc: BaseException) -> bool:
         """Deadlock victim (1205), lock timeout (1222), snapshot update conflict (3960): safe to rerun.

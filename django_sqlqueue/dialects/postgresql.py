@@ -203,5 +203,20 @@ class PostgresDialect(Dialect):
         code = getattr(getattr(exc, "__cause__", None), "sqlstate", None) or getattr(exc, "sqlstate", None)
         return code in {"40P01", "40001", "55P03"}
 
+    @staticmethod
+    def error_hint(exc: BaseException) -> str:
+        # 42P05 duplicate_prepared_statement, 26000 invalid_sql_statement_name: psycopg's prepared
+        # statements (_pg3_N) on a server connection that a transaction pooler shares between clients.
+        code = getattr(getattr(exc, "__cause__", None), "sqlstate", None) or getattr(exc, "sqlstate", None)
+        if code in {"42P05", "26000"}:
+            return ("prepared statements through a transaction pooler: remove prepare_threshold from the "
+                    "database's OPTIONS (Django's default, None, prepares nothing), or use PgBouncer >= 1.21 "
+                    "with max_prepared_statements set; see docs/pgbouncer.md")
+        return ""
+
+    @classmethod
+    def connect_timeout_options(cls, seconds: float) -> dict[str, Any]:
+        return {"connect_timeout": max(2, round(seconds))}  # libpq: whole seconds, 2 at least
+
     def notify_sql(self) -> str | None:
         return "SELECT pg_notify(%s, %s)"

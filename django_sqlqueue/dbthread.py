@@ -1,0 +1,121 @@
+"""The supervisor's database work, on a thread of its own, so that no database wait holds up its loop.
+
+The supervisor's loop watches the slots, kills a slot whose job overruns its timeout and acts on
+SIGTERM within the grace period. Its database work (reaping, handing back a dead slot's jobs,
+recording a timeout, stamping stopped rows) used to run in that loop, so one database wait held all
+of that up: a connect to a server that accepts TCP but never answers, a pooler's queue (PgBouncer's
+``query_wait_timeout`` is 120 s), a lock wait. Behind a saturated session pool a SIGTERM took ~85 s
+while systemd kills at 45.
+
+Here each piece of work is a :class:`Call`, run in order on one thread with one connection (the
+supervisor's one connection, as before); the loop submits calls and only looks at whether they have
+finished. That connection gets a connect timeout when the alias's OPTIONS set none, so a hung connect
+ends on its own. A call never raises into the loop: an exception is logged and the thread goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger("django_sqlqueue.supervisor")
+
+
+class Call:
+    """One piece of database work submitted to a :class:`DatabaseThread`."""
+
+    def __init__(self, name: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.name = name
+        self.fn = fn
+        self.args = args
+        self._done = threading.Event()
+
+    @property
+    def finished(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds; True when the call has finished (whatever its outcome)."""
+        return self._done.wait(max(0.0, timeout))
+
+    def run(self) -> None:
+        try:
+            self.fn(*self.args)
+        except Exception:  # the functions log the database errors they expect; this is for the rest
+            log.exception("supervisor_db_error call=%s", self.name)
+        finally:
+            self._done.set()
+
+
+class DatabaseThread:
+    """Runs :class:`Call` s one after another on a daemon thread with its own database connection."""
+
+    def __init__(self, using: str, connect_timeout: float) -> None:
+        self.using = using
+        self.connect_timeout = connect_timeout
+        self._queue: queue.Queue[Call | None] = queue.Queue()
+        self._pending: list[Call] = []
+        self._thread: threading.Thread | None = None
+
+    def submit(self, name: str, fn: Callable[..., Any], *args: Any) -> Call:
+        call = Call(name, fn, args)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="sqlqueue-supervisor-db", daemon=True)
+            self._thread.start()
+        self._pending = [c for c in self._pending if not c.finished] + [call]
+        self._queue.put(call)
+        return call
+
+    def pending(self) -> list[Call]:
+        """Calls submitted and not finished yet (the one running first)."""
+        self._pending = [c for c in self._pending if not c.finished]
+        return list(self._pending)
+
+    def close(self, timeout: float) -> list[Call]:
+        """Let the submitted calls finish for up to ``timeout`` seconds; return those that did not.
+
+        The thread is a daemon: a call still waiting on the database does not keep the process alive.
+        """
+        if self._thread is None:
+            return []
+        self._queue.put(None)
+        self._thread.join(max(0.0, timeout))
+        return self.pending()
+
+    # ----- the thread ------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        from django.db import connections
+
+        try:
+            self._bound_connect()
+            while True:
+                call = self._queue.get()
+                if call is None:
+                    return
+                started = time.monotonic()
+                call.run()
+                log.debug("supervisor_db call=%s seconds=%.3f", call.name, time.monotonic() - started)
+        finally:
+            connections.close_all()  # this thread's connections only
+
+    def _bound_connect(self) -> None:
+        """Give this thread's connection a connect timeout when the alias's OPTIONS set none.
+
+        A wrapper of its own for this thread (Django keeps one per thread), from a copy of the alias's
+        settings: the slots and the rest of the process keep theirs as configured.
+        """
+        from django.db import connections
+
+        from .dialects import dialect_class
+
+        base = connections[self.using]
+        extra = dialect_class(base.vendor).connect_timeout_options(self.connect_timeout)
+        options = base.settings_dict.get("OPTIONS") or {}
+        missing = {key: value for key, value in extra.items() if key not in options}
+        if missing:
+            settings = {**base.settings_dict, "OPTIONS": {**options, **missing}}
+            connections[self.using] = type(base)(settings, self.using)

@@ -1,0 +1,108 @@
+"""Worker wake-ups in real worker processes: the LISTEN check at start, its fallback, the LISTEN alias.
+
+A LISTEN that cannot receive (through PgBouncer in transaction mode; here: a LISTEN alias on another
+database of the same server, so the check notification sent through the queue's alias never reaches
+it) must be noticed at start, logged as a WARNING, and replaced by polling; a LISTEN alias that
+works must carry the LISTEN. tests/test_pgbouncer.py does the same through a real PgBouncer.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+
+import pytest
+from django.db import connection
+
+from django_sqlqueue.models import Job
+from django_sqlqueue.states import Status
+from tests import workerutil as wu
+from tests.procutil import database_url
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+worker_procs = wu.worker_procs
+
+OTHER_DB = "sqlqueue_listen_elsewhere"
+
+
+def started_line(w: wu.WorkerProcess) -> str:
+    """The slot's ``worker_started`` log line (waits for it)."""
+    return wu.wait_until(lambda: next((line for line in w.stderr().splitlines() if "worker_started" in line), None),
+                         60, what=f"worker_started\n{w.output()}")
+
+
+def state(job: Job) -> Status:
+    return Job.objects.get(pk=job.pk).state
+
+
+def test_worker_started_says_how_it_wakes(worker_procs) -> None:
+    w = worker_procs("--worker-name", "wake")
+    line = started_line(w)
+    expected = {"postgresql": "listen", "sqlite": "data_version", "microsoft": "poll"}[connection.vendor]
+    assert re.search(rf"\bwakeup={expected}\b", line), line
+    assert "listen_check_failed" not in w.stderr()
+    job = Job.objects.enqueue("test.Noop")
+    wu.wait_until(lambda: state(job) == Status.COMPLETED, 30, what="the job to complete")
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()
+
+
+@pytest.fixture
+def other_database(pg_cluster):
+    """A second database on the test server: notifications sent in one never reach the other."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP DATABASE IF EXISTS {OTHER_DB}")
+        cursor.execute(f"CREATE DATABASE {OTHER_DB}")
+    settings = dict(connection.settings_dict, NAME=OTHER_DB)
+    yield database_url(settings)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP DATABASE IF EXISTS {OTHER_DB} WITH (FORCE)")
+
+
+def test_a_listen_that_never_receives_falls_back_to_polling_with_a_warning(worker_procs, other_database) -> None:
+    w = worker_procs("--worker-name", "deaf", env={"SQLQUEUE_LISTEN_DATABASE_URL": other_database})
+    line = started_line(w)
+    assert re.search(r"\bwakeup=poll\b", line), line
+    warning = next(line for line in w.stderr().splitlines() if "listen_check_failed" in line)
+    assert " WARNING " in warning and "listen_database=listen" in warning and "LISTEN_DATABASE" in warning
+    # Polling still picks work up.
+    job = Job.objects.enqueue("test.Noop")
+    wu.wait_until(lambda: state(job) == Status.COMPLETED, 30, what="the job to complete by polling")
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()
+    assert "listen_unavailable" not in w.stderr()
+
+
+def test_listen_goes_through_the_listen_database_alias(worker_procs, pg_cluster) -> None:
+    listen_url = database_url(connection.settings_dict) + "?application_name=sqlqueue-listen-alias"
+    w = worker_procs("--worker-name", "alias", "--concurrency", "2",
+                     env={"SQLQUEUE_LISTEN_DATABASE_URL": listen_url})
+    wu.wait_until(lambda: w.stderr().count("worker_started") == 2, 60, what=f"two slots to start\n{w.output()}")
+    assert w.stderr().count("wakeup=listen") == 2, w.output()
+
+    def listeners() -> list[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT query FROM pg_stat_activity WHERE application_name = %s",
+                           ["sqlqueue-listen-alias"])
+            return [row[0] for row in cursor.fetchall()]
+
+    # One session per slot on the alias, its last statement the LISTEN; nothing else uses the alias.
+    got = wu.wait_until(lambda: (lambda q: q if len(q) == 2 else None)(listeners()), 30, what="two listeners")
+    assert all(q.startswith("LISTEN ") for q in got), got
+    job = Job.objects.enqueue("test.Noop")
+    wu.wait_until(lambda: state(job) == Status.COMPLETED, 30, what="the job to complete")
+    w.signal(signal.SIGTERM)
+    assert w.wait(30) == 0, w.output()
+
+
+def test_the_listen_alias_must_exist() -> None:
+    from django.test import override_settings
+
+    from django_sqlqueue.checks import check_queue_database
+
+    with override_settings(SQLQUEUE={"LISTEN_DATABASE": "nowhere"}):
+        assert [e.id for e in check_queue_database()] == ["sqlqueue.E006"]
+    with override_settings(SQLQUEUE={"LISTEN_DATABASE": 5}):
+        assert [e.id for e in check_queue_database()] == ["sqlqueue.E001"]
+    with override_settings(SQLQUEUE={"LISTEN_DATABASE": "default"}):
+        assert check_queue_database() == []
