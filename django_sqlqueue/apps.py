@@ -31,7 +31,19 @@ class SqlQueueConfig(AppConfig):
         post_migrate.connect(_sync_types, sender=self, dispatch_uid="sqlqueue-sync-types")
 
 
-def _sync_types(sender: Any, using: str = "default", **kwargs: Any) -> None:
-    from .handlers import sync_job_types
+def _sync_types(sender: Any, using: str = "default", verbosity: int = 1, **kwargs: Any) -> None:
+    """After migrate: job type rows take the handlers' options (see handlers.sync_job_types)."""
+    import sys
 
-    sync_job_types(using=using)
+    from django.db import connections
+
+    from .handlers import describe_overrides, sync_job_types
+    from .models import JobType
+
+    if JobType._meta.db_table not in connections[using].introspection.table_names():
+        return  # migrated back to zero, or the queue's tables live in another database
+    report = sync_job_types(using=using)
+    if verbosity:
+        out = kwargs.get("stdout") or sys.stdout
+        for line in describe_overrides(report):
+            out.write(f"  django_sqlqueue: {line}\n")

@@ -40,3 +40,45 @@ def check_queue_database(app_configs: Any = None, **kwargs: Any) -> list[checks.
                 f"SQLite {sqlite3.sqlite_version} is too old: the claim needs UPDATE ... RETURNING (3.35+)",
                 id="sqlqueue.E005"))
     return errors
+
+
+@checks.register(checks.Tags.database)
+def check_job_types_follow_code(app_configs: Any = None, databases: Any = None,
+                                **kwargs: Any) -> list[checks.CheckMessage]:
+    """Where a job type's row disagrees with its handler's options (``check --database default``).
+
+    W010: an operator changed the setting on the row; the row wins. W011: the code changed and the
+    row has not caught up yet (``migrate`` or a worker's start writes it).
+    """
+    from django.db import DatabaseError
+
+    from .handlers import compare, registry
+    from .models import JobType
+
+    try:
+        alias = get_settings().DATABASE
+    except SqlQueueConfigError:
+        return []  # reported by check_queue_database
+    if not databases or alias not in databases:
+        return []
+    handlers = {h.name: h for h in registry.all()}
+    try:
+        rows = list(JobType.objects.using(alias).filter(name__in=list(handlers)))
+    except DatabaseError:  # not migrated yet: migrate creates the rows from the code
+        return []
+    messages: list[checks.CheckMessage] = []
+    for row in rows:
+        options = {k: v for k, v in handlers[row.name].options.items() if v is not None}
+        drift = compare(row, options)
+        for key, (value, code) in drift.operator.items():
+            messages.append(checks.Warning(
+                f"job type {row.name!r}: {key} is {value!r} on its row, the handler says {code!r}; the row wins",
+                hint="An operator changed it (admin, job types). Blank the field there to follow the code again.",
+                obj=row.name, id="sqlqueue.W010"))
+        for key, code in drift.follow.items():
+            messages.append(checks.Warning(
+                f"job type {row.name!r}: the handler says {key}={code!r}, its row still has "
+                f"{getattr(row, key)!r}",
+                hint="Run manage.py migrate (or start a worker): either writes the code's value to the row.",
+                obj=row.name, id="sqlqueue.W011"))
+    return messages

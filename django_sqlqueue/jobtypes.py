@@ -98,9 +98,14 @@ def get_type(name: str, *, using: str, create: bool = False) -> TypeInfo:
                 f"unknown job type {name!r}: register a handler for it (django_sqlqueue.handler) "
                 f"or create the JobType row"
             )
+        from .handlers import registry
+
+        # Whoever creates the row (an enqueue before migrate's sync, a worker, a task's first use), it
+        # takes the code's options: a max_attempts=1 in the handler must hold for the very first job.
+        options = registry.options_for(name) or {}
         try:
             with transaction.atomic(using=using):
-                row = JobType.objects.using(using).create(name=name)
+                row = JobType.objects.using(using).create(name=name, **options, code_options=options)
         except IntegrityError:  # another process created it first
             row = JobType.objects.using(using).get(name=name)
     return _remember(using, _info(row))

@@ -48,6 +48,10 @@ class JobType(models.Model):
     timeout_seconds = models.PositiveIntegerField(null=True, blank=True)
     lease_seconds = models.PositiveIntegerField(null=True, blank=True)
     paused = models.BooleanField(default=False, help_text=_("Workers do not claim jobs of a paused type."))
+    #: The handler's options as the code last wrote them to this row. A setting still equal to its value
+    #: here follows the code when the code changes; one that differs was changed by an operator and is
+    #: kept (see handlers.sync_job_types).
+    code_options = models.JSONField(default=dict, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

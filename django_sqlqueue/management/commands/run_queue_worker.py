@@ -73,6 +73,7 @@ class Command(BaseCommand):
             raise CommandError("; ".join(f"{e.id}: {e.msg}" for e in errors))
         config, supervisor = self.build(options)
         configure_logging(options["log_level"])
+        self.sync_types(config)
         self.check_types(config)
         summary = supervisor.run()
         self.stdout.write(summary.line())
@@ -116,6 +117,18 @@ class Command(BaseCommand):
                                 max_seconds=o["max_seconds"], log_level=o["log_level"],
                                 progress=not o["no_progress"])
         return config, supervisor
+
+    def sync_types(self, config: WorkerConfig) -> None:
+        """The handlers' options reach their job type rows (as after migrate): this worker runs this code."""
+        from django_sqlqueue.handlers import describe_overrides, sync_job_types
+
+        try:
+            report = sync_job_types(using=config.using or "default")
+        except DatabaseError as exc:  # the database is down: the slots wait for it
+            self.stderr.write(f"could not sync job types now ({exc}); continuing")
+            return
+        for line in describe_overrides(report):
+            self.stderr.write(line)
 
     def check_types(self, config: WorkerConfig) -> None:
         """Refuse a --type nobody knows; create the row of a registered handler's type if missing."""
