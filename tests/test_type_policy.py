@@ -107,3 +107,15 @@ def test_handler_options_are_checked_when_declared() -> None:
         with pytest.raises(InvalidArgument, match="handler option"):
             registry.register("policy.Bad", lambda job: None, **bad)
     assert "policy.Bad" not in {h.name for h in registry.all()}
+
+
+def test_the_admin_shows_where_a_row_and_its_handler_disagree(charge_card, admin_client) -> None:
+    from django.urls import reverse
+
+    sync_job_types()
+    JobType.objects.filter(name=NAME).update(max_attempts=5)  # an operator's change
+    row = JobType.objects.get(name=NAME)
+    html = admin_client.get(reverse("admin:django_sqlqueue_jobtype_changelist")).content.decode()
+    assert "max_attempts: 5 (code: 1)" in html
+    html = admin_client.get(reverse("admin:django_sqlqueue_jobtype_change", args=[row.pk])).content.decode()
+    assert "changed by an operator" in html
