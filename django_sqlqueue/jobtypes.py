@@ -1,7 +1,7 @@
 """Job-type lookup with a short-lived cache, so the hot path does not query settings per job.
 
 The cache maps a type name to a frozen snapshot of its row plus the effective settings (the row's
-value, else the ``SQLQUEUE`` default). It expires after ``TYPE_CACHE_SECONDS`` and is cleared at once
+value, else the ``SQLQUEUE`` default). Only committed rows are cached (see :func:`_remember`). It expires after ``TYPE_CACHE_SECONDS`` and is cleared at once
 when a ``JobType`` is saved in this process (the admin), so an operator's change reaches every worker
 within that many seconds.
 """
@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 
 from .conf import get_settings
 from .exceptions import InvalidArgument, UnknownJobType
@@ -61,11 +61,25 @@ def _info(row: object) -> TypeInfo:
 
 
 def _remember(using: str, info: TypeInfo) -> TypeInfo:
+    """Cache ``info``, but only once what it was read from is committed.
+
+    Inside a transaction the row may be one this transaction created (an enqueue's first use of a
+    type): if it rolls back, the id is void, and SQLite hands it to the next type another process
+    creates, so a cached id would file later jobs under the wrong type. So a row read inside
+    ``atomic()`` is cached when that transaction commits, and forgotten if it rolls back.
+    """
+    if connections[using].in_atomic_block:
+        transaction.on_commit(lambda: _store(using, info), using=using)
+    else:
+        _store(using, info)
+    return info
+
+
+def _store(using: str, info: TypeInfo) -> None:
     now = time.monotonic()
     with _lock:
         _by_name[(using, info.name)] = (now, info)
         _by_id[(using, info.id)] = (now, info)
-    return info
 
 
 def _fresh(entry: tuple[float, TypeInfo] | None) -> TypeInfo | None:
