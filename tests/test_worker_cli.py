@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -65,3 +66,14 @@ def test_command_line_exit_code_and_help(tmp_path) -> None:
     for option in ("--queue", "--type", "--concurrency", "--batch", "--burst", "--until-empty", "--wait-due",
                    "--max-jobs", "--max-seconds", "--worker-name", "--grace-seconds", "--log-level", "--no-progress"):
         assert option in usage.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_started_before_migrate_says_run_migrate(tmp_path) -> None:
+    """Issue 20 item 4: it looped forever on SQLite ("no such table") and dumped tracebacks on PostgreSQL."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "testproject.settings",
+           "SQLQUEUE_DATABASE_URL": f"sqlite:///{tmp_path}/fresh.sqlite3"}
+    done = subprocess.run([sys.executable, str(REPO / "manage.py"), "run_queue_worker", "--burst"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 1, done.stderr
+    assert "run manage.py migrate" in done.stderr and "Traceback" not in done.stderr

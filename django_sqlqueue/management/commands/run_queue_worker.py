@@ -72,6 +72,7 @@ class Command(BaseCommand):
         if errors:
             raise CommandError("; ".join(f"{e.id}: {e.msg}" for e in errors))
         config, supervisor = self.build(options)
+        self.check_migrated(config.using or "default")
         configure_logging(options["log_level"])
         self.sync_types(config)
         self.check_types(config)
@@ -117,6 +118,29 @@ class Command(BaseCommand):
                                 max_seconds=o["max_seconds"], log_level=o["log_level"],
                                 progress=not o["no_progress"])
         return config, supervisor
+
+    def check_migrated(self, using: str) -> None:
+        """Refuse to start on a database whose queue tables are missing or behind the code.
+
+        Without this a worker started before ``migrate`` retried "no such table" forever (SQLite) or
+        crashed its slots with tracebacks (PostgreSQL). A database that cannot be reached is not
+        refused: the slots wait for it, as they wait through any outage.
+        """
+        from django.db import connections
+        from django.db.migrations.loader import MigrationLoader
+
+        try:
+            loader = MigrationLoader(connections[using], ignore_no_migrations=True)
+            applied = set(loader.applied_migrations)
+        except DatabaseError as exc:
+            self.stderr.write(f"could not check the migrations now ({exc}); continuing")
+            return
+        missing = sorted(key[1] for key in loader.disk_migrations
+                         if key[0] == "django_sqlqueue" and key not in applied)
+        if missing:
+            raise CommandError(
+                f"the queue's tables in database {using!r} are not migrated (django_sqlqueue "
+                f"{', '.join(missing)} not applied): run manage.py migrate")
 
     def sync_types(self, config: WorkerConfig) -> None:
         """The handlers' options reach their job type rows (as after migrate): this worker runs this code."""
