@@ -78,6 +78,8 @@ class Command(BaseCommand):
         self.check_types(config)
         summary = supervisor.run()
         self.stdout.write(summary.line())
+        if config.burst:
+            self.report_not_due(config)
         if summary.exit_code:
             raise CommandError("a worker slot stopped on a fatal error (see the log above)",
                                returncode=summary.exit_code)
@@ -118,6 +120,35 @@ class Command(BaseCommand):
                                 max_seconds=o["max_seconds"], log_level=o["log_level"],
                                 progress=not o["no_progress"])
         return config, supervisor
+
+    def report_not_due(self, config: WorkerConfig) -> None:
+        """After a burst: the jobs it left because they are not due yet, and when the next one is.
+
+        A burst drains what is due; a job enqueued with ``delay=`` a moment ago is not, and a bare
+        ``processed=0`` reads as "the queue does not work".
+        """
+        from django.db.models import Count, Min
+        from django.utils import timezone
+
+        from django_sqlqueue.models import Job
+        from django_sqlqueue.states import CLAIMABLE
+
+        now = timezone.now()
+        jobs = Job.objects.using(config.using or "default").filter(status_id__in=CLAIMABLE, scheduled_for__gt=now)
+        if config.queues:
+            jobs = jobs.filter(queue__in=config.queues)
+        if config.types:
+            jobs = jobs.filter(job_type__name__in=config.types)
+        try:
+            found = jobs.order_by().aggregate(n=Count("id"), next=Min("scheduled_for"))
+        except DatabaseError:
+            return
+        if found["n"]:
+            self.stdout.write(
+                f"{found['n']} job{'s' if found['n'] != 1 else ''} of this worker's queues and types "
+                f"{'are' if found['n'] != 1 else 'is'} not due yet; the next is due at "
+                f"{found['next'].isoformat(timespec='seconds')} (in {(found['next'] - now).total_seconds():.0f} s). "
+                f"--wait-due SECONDS keeps a burst worker for jobs due within SECONDS.")
 
     def check_migrated(self, using: str) -> None:
         """Refuse to start on a database whose queue tables are missing or behind the code.
