@@ -28,6 +28,7 @@ class TypeInfo:
     timeout_seconds: int
     lease_seconds: int
     paused: bool
+    is_task: bool = False
 
 
 _lock = threading.Lock()
@@ -57,6 +58,7 @@ def _info(row: object) -> TypeInfo:
         timeout_seconds=int(pick(row.timeout_seconds, s.TIMEOUT_SECONDS)),  # type: ignore[attr-defined]
         lease_seconds=int(pick(row.lease_seconds, s.LEASE_SECONDS)),  # type: ignore[attr-defined]
         paused=bool(row.paused),  # type: ignore[attr-defined]
+        is_task=bool(row.is_task),  # type: ignore[attr-defined]
     )
 
 
@@ -94,18 +96,23 @@ def validate_name(name: object) -> str:
     return name
 
 
-def get_type(name: str, *, using: str, create: bool = False) -> TypeInfo:
+def get_type(name: str, *, using: str, create: bool = False, task: bool = False) -> TypeInfo:
     """The type called ``name``; create its row when ``create`` (a registered handler or task).
 
+    ``task``: the Tasks backend is enqueueing a real ``@task`` under this name, so the row is flagged
+    ``is_task`` (a worker may import the name even outside installed apps; see task_runner.may_import).
     Raises :class:`UnknownJobType` for a name with no row that may not be created.
     """
     from .models import JobType
 
     validate_name(name)
     hit = _fresh(_by_name.get((using, name)))
-    if hit is not None:
+    if hit is not None and (hit.is_task or not task):
         return hit
     row = JobType.objects.using(using).filter(name=name).first()
+    if row is not None and task and not row.is_task:
+        JobType.objects.using(using).filter(pk=row.pk).update(is_task=True)
+        row.is_task = True
     if row is None:
         if not create:
             raise UnknownJobType(
@@ -119,7 +126,7 @@ def get_type(name: str, *, using: str, create: bool = False) -> TypeInfo:
         options = registry.options_for(name) or {}
         try:
             with transaction.atomic(using=using):
-                row = JobType.objects.using(using).create(name=name, **options, code_options=options)
+                row = JobType.objects.using(using).create(name=name, **options, code_options=options, is_task=task)
         except IntegrityError:  # another process created it first
             row = JobType.objects.using(using).get(name=name)
     return _remember(using, _info(row))

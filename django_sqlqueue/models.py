@@ -52,6 +52,9 @@ class JobType(models.Model):
     #: here follows the code when the code changes; one that differs was changed by an operator and is
     #: kept (see handlers.sync_job_types).
     code_options = models.JSONField(default=dict, blank=True, editable=False)
+    #: Created (or first used) by the Tasks backend for a real ``@task``: a worker may import the name.
+    #: A dotted name not flagged so is imported only from an installed app (task_runner.may_import).
+    is_task = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

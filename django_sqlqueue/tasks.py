@@ -169,7 +169,7 @@ class SqlQueueBackend(BaseTaskBackend):
         }
         using = get_settings().DATABASE
         # The task's type row is created on first use, so an operator can tune it per task.
-        jobtypes.get_type(task.module_path, using=using, create=True)
+        jobtypes.get_type(task.module_path, using=using, create=True, task=True)
         job = Job.objects.enqueue(
             task.module_path,
             payload,
