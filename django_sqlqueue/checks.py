@@ -45,6 +45,25 @@ def check_queue_database(app_configs: Any = None, **kwargs: Any) -> list[checks.
     return errors
 
 
+@checks.register(checks.Tags.admin)
+def check_admin_dependencies(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The job list's filters render with django-admin-list-filter-dropdown's templates.
+
+    The package is a dependency of django-sqlqueue; its app must be installed wherever the admin is,
+    or the job list fails with TemplateDoesNotExist.
+    """
+    from django.apps import apps
+
+    if apps.is_installed("django.contrib.admin") and not apps.is_installed("django_admin_listfilter_dropdown"):
+        return [checks.Error(
+            "django_sqlqueue's admin needs 'django_admin_listfilter_dropdown' in INSTALLED_APPS "
+            "(the job list's filters use its templates)",
+            hint="Add 'django_admin_listfilter_dropdown' to INSTALLED_APPS (the package is installed "
+                 "with django-sqlqueue).",
+            id="sqlqueue.E006")]
+    return []
+
+
 @checks.register(checks.Tags.database)
 def check_job_types_follow_code(app_configs: Any = None, databases: Any = None,
                                 **kwargs: Any) -> list[checks.CheckMessage]:

@@ -63,3 +63,12 @@ def test_the_tasks_backends_checks_run_in_plain_check(tmp_path) -> None:
                                         "    'BACKEND': 'django_sqlqueue.tasks.SqlQueueBackend',\n"
                                         "    'OPTIONS': {'max_attemps': 2}}}\n")
     assert done.returncode == 1 and "sqlqueue.E102" in done.stderr and "max_attemps" in done.stderr, done.stderr
+
+
+def test_the_admin_without_the_dropdown_app_fails_check() -> None:
+    """Issue 20 item 6: without it the job list was a 500 (TemplateDoesNotExist) and check said nothing."""
+    from django.test import modify_settings
+
+    with modify_settings(INSTALLED_APPS={"remove": ["django_admin_listfilter_dropdown"]}):
+        text = check_ids()
+    assert "sqlqueue.E006" in text and "'django_admin_listfilter_dropdown'" in text
