@@ -150,7 +150,12 @@ class Job(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.job_type_id}#{self.pk}"
+        # No query: the type's id, not its name (a list of jobs would read one type per row).
+        try:
+            status = Status(self.status_id).label
+        except ValueError:
+            status = f"status {self.status_id}"
+        return f"job {self.pk} (type {self.job_type_id}, {status})"
 
     @property
     def state(self) -> Status:

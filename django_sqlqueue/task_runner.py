@@ -71,7 +71,8 @@ def load_task(name: str) -> Any | None:
     """The ``django.tasks.Task`` object at import path ``name``, or None when ``name`` is not one.
 
     Import errors of a module that does exist propagate: a task module that fails to import is a bug
-    the operator must see (in the job's error), not an "unknown job type".
+    the operator must see (in the job's error), not an "unknown job type". So do all import errors of
+    a name the Tasks backend flagged as a task (a worker started without the task's code on its path).
     Only names :func:`may_import` allows are imported; any other is not a task.
     """
     if not may_import(name):
@@ -89,6 +90,8 @@ def load_task(name: str) -> Any | None:
         # "No module named X" for the path itself means: not a task. Anything else (a module that
         # exists but raises ImportError inside) is a real error.
         missing = getattr(exc, "name", None)
+        if _flagged_as_task(name):  # the backend enqueued a real task here: this process cannot import it
+            raise
         if missing is not None and (module_path == missing or module_path.startswith(missing + ".")):
             return None
         if "does not define" in str(exc):

@@ -34,6 +34,12 @@ class Command(BaseCommand):
     # database is away and wait for it, so it runs only checks that need no connection.
     requires_system_checks: list[str] = []
 
+    def get_version(self) -> str:
+        """``--version``: this package's version (BaseCommand's default prints Django's)."""
+        from django_sqlqueue import __version__
+
+        return f"django-sqlqueue {__version__}"
+
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("-q", "--queue", action="append", dest="queues", default=[], metavar="NAME",
                             help="Claim jobs of this queue only (repeatable; default: every queue).")
