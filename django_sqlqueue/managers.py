@@ -605,9 +605,18 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         if error is not None:
             sets.append(f"{j['error']} = %s")
             params.append(storable_error(str(error)))
+        elif new == Status.COMPLETED:  # the job's error is its current one (the history keeps each attempt's)
+            sets.append(f"{j['error']} = ''")
         if scheduled_for is not None:
             sets.append(f"{j['scheduled_for']} = %s")
             params.append(self._prep("scheduled_for", scheduled_for, alias))
+        elif run_in is not None and new == Status.ERROR:
+            # A retry is due after run_in; a job out of attempts becomes Failed now, due never: keep
+            # its scheduled_for where it was instead of showing a retry time that will not come.
+            max_sql = dialect._effective(dialect.n.job, "max_attempts", "%s")
+            sets.append(f"{j['scheduled_for']} = CASE WHEN {j['attempt_num']} >= {max_sql} "
+                        f"THEN {j['scheduled_for']} ELSE {dialect.now_plus('%s')} END")
+            params += [get_settings().MAX_ATTEMPTS, run_in]
         elif run_in is not None:
             sets.append(f"{j['scheduled_for']} = {dialect.now_plus('%s')}")
             params.append(run_in)

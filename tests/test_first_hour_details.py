@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import django_sqlqueue
-from django_sqlqueue import InvalidPayload, enqueue
+from django_sqlqueue import InvalidPayload, Status, enqueue
 from django_sqlqueue.handlers import registry
 from django_sqlqueue.models import Job, JobType
 from tests import procutil
@@ -57,3 +57,32 @@ def test_the_payload_error_names_the_offending_key() -> None:
 def test_a_job_in_a_shell_says_what_it_is() -> None:
     job = enqueue("test.Noop", {})
     assert repr(Job.objects.get(pk=job.pk)) == f"<Job: job {job.pk} (type {job.job_type_id}, Pending)>"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("record", ["complete", "complete_many"])
+def test_a_completed_job_no_longer_shows_an_earlier_attempts_error(record) -> None:
+    from django_sqlqueue.models import JobAttempt
+
+    job = enqueue("test.Steps", {})
+    Job.objects.fail(Job.objects.claim("w1")[0], "Send failed: relay down", retry_in=0)
+    again = Job.objects.claim("w1")[0]
+    if record == "complete":
+        Job.objects.complete(again, {"ok": True})
+    else:
+        Job.objects.complete_many([(again, {"ok": True})])
+    done = Job.objects.get(pk=job.pk)
+    assert done.status_id == Status.COMPLETED and done.error == ""  # Completed: the job's error is its current one
+    assert list(JobAttempt.objects.filter(job=done).values_list("error", flat=True)) == [
+        "Send failed: relay down", ""]  # the history keeps it
+
+
+@pytest.mark.django_db
+def test_a_failed_job_is_not_scheduled_in_the_future() -> None:
+    job = enqueue("test.Noop", {}, max_attempts=1)
+    assert Job.objects.claim("w1")[0].pk == job.pk
+    failed = Job.objects.fail(Job.objects.get(pk=job.pk), "boom", retry_in=3600)
+    assert failed.status_id == Status.FAILED and failed.scheduled_for <= failed.finished_at  # not "due in an hour"
+    retrying = enqueue("test.Noop", {}, max_attempts=2)
+    later = Job.objects.fail(Job.objects.claim("w1")[0], "boom", retry_in=3600)
+    assert later.pk == retrying.pk and later.status_id == Status.ERROR and later.scheduled_for > later.finished_at
