@@ -1,8 +1,8 @@
 """Job-type lookup with a short-lived cache, so the hot path does not query settings per job.
 
 The cache maps a type name to a frozen snapshot of its row plus the effective settings (the row's
-value, else the ``SQLQUEUE`` default). Only committed rows are cached (see :func:`_remember`). It expires after ``TYPE_CACHE_SECONDS`` and is cleared at once
-when a ``JobType`` is saved in this process (the admin), so an operator's change reaches every worker
+value, else the ``SQLQUEUE`` default). Only committed rows are cached (see :func:`_remember`). It
+expires after ``TYPE_CACHE_SECONDS`` and is cleared at once when a ``JobType`` is saved in this process (the admin), so an operator's change reaches every worker
 within that many seconds.
 """
 
@@ -70,11 +70,19 @@ def _remember(using: str, info: TypeInfo) -> TypeInfo:
     creates, so a cached id would file later jobs under the wrong type. So a row read inside
     ``atomic()`` is cached when that transaction commits, and forgotten if it rolls back.
     """
-    if connections[using].in_atomic_block:
+    if connections[using].in_atomic_block and not _known_committed(using, info):
         transaction.on_commit(lambda: _store(using, info), using=using)
     else:
         _store(using, info)
     return info
+
+
+def _known_committed(using: str, info: TypeInfo) -> bool:
+    """Whether this process cached the same id for the same name before (expired or not): that row was
+    committed then, so re-reading it inside a transaction may refresh the cache at once (a long
+    transaction that enqueues past TYPE_CACHE_SECONDS does not query the type for every job)."""
+    entry = _by_name.get((using, info.name))
+    return entry is not None and entry[1].id == info.id
 
 
 def _store(using: str, info: TypeInfo) -> None:

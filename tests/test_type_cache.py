@@ -64,3 +64,17 @@ def test_a_type_read_inside_a_transaction_is_cached_when_it_commits(handlers) ->
         assert (jobtypes._by_name.get(("default", FIRST))) is None  # not before the commit
     info = jobtypes._by_name[("default", FIRST)][1]
     assert info.id == JobType.objects.get(name=FIRST).pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_committed_type_is_refreshed_at_once_inside_a_later_transaction(handlers) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    Job.objects.enqueue(FIRST, {})  # autocommit: the row is committed and cached
+    key = ("default", FIRST)
+    jobtypes._by_name[key] = (0.0, jobtypes._by_name[key][1])  # expired
+    with transaction.atomic(), CaptureQueriesContext(connection) as ctx:
+        jobtypes.get_type(FIRST, using="default")
+        jobtypes.get_type(FIRST, using="default")  # served from the cache refreshed by the first
+    assert len([q for q in ctx.captured_queries if "jobtype" in q["sql"].lower()]) == 1
