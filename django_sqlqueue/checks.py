@@ -101,6 +101,6 @@ def check_job_types_follow_code(app_configs: Any = None, databases: Any = None,
             messages.append(checks.Warning(
                 f"job type {row.name!r}: the handler says {key}={code!r}, its row still has "
                 f"{getattr(row, key)!r}",
-                hint="Run manage.py migrate (or start a worker): either writes the code's value to the row.",
+                hint="manage.py migrate (after its checks) or a worker's start writes the code's value to the row.",
                 obj=row.name, id="sqlqueue.W011"))
     return messages
