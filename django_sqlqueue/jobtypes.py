@@ -2,8 +2,8 @@
 
 The cache maps a type name to a frozen snapshot of its row plus the effective settings (the row's
 value, else the ``SQLQUEUE`` default). Only committed rows are cached (see :func:`_remember`). It
-expires after ``TYPE_CACHE_SECONDS`` and is cleared at once when a ``JobType`` is saved in this process (the admin), so an operator's change reaches every worker
-within that many seconds.
+expires after ``TYPE_CACHE_SECONDS`` and is cleared at once when a ``JobType`` is saved in this process
+(the admin), so an operator's change reaches every worker within that many seconds.
 """
 
 from __future__ import annotations

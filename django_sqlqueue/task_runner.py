@@ -56,13 +56,15 @@ def may_import(name: str, *, imported_ok: bool = True) -> bool:
 
 
 def _flagged_as_task(name: str) -> bool:
-    from django.db import DatabaseError
+    from django.db import DatabaseError, transaction
 
     from .conf import get_settings
     from .models import JobType
 
+    alias = get_settings().DATABASE
     try:
-        return JobType.objects.using(get_settings().DATABASE).filter(name=name, is_task=True).exists()
+        with transaction.atomic(using=alias):  # a savepoint in a caller's transaction: a failure leaves it usable
+            return JobType.objects.using(alias).filter(name=name, is_task=True).exists()
     except DatabaseError:  # no tables yet, or the database is away: not known to be a task
         return False
 
