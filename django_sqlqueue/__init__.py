@@ -8,6 +8,7 @@ Public API::
     def send_email(job): ...
 
     sqlqueue.enqueue("SendEmail", {"to": "a@example.com"}, delay=30)
+    Job.objects.enqueue_many([sqlqueue.JobSpec("SendEmail", {"to": "b@example.com"}), ...])
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ __all__ = [
     "Cancel",
     "Fail",
     "JobContext",
+    "JobSpec",
     "signals",
     "__version__",
     "enqueue",
@@ -58,7 +60,8 @@ __all__ = [
 ]
 
 
-_LAZY = {"Retry": "runner", "Cancel": "runner", "Fail": "runner", "JobContext": "runner", "signals": None}
+_LAZY = {"Retry": "runner", "Cancel": "runner", "Fail": "runner", "JobContext": "runner", "JobSpec": "managers",
+         "signals": None}
 
 
 def __getattr__(name: str) -> Any:

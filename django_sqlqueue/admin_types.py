@@ -14,7 +14,7 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
@@ -88,13 +88,13 @@ def _set_paused(modeladmin: Any, request: HttpRequest, queryset: QuerySet, pause
 
 class JobTypeAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
     list_display = ("name", "paused_flag", "max_attempts_col", "backoff_col", "timeout_col", "lease_col",
-                    "job_counts", "updated_at")
+                    "code_drift", "job_counts", "updated_at")
     list_filter = ("paused",)
     search_fields = ("name",)
     actions = [pause_types, resume_types]
     fields = ("name", "description", "paused", "max_attempts", "backoff_base_seconds", "backoff_max_seconds",
-              "timeout_seconds", "lease_seconds", "job_counts", "created_at", "updated_at")
-    readonly_fields = ("job_counts", "created_at", "updated_at")
+              "timeout_seconds", "lease_seconds", "code_drift", "job_counts", "created_at", "updated_at")
+    readonly_fields = ("code_drift", "job_counts", "created_at", "updated_at")
 
     class Media:
         css = {"all": ["django_sqlqueue/admin.css"]}
@@ -141,6 +141,24 @@ class JobTypeAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
     @admin.display(description=_("lease"))
     def lease_col(self, obj: JobType) -> SafeString:
         return _setting(obj.lease_seconds, get_settings().LEASE_SECONDS, " s")
+
+    @admin.display(description=_("code"))
+    def code_drift(self, obj: JobType) -> SafeString:
+        """Where this row and the handler's options disagree (handlers.compare; no query)."""
+        from .handlers import compare, registry
+
+        options = registry.options_for(obj.name) if obj.pk is not None else None
+        if options is None:
+            return format_html('<span class="quiet">{}</span>', _("no handler in this process"))
+        drift = compare(obj, options)
+        lines = [(key, value, code, _("changed by an operator; the row wins (blank it to follow the code)"))
+                 for key, (value, code) in drift.operator.items()]
+        lines += [(key, getattr(obj, key), code, _("not applied yet: migrate or a worker's start writes it"))
+                  for key, code in drift.follow.items()]
+        if not lines:
+            return format_html('<span class="quiet">{}</span>', _("as in the code"))
+        return format_html_join(
+            mark_safe("<br>"), '<span class="sqlqueue-drift">{}: {} (code: {}) — {}</span>', lines)
 
     @admin.display(description=_("jobs by status"))
     def job_counts(self, obj: JobType) -> SafeString:

@@ -29,9 +29,38 @@ class SqlQueueConfig(AppConfig):
         post_save.connect(clear_cache, sender=JobType, dispatch_uid="sqlqueue-type-cache-save")
         post_delete.connect(clear_cache, sender=JobType, dispatch_uid="sqlqueue-type-cache-delete")
         post_migrate.connect(_sync_types, sender=self, dispatch_uid="sqlqueue-sync-types")
+        _register_task_checks()
 
 
-def _sync_types(sender: Any, using: str = "default", **kwargs: Any) -> None:
-    from .handlers import sync_job_types
+def _register_task_checks() -> None:
+    """Make ``manage.py check`` validate the TASKS backends (SqlQueueBackend's sqlqueue.E1xx).
 
-    sync_job_types(using=using)
+    Django registers its task checks when ``django.tasks`` is first imported, which in a project that
+    has not used a task yet happens after ``check`` has run (a misspelt OPTIONS key passed ``check``
+    and then every ``.enqueue()``). Importing it here, once the project configures TASKS, fixes that.
+    """
+    from django.conf import settings
+
+    if getattr(settings, "TASKS", None):
+        try:
+            import django.tasks  # noqa: F401  (registers django.tasks.checks.check_tasks)
+        except ImportError:  # Django < 6.0: no tasks framework
+            pass
+
+
+def _sync_types(sender: Any, using: str = "default", verbosity: int = 1, **kwargs: Any) -> None:
+    """After migrate: job type rows take the handlers' options (see handlers.sync_job_types)."""
+    import sys
+
+    from django.db import connections
+
+    from .handlers import describe_overrides, sync_job_types
+    from .models import JobType
+
+    if JobType._meta.db_table not in connections[using].introspection.table_names():
+        return  # migrated back to zero, or the queue's tables live in another database
+    report = sync_job_types(using=using)
+    if verbosity:
+        out = kwargs.get("stdout") or sys.stdout
+        for line in describe_overrides(report):
+            out.write(f"  django_sqlqueue: {line}\n")

@@ -1,4 +1,4 @@
-"""System checks: supported vendor, USE_TZ, SQLite version, settings."""
+"""System checks: supported vendor, USE_TZ, SQLite version, settings; job type rows against the code."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from .dialects import dialect_class
 from .exceptions import SqlQueueConfigError
 
 
-@checks.register(checks.Tags.database, checks.Tags.compatibility)
+# No ``database`` tag: none of this opens a connection (the vendor and SQLite's version come from the
+# backend module), so plain ``manage.py check`` and ``runserver`` report a misspelt setting at once
+# instead of ``migrate`` or the worker's start. Checks that query the database keep the tag.
+@checks.register(checks.Tags.compatibility)
 def check_queue_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
     try:
@@ -48,3 +51,64 @@ def check_queue_database(app_configs: Any = None, **kwargs: Any) -> list[checks.
                 f"SQLite {sqlite3.sqlite_version} is too old: the claim needs UPDATE ... RETURNING (3.35+)",
                 id="sqlqueue.E005"))
     return errors
+
+
+@checks.register(checks.Tags.admin)
+def check_admin_dependencies(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """The job list's filters render with django-admin-list-filter-dropdown's templates.
+
+    The package is a dependency of django-sqlqueue; its app must be installed wherever the admin is,
+    or the job list fails with TemplateDoesNotExist.
+    """
+    from django.apps import apps
+
+    if apps.is_installed("django.contrib.admin") and not apps.is_installed("django_admin_listfilter_dropdown"):
+        return [checks.Error(
+            "django_sqlqueue's admin needs 'django_admin_listfilter_dropdown' in INSTALLED_APPS "
+            "(the job list's filters use its templates)",
+            hint="Add 'django_admin_listfilter_dropdown' to INSTALLED_APPS (the package is installed "
+                 "with django-sqlqueue).",
+            id="sqlqueue.E008")]
+    return []
+
+
+@checks.register(checks.Tags.database)
+def check_job_types_follow_code(app_configs: Any = None, databases: Any = None,
+                                **kwargs: Any) -> list[checks.CheckMessage]:
+    """Where a job type's row disagrees with its handler's options (``check --database default``).
+
+    W010: an operator changed the setting on the row; the row wins. W011: the code changed and the
+    row has not caught up yet (``migrate`` or a worker's start writes it).
+    """
+    from django.db import DatabaseError
+
+    from .handlers import compare, registry
+    from .models import JobType
+
+    try:
+        alias = get_settings().DATABASE
+    except SqlQueueConfigError:
+        return []  # reported by check_queue_database
+    if not databases or alias not in databases:
+        return []
+    handlers = {h.name: h for h in registry.all()}
+    try:
+        rows = list(JobType.objects.using(alias).filter(name__in=list(handlers)))
+    except DatabaseError:  # not migrated yet: migrate creates the rows from the code
+        return []
+    messages: list[checks.CheckMessage] = []
+    for row in rows:
+        options = {k: v for k, v in handlers[row.name].options.items() if v is not None}
+        drift = compare(row, options)
+        for key, (value, code) in drift.operator.items():
+            messages.append(checks.Warning(
+                f"job type {row.name!r}: {key} is {value!r} on its row, the handler says {code!r}; the row wins",
+                hint="An operator changed it (admin, job types). Blank the field there to follow the code again.",
+                obj=row.name, id="sqlqueue.W010"))
+        for key, code in drift.follow.items():
+            messages.append(checks.Warning(
+                f"job type {row.name!r}: the handler says {key}={code!r}, its row still has "
+                f"{getattr(row, key)!r}",
+                hint="manage.py migrate (after its checks) or a worker's start writes the code's value to the row.",
+                obj=row.name, id="sqlqueue.W011"))
+    return messages

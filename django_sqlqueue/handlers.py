@@ -37,8 +37,27 @@ class Handler:
         return self.steps[0] if self.steps else ""
 
 
-_TYPE_OPTIONS = {"max_attempts", "timeout_seconds", "lease_seconds", "backoff_base_seconds",
-                 "backoff_max_seconds", "description"}
+#: The JobType fields a handler's options set; an operator may change each in the admin.
+TYPE_FIELDS: tuple[str, ...] = ("description", "max_attempts", "backoff_base_seconds", "backoff_max_seconds",
+                                "timeout_seconds", "lease_seconds")
+_TYPE_OPTIONS = frozenset(TYPE_FIELDS)
+#: What a JobType field holds when the code says nothing about it (blank: the SQLQUEUE default).
+_UNSET_VALUE: dict[str, Any] = {"description": ""}
+
+
+def _check_option(name: str, key: str, value: Any) -> None:
+    """Refuse a handler option the JobType column cannot hold, when the handler is declared."""
+    if key == "description":
+        ok = isinstance(value, str) and len(value) <= 500
+        what = "a string of at most 500 characters"
+    elif key in ("backoff_base_seconds", "backoff_max_seconds"):
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= 10**9
+        what = "a number of seconds from 0 to 1e9"
+    else:
+        ok = isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 32767
+        what = "an integer from 1 to 32767"
+    if not ok and value is not None:
+        raise InvalidArgument(f"handler option {key} of {name!r} must be {what}, got {value!r}")
 
 
 Resolver = Callable[[str], "Handler | None"]
@@ -82,6 +101,8 @@ class Registry:
         unknown = set(options) - _TYPE_OPTIONS
         if unknown:
             raise InvalidArgument(f"unknown handler option(s) for {name!r}: {', '.join(sorted(unknown))}")
+        for key, value in options.items():
+            _check_option(name, key, value)
         if len(set(steps)) != len(steps) or any(not s or len(s) > 100 for s in steps):
             raise InvalidArgument(f"steps of {name!r} must be distinct non-empty names of at most 100 characters")
         existing = self._handlers.get(name)
@@ -109,6 +130,11 @@ class Registry:
     def all(self) -> list[Handler]:
         return list(self._handlers.values())
 
+    def options_for(self, name: str) -> dict[str, Any] | None:
+        """The options the code declares for type ``name`` (None: no handler or task knows the name)."""
+        found = self._handlers.get(name) or self._resolve(name)
+        return None if found is None else {k: v for k, v in found.options.items() if v is not None}
+
 
 registry = Registry()
 
@@ -123,15 +149,84 @@ def handler(name: str, *, steps: Sequence[str] = (), **options: Any) -> Callable
     return decorate
 
 
-def sync_job_types(using: str = "default") -> int:
-    """Create (or fill in defaults of) the JobType row of every registered handler; return how many new.
+@dataclass
+class TypeDrift:
+    """How a job type's row compares with its handler's options (see :func:`compare`)."""
 
-    Called after ``migrate``; never overwrites a value an operator set.
+    #: Fields the code changed since it last wrote the row and the operator did not touch: field ->
+    #: the code's value. :func:`sync_job_types` writes them.
+    follow: dict[str, Any] = field(default_factory=dict)
+    #: Fields an operator changed (the row's value is not the one the code last wrote): field ->
+    #: (the row's value, the code's value). The row wins; ``check`` and the admin show them.
+    operator: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    #: The code's options as they should be remembered on the row (its ``code_options``).
+    remembered: dict[str, Any] = field(default_factory=dict)
+
+
+def compare(row: Any, options: dict[str, Any]) -> TypeDrift:
+    """Compare a JobType row with the code's ``options`` for it.
+
+    The row remembers what the code last wrote (``code_options``). A field whose value still equals
+    that follows the code; a field whose value differs was changed by an operator (the admin, a shell)
+    and is kept, since the row is the operator's run-time override. A blank field follows the code (so
+    an operator hands a setting back by blanking it; a row created with the name only, before the
+    code's options were known, follows the code in every field).
+    """
+    drift = TypeDrift(remembered={k: options[k] for k in TYPE_FIELDS if options.get(k) is not None})
+    last = row.code_options if isinstance(row.code_options, dict) else {}
+    for key in TYPE_FIELDS:
+        unset = _UNSET_VALUE.get(key)
+        code = options.get(key, unset)
+        code = unset if code is None else code
+        value = getattr(row, key)
+        if value == code:
+            continue
+        if value == last.get(key, unset) or value == unset:  # untouched, or blanked: the code's again
+            drift.follow[key] = code
+        else:
+            drift.operator[key] = (value, code)
+    return drift
+
+
+def sync_job_types(using: str = "default", names: Sequence[str] | None = None) -> dict[str, TypeDrift]:
+    """Bring every registered handler's JobType row in line with the code; return each type's drift.
+
+    A missing row is created with the handler's options. On an existing row, a field the operator has
+    not changed takes the code's current value (a changed ``timeout_seconds=`` reaches the row); a field
+    an operator changed is kept and reported in the result's ``operator`` entries. Called after
+    ``migrate`` and when a worker starts. ``names``: only these types (default: every handler).
     """
     from .models import JobType
 
-    created = 0
+    report: dict[str, TypeDrift] = {}
     for h in registry.all():
-        obj, was_created = JobType.objects.using(using).get_or_create(name=h.name, defaults=h.options)
-        created += was_created
-    return created
+        if names is not None and h.name not in names:
+            continue
+        options = {k: v for k, v in h.options.items() if v is not None}
+        row = JobType.objects.using(using).filter(name=h.name).first()
+        if row is None:
+            row, created = JobType.objects.using(using).get_or_create(
+                name=h.name, defaults={**options, "code_options": options})
+            if created:
+                report[h.name] = TypeDrift(remembered=options)
+                continue
+        drift = compare(row, options)
+        report[h.name] = drift
+        changed = list(drift.follow)
+        for key, value in drift.follow.items():
+            setattr(row, key, value)
+        if row.code_options != drift.remembered:
+            row.code_options = drift.remembered
+            changed.append("code_options")
+        if changed:
+            row.save(using=using, update_fields=[*changed, "updated_at"])
+    return report
+
+
+def describe_overrides(report: dict[str, TypeDrift]) -> list[str]:
+    """One line per field where an operator's value on the row overrides the code's."""
+    return [
+        f"job type {name!r}: {key} is {row!r} on the row (changed by an operator), the code says {code!r}; "
+        f"the row wins (blank it in the admin to follow the code again)"
+        for name, drift in sorted(report.items()) for key, (row, code) in drift.operator.items()
+    ]

@@ -1,9 +1,9 @@
 """Job-type lookup with a short-lived cache, so the hot path does not query settings per job.
 
 The cache maps a type name to a frozen snapshot of its row plus the effective settings (the row's
-value, else the ``SQLQUEUE`` default). It expires after ``TYPE_CACHE_SECONDS`` and is cleared at once
-when a ``JobType`` is saved in this process (the admin), so an operator's change reaches every worker
-within that many seconds.
+value, else the ``SQLQUEUE`` default). Only committed rows are cached (see :func:`_remember`). It
+expires after ``TYPE_CACHE_SECONDS`` and is cleared at once when a ``JobType`` is saved in this process
+(the admin), so an operator's change reaches every worker within that many seconds.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
 
 from .conf import get_settings
 from .exceptions import InvalidArgument, UnknownJobType
@@ -28,6 +28,7 @@ class TypeInfo:
     timeout_seconds: int
     lease_seconds: int
     paused: bool
+    is_task: bool = False
 
 
 _lock = threading.Lock()
@@ -57,15 +58,38 @@ def _info(row: object) -> TypeInfo:
         timeout_seconds=int(pick(row.timeout_seconds, s.TIMEOUT_SECONDS)),  # type: ignore[attr-defined]
         lease_seconds=int(pick(row.lease_seconds, s.LEASE_SECONDS)),  # type: ignore[attr-defined]
         paused=bool(row.paused),  # type: ignore[attr-defined]
+        is_task=bool(row.is_task),  # type: ignore[attr-defined]
     )
 
 
 def _remember(using: str, info: TypeInfo) -> TypeInfo:
+    """Cache ``info``, but only once what it was read from is committed.
+
+    Inside a transaction the row may be one this transaction created (an enqueue's first use of a
+    type): if it rolls back, the id is void, and SQLite hands it to the next type another process
+    creates, so a cached id would file later jobs under the wrong type. So a row read inside
+    ``atomic()`` is cached when that transaction commits, and forgotten if it rolls back.
+    """
+    if connections[using].in_atomic_block and not _known_committed(using, info):
+        transaction.on_commit(lambda: _store(using, info), using=using)
+    else:
+        _store(using, info)
+    return info
+
+
+def _known_committed(using: str, info: TypeInfo) -> bool:
+    """Whether this process cached the same id for the same name before (expired or not): that row was
+    committed then, so re-reading it inside a transaction may refresh the cache at once (a long
+    transaction that enqueues past TYPE_CACHE_SECONDS does not query the type for every job)."""
+    entry = _by_name.get((using, info.name))
+    return entry is not None and entry[1].id == info.id
+
+
+def _store(using: str, info: TypeInfo) -> None:
     now = time.monotonic()
     with _lock:
         _by_name[(using, info.name)] = (now, info)
         _by_id[(using, info.id)] = (now, info)
-    return info
 
 
 def _fresh(entry: tuple[float, TypeInfo] | None) -> TypeInfo | None:
@@ -80,27 +104,37 @@ def validate_name(name: object) -> str:
     return name
 
 
-def get_type(name: str, *, using: str, create: bool = False) -> TypeInfo:
+def get_type(name: str, *, using: str, create: bool = False, task: bool = False) -> TypeInfo:
     """The type called ``name``; create its row when ``create`` (a registered handler or task).
 
+    ``task``: the Tasks backend is enqueueing a real ``@task`` under this name, so the row is flagged
+    ``is_task`` (a worker may import the name even outside installed apps; see task_runner.may_import).
     Raises :class:`UnknownJobType` for a name with no row that may not be created.
     """
     from .models import JobType
 
     validate_name(name)
     hit = _fresh(_by_name.get((using, name)))
-    if hit is not None:
+    if hit is not None and (hit.is_task or not task):
         return hit
     row = JobType.objects.using(using).filter(name=name).first()
+    if row is not None and task and not row.is_task:
+        JobType.objects.using(using).filter(pk=row.pk).update(is_task=True)
+        row.is_task = True
     if row is None:
         if not create:
             raise UnknownJobType(
                 f"unknown job type {name!r}: register a handler for it (django_sqlqueue.handler) "
                 f"or create the JobType row"
             )
+        from .handlers import registry
+
+        # Whoever creates the row (an enqueue before migrate's sync, a worker, a task's first use), it
+        # takes the code's options: a max_attempts=1 in the handler must hold for the very first job.
+        options = registry.options_for(name) or {}
         try:
             with transaction.atomic(using=using):
-                row = JobType.objects.using(using).create(name=name)
+                row = JobType.objects.using(using).create(name=name, **options, code_options=options, is_task=task)
         except IntegrityError:  # another process created it first
             row = JobType.objects.using(using).get(name=name)
     return _remember(using, _info(row))

@@ -8,6 +8,7 @@ admin and the API alike.
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -119,11 +120,36 @@ def storable_error(text: str) -> str:
     return text[:MAX_ERROR_CHARS].replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def offending_path(value: Any) -> str:
+    """Where in ``value`` the first item JSON cannot hold sits, as ``['order']['items'][1]`` ('' for
+    ``value`` itself or when nothing is found), so an error names the key instead of only the type."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, path = stack.pop()
+        if len(path) > 300:
+            return path[:300] + "..."
+        if isinstance(item, dict):
+            for key in reversed(list(item)):
+                if not isinstance(key, str | int | float | bool) and key is not None:
+                    return f"{path}[{key!r}]"
+                stack.append((item[key], f"{path}[{key!r}]"))
+        elif isinstance(item, list | tuple):
+            stack.extend((item[i], f"{path}[{i}]") for i in reversed(range(len(item))))
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return path
+        elif not (item is None or isinstance(item, str | int | bool)):
+            return path
+    return ""
+
+
 def _encode_json(value: Any, what: str, limit: int | None = None) -> str:
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidPayload(f"{what} must be JSON-serialisable: {exc}") from exc
+        # Name the offending key (not for a cycle or a too-deep value: no key is at fault there).
+        where = "" if isinstance(exc, RecursionError) or "Circular" in str(exc) else offending_path(value)
+        raise InvalidPayload(f"{what} must be JSON-serialisable: {f'{what}{where}: ' if where else ''}{exc}") from exc
     why = unstorable(value)
     if why:
         raise InvalidPayload(f"{what} cannot be stored: {why}")
@@ -630,9 +656,18 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         if error is not None:
             sets.append(f"{j['error']} = %s")
             params.append(storable_error(str(error)))
+        elif new == Status.COMPLETED:  # the job's error is its current one (the history keeps each attempt's)
+            sets.append(f"{j['error']} = ''")
         if scheduled_for is not None:
             sets.append(f"{j['scheduled_for']} = %s")
             params.append(self._prep("scheduled_for", scheduled_for, alias))
+        elif run_in is not None and new == Status.ERROR:
+            # A retry is due after run_in; a job out of attempts becomes Failed now, due never: keep
+            # its scheduled_for where it was instead of showing a retry time that will not come.
+            max_sql = dialect._effective(dialect.n.job, "max_attempts", "%s")
+            sets.append(f"{j['scheduled_for']} = CASE WHEN {j['attempt_num']} >= {max_sql} "
+                        f"THEN {j['scheduled_for']} ELSE {dialect.now_plus('%s')} END")
+            params += [get_settings().MAX_ATTEMPTS, run_in]
         elif run_in is not None:
             sets.append(f"{j['scheduled_for']} = {dialect.now_plus('%s')}")
             params.append(run_in)

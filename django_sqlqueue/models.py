@@ -73,6 +73,13 @@ class JobType(models.Model):
         help_text=_("At least 1; renewed every third of it while the job runs. Blank: SQLQUEUE['LEASE_SECONDS'].")
     )
     paused = models.BooleanField(default=False, help_text=_("Workers do not claim jobs of a paused type."))
+    #: The handler's options as the code last wrote them to this row. A setting still equal to its value
+    #: here follows the code when the code changes; one that differs was changed by an operator and is
+    #: kept (see handlers.sync_job_types).
+    code_options = models.JSONField(default=dict, blank=True, editable=False)
+    #: Created (or first used) by the Tasks backend for a real ``@task``: a worker may import the name.
+    #: A dotted name not flagged so is imported only from an installed app (task_runner.may_import).
+    is_task = models.BooleanField(default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -198,7 +205,12 @@ class Job(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.job_type_id}#{self.pk}"
+        # No query: the type's id, not its name (a list of jobs would read one type per row).
+        try:
+            status = Status(self.status_id).label
+        except ValueError:
+            status = f"status {self.status_id}"
+        return f"job {self.pk} (type {self.job_type_id}, {status})"
 
     @property
     def state(self) -> Status:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import re
+import sys
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -32,13 +33,51 @@ _TASK_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 ARGS, KWARGS, BACKEND, RUN_AFTER = "args", "kwargs", "backend", "run_after"
 
 
+def may_import(name: str, *, imported_ok: bool = True) -> bool:
+    """Whether the resolver may import the module of job type ``name`` to look for a task there.
+
+    A job type name comes from the database (an operator's row, a crafted enqueue), so importing
+    whatever it names would run any importable module's top-level code, in a worker and in a web
+    process that only asked whether the name is known. Only names where tasks are may be imported:
+    a module of an installed app; a type row the Tasks backend flagged when it enqueued a real
+    ``@task`` (tasks outside installed apps); or (``imported_ok``) a module already imported, which
+    running again costs nothing and executes nothing.
+    """
+    if not isinstance(name, str) or not _TASK_PATH.match(name):
+        return False
+    module_path = name.rpartition(".")[0]
+    if imported_ok and module_path in sys.modules:
+        return True
+    from django.apps import apps
+
+    if any(module_path == app.name or module_path.startswith(app.name + ".") for app in apps.get_app_configs()):
+        return True
+    return _flagged_as_task(name)
+
+
+def _flagged_as_task(name: str) -> bool:
+    from django.db import DatabaseError, transaction
+
+    from .conf import get_settings
+    from .models import JobType
+
+    alias = get_settings().DATABASE
+    try:
+        with transaction.atomic(using=alias):  # a savepoint in a caller's transaction: a failure leaves it usable
+            return JobType.objects.using(alias).filter(name=name, is_task=True).exists()
+    except DatabaseError:  # no tables yet, or the database is away: not known to be a task
+        return False
+
+
 def load_task(name: str) -> Any | None:
     """The ``django.tasks.Task`` object at import path ``name``, or None when ``name`` is not one.
 
     Import errors of a module that does exist propagate: a task module that fails to import is a bug
-    the operator must see (in the job's error), not an "unknown job type".
+    the operator must see (in the job's error), not an "unknown job type". So do all import errors of
+    a name the Tasks backend flagged as a task (a worker started without the task's code on its path).
+    Only names :func:`may_import` allows are imported; any other is not a task.
     """
-    if not isinstance(name, str) or not _TASK_PATH.match(name):
+    if not may_import(name):
         return None
     try:
         from django.tasks import Task
@@ -53,6 +92,8 @@ def load_task(name: str) -> Any | None:
         # "No module named X" for the path itself means: not a task. Anything else (a module that
         # exists but raises ImportError inside) is a real error.
         missing = getattr(exc, "name", None)
+        if _flagged_as_task(name):  # the backend enqueued a real task here: this process cannot import it
+            raise
         if missing is not None and (module_path == missing or module_path.startswith(missing + ".")):
             return None
         if "does not define" in str(exc):

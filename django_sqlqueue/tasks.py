@@ -143,8 +143,8 @@ class SqlQueueBackend(BaseTaskBackend):
             text = json.dumps({"args": norm_args, "kwargs": norm_kwargs}, allow_nan=False)
         except (TypeError, ValueError) as exc:
             raise TaskArgumentsError(
-                f"Unsupported type in task arguments: {exc}. Task arguments must be JSON-serialisable "
-                f"(pass ids and strings, not model instances, datetimes or sets)."
+                f"task argument {_offending_argument(args, kwargs)} cannot be stored: {exc}. Task arguments "
+                f"must be JSON-serialisable (pass ids and strings, not model instances, datetimes or sets)."
             ) from exc
         data = json.loads(text)
         return data["args"], data["kwargs"]
@@ -169,7 +169,7 @@ class SqlQueueBackend(BaseTaskBackend):
         }
         using = get_settings().DATABASE
         # The task's type row is created on first use, so an operator can tune it per task.
-        jobtypes.get_type(task.module_path, using=using, create=True)
+        jobtypes.get_type(task.module_path, using=using, create=True, task=True)
         job = Job.objects.enqueue(
             task.module_path,
             payload,
@@ -234,6 +234,19 @@ class SqlQueueBackend(BaseTaskBackend):
                     f"queue name {name!r} must be a non-empty string of at most {_MAX_QUEUE_NAME} characters",
                     obj=f"TASKS[{self.alias!r}]", id="sqlqueue.E104"))
         return messages
+
+
+def _offending_argument(args: Any, kwargs: Any) -> str:
+    """Which argument (and where inside it) the JSON round trip refused: ``kwargs['when']``, ``args[0][2]``."""
+    from .managers import offending_path
+
+    named = [(f"args[{i}]", a) for i, a in enumerate(args)] + [(f"kwargs[{k!r}]", v) for k, v in dict(kwargs).items()]
+    for label, value in named:
+        try:
+            json.dumps(normalize_json(value), allow_nan=False)
+        except (TypeError, ValueError):
+            return label + offending_path(value)
+    return "(unknown)"
 
 
 # ----- building results --------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 
@@ -65,3 +67,36 @@ def test_command_line_exit_code_and_help(tmp_path) -> None:
     for option in ("--queue", "--type", "--concurrency", "--batch", "--burst", "--until-empty", "--wait-due",
                    "--max-jobs", "--max-seconds", "--worker-name", "--grace-seconds", "--log-level", "--no-progress"):
         assert option in usage.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_started_before_migrate_says_run_migrate(tmp_path) -> None:
+    """Issue 20 item 4: it looped forever on SQLite ("no such table") and dumped tracebacks on PostgreSQL."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "testproject.settings",
+           "SQLQUEUE_DATABASE_URL": f"sqlite:///{tmp_path}/fresh.sqlite3"}
+    done = subprocess.run([sys.executable, str(REPO / "manage.py"), "run_queue_worker", "--burst"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 1, done.stderr
+    assert "run manage.py migrate" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+def test_a_burst_says_how_many_jobs_are_not_due_yet_and_when_the_next_is() -> None:
+    """Issue 20 item 5: ``delay=10`` then ``--burst`` printed processed=0 and nothing else."""
+    from django_sqlqueue.models import Job
+    from tests import workerutil as wu
+
+    Job.objects.enqueue("test.Noop", delay=600)
+    Job.objects.enqueue("test.Noop", delay=3600, queue="other")
+    Job.objects.enqueue("test.Noop", delay=900)
+    w = wu.WorkerProcess("--burst", "--worker-name", "notdue", "--queue", "default")
+    try:
+        assert w.wait(90) == 0, w.output()
+        out = w.stdout()
+    finally:
+        w.cleanup()
+    assert "processed=0" in out
+    assert "2 jobs of this worker's queues and types are not due yet; the next is due at " in out
+    assert re.search(r"\(in (5\d\d|600) s\)", out), out  # the job due in 10 minutes, not the other queue's
+    assert "--wait-due" in out

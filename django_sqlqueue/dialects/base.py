@@ -207,7 +207,8 @@ class Dialect:
             # The handler's own run time when the worker measured it: a job that waited its turn in a
             # batch, or for its success to be recorded, did not run all that time.
             f"{j['duration_ms']} = COALESCE(v.vduration, {self.ms_since(f'{alias}.' + j['started_at'])}), "
-            f"{j['lease_expires_at']} = NULL"
+            # The job's error is its current one: a success clears an earlier attempt's (history keeps it).
+            f"{j['lease_expires_at']} = NULL, {j['error']} = ''"
         )
 
     def complete_sql(self, nrows: int) -> str:

@@ -1,6 +1,9 @@
 """``ENGINE = "testproject.babelfish"``: mssql-django with Babelfish's gaps worked around (tests only).
 
 - ``ALTER COLUMN ... NULL`` is refused: see :class:`DatabaseSchemaEditor`.
+- ``AddField`` with a default: mssql-django drops the column's default constraint afterwards under the
+  name ``sys.default_constraints`` reports, which Babelfish then cannot find: the statement is skipped
+  and the database default kept.
 - The test database is dropped without ``ALTER DATABASE ... SET SINGLE_USER``, which Babelfish refuses,
   and created without the inspectdb test schemas, which confuse its name resolution.
 - ``flush`` (between transactional tests) deletes child tables before their parents instead of
@@ -19,6 +22,8 @@ from mssql.creation import DatabaseCreation as MssqlDatabaseCreation
 from mssql.operations import DatabaseOperations as MssqlDatabaseOperations
 from mssql.schema import DatabaseSchemaEditor as MssqlSchemaEditor
 
+# "ALTER TABLE [t] DROP CONSTRAINT [df_...]": dropping the default AddField gave the new column
+_DROP_DEFAULT = re.compile(r"^ALTER TABLE \[[^\]]+\] DROP CONSTRAINT \[df_[^\]]+\]$", re.IGNORECASE)
 # "ALTER TABLE [t] ALTER COLUMN [c] <type> NULL" / "... NOT NULL" (the whole statement)
 _NULLABILITY = re.compile(r"^ALTER TABLE (\[[^\]]+\]) ALTER COLUMN (\[[^\]]+\]) (.+?) (NOT NULL|NULL)$", re.IGNORECASE)
 
@@ -32,6 +37,11 @@ class DatabaseSchemaEditor(MssqlSchemaEditor):
     """
 
     def execute(self, sql: Any, params: Any = (), has_result: bool = False) -> Any:
+        if _DROP_DEFAULT.match(str(sql).strip().rstrip(";")):
+            # Babelfish cannot find the constraint by the name its catalog reports (and the failed
+            # statement would abort the migration's transaction). Keeping a database default is
+            # harmless: Django always sends the column's value.
+            return None
         match = _NULLABILITY.match(str(sql).strip().rstrip(";"))
         if match is None:
             return super().execute(sql, params, has_result)

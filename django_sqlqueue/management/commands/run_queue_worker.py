@@ -34,6 +34,12 @@ class Command(BaseCommand):
     # database is away and wait for it, so it runs only checks that need no connection.
     requires_system_checks: list[str] = []
 
+    def get_version(self) -> str:
+        """``--version``: this package's version (BaseCommand's default prints Django's)."""
+        from django_sqlqueue import __version__
+
+        return f"django-sqlqueue {__version__}"
+
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("-q", "--queue", action="append", dest="queues", default=[], metavar="NAME",
                             help="Claim jobs of this queue only (repeatable; default: every queue).")
@@ -72,10 +78,14 @@ class Command(BaseCommand):
         if errors:
             raise CommandError("; ".join(f"{e.id}: {e.msg}" for e in errors))
         config, supervisor = self.build(options)
+        self.check_migrated(config.using or "default")
         configure_logging(options["log_level"])
+        self.sync_types(config)
         self.check_types(config)
         summary = supervisor.run()
         self.stdout.write(summary.line())
+        if config.burst:
+            self.report_not_due(config)
         if summary.exit_code:
             raise CommandError("a worker slot stopped on a fatal error (see the log above)",
                                returncode=summary.exit_code)
@@ -116,6 +126,70 @@ class Command(BaseCommand):
                                 max_seconds=o["max_seconds"], log_level=o["log_level"],
                                 progress=not o["no_progress"])
         return config, supervisor
+
+    def report_not_due(self, config: WorkerConfig) -> None:
+        """After a burst: the jobs it left because they are not due yet, and when the next one is.
+
+        A burst drains what is due; a job enqueued with ``delay=`` a moment ago is not, and a bare
+        ``processed=0`` reads as "the queue does not work".
+        """
+        from django.db.models import Count, Min
+        from django.utils import timezone
+
+        from django_sqlqueue.models import Job
+        from django_sqlqueue.states import CLAIMABLE
+
+        now = timezone.now()
+        jobs = Job.objects.using(config.using or "default").filter(status_id__in=CLAIMABLE, scheduled_for__gt=now)
+        if config.queues:
+            jobs = jobs.filter(queue__in=config.queues)
+        if config.types:
+            jobs = jobs.filter(job_type__name__in=config.types)
+        try:
+            found = jobs.order_by().aggregate(n=Count("id"), next=Min("scheduled_for"))
+        except DatabaseError:
+            return
+        if found["n"]:
+            self.stdout.write(
+                f"{found['n']} job{'s' if found['n'] != 1 else ''} of this worker's queues and types "
+                f"{'are' if found['n'] != 1 else 'is'} not due yet; the next is due at "
+                f"{found['next'].isoformat(timespec='seconds')} (in {(found['next'] - now).total_seconds():.0f} s). "
+                f"--wait-due SECONDS keeps a burst worker for jobs due within SECONDS.")
+
+    def check_migrated(self, using: str) -> None:
+        """Refuse to start on a database whose queue tables are missing or behind the code.
+
+        Without this a worker started before ``migrate`` retried "no such table" forever (SQLite) or
+        crashed its slots with tracebacks (PostgreSQL). A database that cannot be reached is not
+        refused: the slots wait for it, as they wait through any outage.
+        """
+        from django.db import connections
+        from django.db.migrations.loader import MigrationLoader
+
+        try:
+            loader = MigrationLoader(connections[using], ignore_no_migrations=True)
+            applied = set(loader.applied_migrations)
+        except DatabaseError as exc:
+            self.stderr.write(f"could not check the migrations now ({exc}); continuing")
+            return
+        missing = sorted(key[1] for key in loader.disk_migrations
+                         if key[0] == "django_sqlqueue" and key not in applied)
+        if missing:
+            raise CommandError(
+                f"the queue's tables in database {using!r} are not migrated (django_sqlqueue "
+                f"{', '.join(missing)} not applied): run manage.py migrate")
+
+    def sync_types(self, config: WorkerConfig) -> None:
+        """The handlers' options reach their job type rows (as after migrate): this worker runs this code."""
+        from django_sqlqueue.handlers import describe_overrides, sync_job_types
+
+        try:
+            report = sync_job_types(using=config.using or "default")
+        except DatabaseError as exc:  # the database is down: the slots wait for it
+            self.stderr.write(f"could not sync job types now ({exc}); continuing")
+            return
+        for line in describe_overrides(report):
+            self.stderr.write(line)
 
     def check_types(self, config: WorkerConfig) -> None:
         """Refuse a --type nobody knows; create the row of a registered handler's type if missing."""

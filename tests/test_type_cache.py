@@ -1,0 +1,80 @@
+"""The job-type cache never holds a row an uncommitted transaction created or read (issue 21 finding 2).
+
+A first enqueue of a type inside ``atomic()`` that rolls back created the type's row and cached its id;
+another process then created a different type: on SQLite it got the same id, so the next enqueue of
+the first type was stored as the other type (the wrong handler ran); on PostgreSQL the next enqueues
+failed with IntegrityError until the cache expired.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import transaction
+
+from django_sqlqueue import jobtypes
+from django_sqlqueue.handlers import registry
+from django_sqlqueue.models import Job, JobType
+from tests import procutil
+
+REPO = Path(__file__).resolve().parent.parent
+FIRST, OTHER = "cache.First", "cache.Other"
+
+
+class Boom(Exception):
+    pass
+
+
+@pytest.fixture
+def handlers():
+    for name in (FIRST, OTHER):
+        registry.register(name, lambda job: None)
+    yield
+    for name in (FIRST, OTHER):
+        registry.unregister(name)
+
+
+def create_type_in_another_process(name: str) -> int:
+    code = ("from django_sqlqueue.models import JobType; "
+            f"print(JobType.objects.create(name={name!r}).pk)")
+    done = subprocess.run([sys.executable, "manage.py", "shell", "-c", code], cwd=REPO, env=procutil.test_db_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split()[-1])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_first_enqueue_leaves_nothing_in_the_cache(handlers) -> None:
+    with pytest.raises(Boom), transaction.atomic():
+        Job.objects.enqueue(FIRST, {})
+        raise Boom
+    assert not JobType.objects.filter(name=FIRST).exists()
+    create_type_in_another_process(OTHER)  # SQLite hands it the rolled-back id
+    job = Job.objects.enqueue(FIRST, {})  # PostgreSQL: an IntegrityError here while the bad id was cached
+    assert Job.objects.select_related("job_type").get(pk=job.pk).job_type.name == FIRST
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_type_read_inside_a_transaction_is_cached_when_it_commits(handlers) -> None:
+    with transaction.atomic():
+        Job.objects.enqueue(FIRST, {})
+        assert (jobtypes._by_name.get(("default", FIRST))) is None  # not before the commit
+    info = jobtypes._by_name[("default", FIRST)][1]
+    assert info.id == JobType.objects.get(name=FIRST).pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_committed_type_is_refreshed_at_once_inside_a_later_transaction(handlers) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    Job.objects.enqueue(FIRST, {})  # autocommit: the row is committed and cached
+    key = ("default", FIRST)
+    jobtypes._by_name[key] = (0.0, jobtypes._by_name[key][1])  # expired
+    with transaction.atomic(), CaptureQueriesContext(connection) as ctx:
+        jobtypes.get_type(FIRST, using="default")
+        jobtypes.get_type(FIRST, using="default")  # served from the cache refreshed by the first
+    assert len([q for q in ctx.captured_queries if "jobtype" in q["sql"].lower()]) == 1
