@@ -101,7 +101,9 @@ def _fresh(entry: tuple[float, TypeInfo] | None) -> TypeInfo | None:
 def validate_name(name: object) -> str:
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise InvalidArgument(f"a job type name must be a non-empty string of at most 200 characters, got {name!r}")
-    return name
+    from .limits import check_type_name
+
+    return check_type_name(name)  # no control characters or line breaks (they would forge log lines)
 
 
 def get_type(name: str, *, using: str, create: bool = False, task: bool = False) -> TypeInfo:

@@ -116,13 +116,17 @@ def test_a_type_name_with_a_line_break_or_control_character_is_refused(noop_type
             JobType(name=name).full_clean()
         assert "name" in info.value.message_dict
     assert JobType.objects.count() == before
+    import django_sqlqueue as sqlqueue
+
+    with pytest.raises(InvalidArgument, match="control characters or line breaks"):
+        sqlqueue.handler("Forged\nname")(lambda job: None)  # a handler declared under such a name
     JobType(name="Names may hold spaces, ünïcode, \u05e2\u05d1\u05e8\u05d9\u05ea and emoji \U0001f600").full_clean()
 
 
 @pytest.mark.django_db(transaction=True)
 def test_rows_out_of_bounds_are_clamped_when_read_and_by_the_migration(caplog) -> None:
     """A database holding such rows from before the bounds: workers read them clamped (with a warning),
-    and migration 0005 brings them within bounds before adding the check constraints."""
+    and migration 0006 brings them within bounds before adding the check constraints."""
     call_command("migrate", "django_sqlqueue", "0004", verbosity=0)
     try:
         qn = connection.ops.quote_name
