@@ -57,8 +57,13 @@ def _sync_types(sender: Any, using: str = "default", verbosity: int = 1, **kwarg
     from .handlers import describe_overrides, sync_job_types
     from .models import JobType
 
-    if JobType._meta.db_table not in connections[using].introspection.table_names():
+    connection = connections[using]
+    if JobType._meta.db_table not in connection.introspection.table_names():
         return  # migrated back to zero, or the queue's tables live in another database
+    with connection.cursor() as cursor:
+        columns = {c.name for c in connection.introspection.get_table_description(cursor, JobType._meta.db_table)}
+    if any(f.column not in columns for f in JobType._meta.concrete_fields):
+        return  # migrated back to before this version's job type columns: the rows cannot be read yet
     report = sync_job_types(using=using)
     if verbosity:
         out = kwargs.get("stdout") or sys.stdout
