@@ -76,6 +76,8 @@ class SoakConfig:
     starve: bool = True
     #: The workers' WORKER_DEAD_AFTER_SECONDS (short, so that the pause outlasts it within the run).
     dead_after: float = DEAD_AFTER_SECONDS
+    #: The soak types' lease_seconds (short: a killed worker's jobs come back within seconds by lease).
+    lease: int = 5
     dedupe_share: float = 0.08
     delayed_share: float = 0.10
     delay_max: float = 15.0
@@ -250,7 +252,7 @@ class Soak:
 
         ids = []
         for name in ALL_TYPES:
-            opts = ALWAYS_FAIL_OPTIONS if name == "soak.AlwaysFail" else TYPE_OPTIONS
+            opts = {**(ALWAYS_FAIL_OPTIONS if name == "soak.AlwaysFail" else TYPE_OPTIONS), "lease_seconds": self.c.lease}
             row, _ = JobType.objects.update_or_create(name=name, defaults={**opts, "paused": name == "soak.Dedupe"})
             ids.append(row.pk)
         # Leftovers of an earlier run in the same database would confuse the checks.
@@ -694,6 +696,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-pause", action="store_true", help="no pause + same-name twin")
     p.add_argument("--no-connection-faults", action="store_true",
                    help="PostgreSQL: no lost claim replies, no connection starvation")
+    p.add_argument("--lease", type=int, default=5, help="the soak types' lease_seconds (default 5; production: 60)")
     p.add_argument("--dead-after", type=float, default=DEAD_AFTER_SECONDS,
                    help=f"the workers' WORKER_DEAD_AFTER_SECONDS (default {DEAD_AFTER_SECONDS:g}; production: 60)")
     p.add_argument("--seed", default="")
@@ -722,7 +725,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=a.workers or (2 if sqlite else 4), concurrency=a.concurrency, kill_every=a.kill_every,
         max_kills=a.max_kills, db_restart=not a.no_db_restart and not sqlite, sigterm=not a.no_sigterm, seed=a.seed,
         slot_kill_share=0.35, pause_twin=not a.no_pause, reply_cuts=not a.no_connection_faults,
-        starve=not a.no_connection_faults, dead_after=a.dead_after,
+        starve=not a.no_connection_faults, dead_after=a.dead_after, lease=a.lease,
     )
     workdir = Path(tempfile.mkdtemp(prefix="sqlqueue-soak-"))
     cluster = None
