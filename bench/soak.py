@@ -74,6 +74,10 @@ class SoakConfig:
     #: connection is cut (connection starvation: the job connections keep working).
     reply_cuts: bool = True
     starve: bool = True
+    #: The workers' WORKER_DEAD_AFTER_SECONDS (short, so that the pause outlasts it within the run).
+    dead_after: float = DEAD_AFTER_SECONDS
+    #: The soak types' lease_seconds (short: a killed worker's jobs come back within seconds by lease).
+    lease: int = 5
     dedupe_share: float = 0.08
     delayed_share: float = 0.10
     delay_max: float = 15.0
@@ -140,6 +144,7 @@ class Report:
             f"  final: {n.get('final_status')}",
             f"  killed/lost attempts: {n.get('killed_attempts')} on {n.get('jobs_with_killed_attempts')} jobs; "
             f"non-transactional re-runs: {n.get('nontx_reruns')} (each explained by a never-closed attempt)",
+            f"  recovery after kill -9 (next attempt's claim - the kill): {n.get('recovery')}",
             f"  unplanned errors (attempts retried): {n.get('unplanned_errors')}",
             f"  worker logs: {n.get('worker_log')}",
             f"  time: enqueue {n.get('producer_seconds')} s, all finished after {n.get('drain_seconds')} s, "
@@ -206,9 +211,10 @@ class Soak:
         self.rng = random.Random(f"{config.seed}:chaos")
         self.env = {**os.environ, "SQLQUEUE_DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "testproject.settings",
                     "SQLQUEUE_LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
-                    "SQLQUEUE_TEST_DEAD_AFTER": str(DEAD_AFTER_SECONDS),
+                    "SQLQUEUE_TEST_DEAD_AFTER": str(config.dead_after),
                     "SQLQUEUE_TEST_HEARTBEAT": str(HEARTBEAT_SECONDS)}
         self.proxy: Any = None
+        self.kill_times: list[float] = []  # wall clock of each kill -9, for the recovery times
         self.workers: list[WorkerProc] = []
         self.all_workers: list[WorkerProc] = []
         self.producers: list[subprocess.Popen] = []
@@ -246,7 +252,7 @@ class Soak:
 
         ids = []
         for name in ALL_TYPES:
-            opts = ALWAYS_FAIL_OPTIONS if name == "soak.AlwaysFail" else TYPE_OPTIONS
+            opts = {**(ALWAYS_FAIL_OPTIONS if name == "soak.AlwaysFail" else TYPE_OPTIONS), "lease_seconds": self.c.lease}
             row, _ = JobType.objects.update_or_create(name=name, defaults={**opts, "paused": name == "soak.Dedupe"})
             ids.append(row.pk)
         # Leftovers of an earlier run in the same database would confuse the checks.
@@ -323,6 +329,7 @@ class Soak:
         w = self.rng.choice(live)
         slots = slot_pids(w.proc.pid)
         self.chaos["kills"] += 1
+        self.kill_times.append(time.time())
         if slots and self.rng.random() < self.c.slot_kill_share:
             pid = self.rng.choice(slots)
             os.kill(pid, signal.SIGKILL)
@@ -356,9 +363,9 @@ class Soak:
         self.workers.remove(w)
         started = time.monotonic()
         os.killpg(w.proc.pid, signal.SIGSTOP)
-        self.note(f"SIGSTOP worker {w.name} (pid {w.proc.pid} and its slots) for {DEAD_AFTER_SECONDS + 1.5} s")
+        self.note(f"SIGSTOP worker {w.name} (pid {w.proc.pid} and its slots) for {self.c.dead_after + 1.5} s")
         try:
-            time.sleep(DEAD_AFTER_SECONDS + 1.5)
+            time.sleep(self.c.dead_after + 1.5)
             twin = self.start_worker(w.name)
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline:  # every slot of the twin registered under the name
@@ -425,7 +432,7 @@ class Soak:
             cut = len(cursor.fetchall())
         self.note(f"connection starvation: {role} may not connect, {cut} heartbeat connections cut")
         try:
-            time.sleep(DEAD_AFTER_SECONDS + 2.0)
+            time.sleep(self.c.dead_after + 2.0)
         finally:
             with connection.cursor() as cursor:
                 cursor.execute(f"ALTER ROLE {role} CONNECTION LIMIT -1")
@@ -561,6 +568,7 @@ class Soak:
                                       "sigterm": c.sigterm, "pause_twin": c.pause_twin,
                                       "reply_cuts": c.db == "postgres" and c.reply_cuts,
                                       "starve": c.db == "postgres" and c.starve}, numbers=numbers)
+        numbers["recovery"] = self.recovery()
         drain = round(finished_at - self.t0, 1) if finished_at else None
         numbers.update(
             run_seconds=run_seconds, drain_seconds=drain,
@@ -572,6 +580,32 @@ class Soak:
         report.timeline = self.timeline
         report.ok = all(ch.ok for ch in checks) and finished_at is not None
         return report
+
+    def recovery(self) -> dict[str, Any]:
+        """How long jobs interrupted by a kill -9 waited to be claimed again.
+
+        For each attempt that never finished and has a next attempt: the next attempt's claim time minus
+        the last kill between the two claims (attempts interrupted by other chaos are not counted).
+        """
+        import statistics
+
+        from django_sqlqueue.models import JobAttempt
+
+        rows = self._db(lambda: list(JobAttempt.objects.filter(job__job_type__name__startswith="soak.")
+                                     .order_by("job_id", "attempt_num", "id")
+                                     .values_list("job_id", "attempt_num", "claimed_at", "finished_at")))
+        waits = []
+        for (job, _num, claimed, finished), (job2, _num2, claimed2, _f2) in zip(rows or [], (rows or [])[1:], strict=False):
+            if job != job2 or finished is not None:
+                continue
+            start, end = claimed.timestamp(), claimed2.timestamp()
+            kills = [t for t in self.kill_times if start <= t <= end]
+            if kills:
+                waits.append(end - max(kills))
+        if not waits:
+            return {"interrupted": 0}
+        return {"interrupted": len(waits), "median_s": round(statistics.median(waits), 1),
+                "max_s": round(max(waits), 1)}
 
     def _open_dedupe(self) -> bool:
         from django_sqlqueue.models import JobType
@@ -659,6 +693,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-kills", type=int, default=None)
     p.add_argument("--no-db-restart", action="store_true")
     p.add_argument("--no-sigterm", action="store_true")
+    p.add_argument("--no-pause", action="store_true", help="no pause + same-name twin")
+    p.add_argument("--no-connection-faults", action="store_true",
+                   help="PostgreSQL: no lost claim replies, no connection starvation")
+    p.add_argument("--lease", type=int, default=5, help="the soak types' lease_seconds (default 5; production: 60)")
+    p.add_argument("--dead-after", type=float, default=DEAD_AFTER_SECONDS,
+                   help=f"the workers' WORKER_DEAD_AFTER_SECONDS (default {DEAD_AFTER_SECONDS:g}; production: 60)")
     p.add_argument("--seed", default="")
     p.add_argument("--database-url", default="",
                    help="use this (loopback, migrated or empty) database instead of a throwaway one; "
@@ -684,7 +724,8 @@ def main(argv: list[str] | None = None) -> int:
         db=a.db, jobs=a.jobs or (10_000 if sqlite else 50_000), seconds=a.seconds or 600.0, producers=a.producers,
         workers=a.workers or (2 if sqlite else 4), concurrency=a.concurrency, kill_every=a.kill_every,
         max_kills=a.max_kills, db_restart=not a.no_db_restart and not sqlite, sigterm=not a.no_sigterm, seed=a.seed,
-        slot_kill_share=0.35,
+        slot_kill_share=0.35, pause_twin=not a.no_pause, reply_cuts=not a.no_connection_faults,
+        starve=not a.no_connection_faults, dead_after=a.dead_after, lease=a.lease,
     )
     workdir = Path(tempfile.mkdtemp(prefix="sqlqueue-soak-"))
     cluster = None

@@ -34,7 +34,7 @@ from .conf import get_settings
 from .dialects import get_dialect
 from .exceptions import WorkerNameInUse
 from .states import Status
-from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line, pid_alive
+from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line, pid_alive, process_gone, process_key
 
 log = logging.getLogger("django_sqlqueue.worker")
 
@@ -65,7 +65,7 @@ def register(name: str, using: str, incarnation: str = "", queues: Sequence[str]
     host, pid = socket.gethostname()[:200], os.getpid()
     now = db_now(using)
     values = {"host": host, "pid": pid, "started_at": now, "last_heartbeat": now, "stopped_at": None,
-              "incarnation": incarnation, "queues": list(queues), "types": list(types)}
+              "incarnation": incarnation, "queues": list(queues), "types": list(types), "process": process_key()}
     rows = Worker.objects.using(using)
     dead_after = get_settings().WORKER_DEAD_AFTER_SECONDS
     stale = RawSQL(get_dialect(connections[using]).now_plus("%s"), [-float(dead_after)],
@@ -107,6 +107,33 @@ def mark_stopped(name: str, using: str, jobs_done: int = 0, incarnation: str | N
         rows = rows.filter(incarnation=incarnation)
     return rows.update(
         stopped_at=db_now(using), last_heartbeat=db_now(using), jobs_done=F("jobs_done") + jobs_done)
+
+
+def sweep_gone_workers(using: str) -> list[str]:
+    """Mark stopped the live-looking worker rows of THIS host whose process is gone; return their names.
+
+    A worker killed with ``kill -9`` (its whole process group: no supervisor left to say so) keeps a
+    fresh-looking heartbeat for up to ``WORKER_DEAD_AFTER_SECONDS``, and its running jobs wait that
+    long. Any worker of the same host can tell at once that the process no longer exists (pid gone, or
+    reused by a process that started at another time: support.process_key); stamping the row stopped
+    lets the next claim take those jobs, exactly as after a clean stop. The update is conditional on
+    the row still being that process's (name, incarnation, process), so a restart that took the name
+    meanwhile is never stopped.
+    """
+    from .models import Worker
+
+    host = socket.gethostname()[:200]
+    rows = Worker.objects.using(using).filter(host=host, stopped_at__isnull=True).exclude(process="")
+    gone = []
+    for name, incarnation, process in rows.values_list("name", "incarnation", "process"):
+        if process_gone(process) and Worker.objects.using(using).filter(
+                name=name, incarnation=incarnation, process=process, stopped_at__isnull=True).update(
+                stopped_at=db_now(using)):
+            gone.append(name)
+    if gone:
+        log.warning("workers_gone host=%s workers=%s (their processes no longer exist: their jobs are taken "
+                    "at once)", host, ",".join(gone))
+    return gone
 
 
 class Heartbeat:

@@ -273,6 +273,9 @@ class Worker(models.Model):
     #: work no live worker will ever take.
     queues = models.JSONField(default=list, blank=True, editable=False)
     types = models.JSONField(default=list, blank=True, editable=False)
+    #: Which process it is (support.process_key: boot, PID namespace, pid, start time): a worker of the
+    #: same host sees at once that it is gone, instead of waiting for its heartbeat to go stale.
+    process = models.CharField(max_length=120, blank=True, default="", db_default="", editable=False)
 
     class Meta:
         verbose_name = _("worker")

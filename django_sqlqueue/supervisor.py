@@ -64,6 +64,8 @@ from .worker import (
 log = logging.getLogger("django_sqlqueue.supervisor")
 
 REAP_SECONDS = 30.0
+#: How often the supervisor looks for workers of its host whose processes are gone (heartbeat.py).
+SWEEP_SECONDS = 2.0
 TICK_SECONDS = 0.1
 #: A slot that ran at least this long before dying restarts at once (a crash loop backs off).
 STABLE_SECONDS = 30.0
@@ -128,6 +130,7 @@ class Supervisor:
     _extra: list[int] = field(default_factory=lambda: [0] * N_COUNTERS)
     _exit_code: int = EXIT_OK
     _reaping: Call | None = None
+    _sweeping: Call | None = None
 
     def run(self) -> Summary:
         from django.db import connections
@@ -146,6 +149,7 @@ class Supervisor:
         saved = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         bar = self._progress_bar()
         next_reap = started + 5.0
+        next_sweep = started + SWEEP_SECONDS
         connections.close_all()  # nothing to inherit, but do not hold a connection while idle
         try:
             for slot in self._slots:
@@ -163,6 +167,9 @@ class Supervisor:
                 if now >= next_reap and not self._stopping:
                     self._reap()
                     next_reap = now + REAP_SECONDS
+                if now >= next_sweep and not self._stopping:
+                    self._sweep()
+                    next_sweep = now + SWEEP_SECONDS
                 if bar is not None:
                     bar.update(self._summary(0).processed - bar.n)
                 time.sleep(TICK_SECONDS)
@@ -354,8 +361,9 @@ class Supervisor:
             self._extra[FAILED] += 1
             send(signals.job_failed, job=new, worker=name, error=new.error, duration=timeout)
 
-    def _after_death(self, slot: Slot, running: int, *, stopped: bool = False) -> Call:
-        """A slot died: hand back its claimed-but-unstarted jobs; mark its row stopped if asked.
+    def _after_death(self, slot: Slot, running: int, *, stopped: bool = True) -> Call:
+        """A slot died: hand back its claimed-but-unstarted jobs and mark its row stopped, so that its
+        running job is free at once for any worker (its restart, or another one if the restart waits).
 
         Submitted to the database thread; the slot restarts only once this has finished.
         """
@@ -389,6 +397,19 @@ class Supervisor:
                 WorkerRow.objects.using(using).filter(name=name, incarnation=incarnation).update(stopped_at=now)
         except DatabaseError as exc:
             self._db_failed("slot_cleanup_skipped", exc, worker=name)
+
+    def _sweep(self) -> None:
+        if self._sweeping is not None and not self._sweeping.finished:
+            return
+        self._sweeping = self._db.submit("sweep", self._sweep_now)
+
+    def _sweep_now(self) -> None:
+        from .heartbeat import sweep_gone_workers
+
+        try:
+            sweep_gone_workers(self._using)
+        except DatabaseError as exc:
+            self._db_failed("sweep_skipped", exc, quiet=True)
 
     def _reap(self) -> None:
         if self._reaping is not None and not self._reaping.finished:

@@ -90,3 +90,60 @@ def pid_alive(pid: int | None) -> bool:
             return f.read().rsplit(") ", 1)[-1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+# ----- process identity: is a worker of this host gone? ---------------------------------------------------
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> str | None:
+    """Field 22 of /proc/<pid>/stat: the process's start time in clock ticks after boot (None: no such
+    process, or no /proc)."""
+    stat = _read(f"/proc/{pid}/stat")
+    if stat is None:
+        return None
+    fields = stat.rsplit(") ", 1)[-1].split()
+    return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
+
+
+def _namespace() -> str | None:
+    """This machine's boot and this process's PID namespace: pids compare only within both."""
+    boot = _read("/proc/sys/kernel/random/boot_id")
+    try:
+        pidns = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+    return f"{boot}:{pidns}" if boot else None
+
+
+def process_key(pid: int | None = None) -> str:
+    """``boot id:pid namespace:pid:start ticks`` of a process of ours ("" where /proc is missing).
+
+    Stored on the worker row, it lets another worker of the same host tell, without waiting for the
+    heartbeat to go stale, that the process is gone: its pid no longer exists, or was reused by a
+    process that started at another time. Containers sharing a hostname have their own PID namespace
+    (or boot id) and never judge each other's pids.
+    """
+    pid = pid or os.getpid()
+    space, start = _namespace(), _start_ticks(pid)
+    return f"{space}:{pid}:{start}" if space and start else ""
+
+
+def process_gone(key: str) -> bool:
+    """True only when ``key`` (see :func:`process_key`) names a process of this boot and PID namespace
+    that no longer runs; False when it runs or when this process cannot tell (another host, another
+    namespace, no /proc)."""
+    space = _namespace()
+    if not key or not space or not key.startswith(space + ":"):
+        return False
+    try:
+        pid_text, start = key[len(space) + 1:].split(":")
+        pid = int(pid_text)
+    except ValueError:
+        return False
+    return _start_ticks(pid) != start

@@ -60,5 +60,10 @@ class Migration(migrations.Migration):
             name='types',
             field=models.JSONField(blank=True, default=list, editable=False),
         ),
+        migrations.AddField(
+            model_name='worker',
+            name='process',
+            field=models.CharField(blank=True, db_default='', default='', editable=False, max_length=120),
+        ),
         migrations.RunPython(cover_incarnation, uncover_incarnation, elidable=False),
     ]

@@ -1,0 +1,84 @@
+"""Dead workers replaced in seconds (issue 14): a worker of the same host sees at once that a worker's
+process is gone, instead of waiting ``WORKER_DEAD_AFTER_SECONDS`` for its heartbeat to go stale."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+from django.utils import timezone
+
+from django_sqlqueue.heartbeat import sweep_gone_workers
+from django_sqlqueue.models import Job, JobAttempt
+from django_sqlqueue.models import Worker as WorkerRow
+from django_sqlqueue.states import Status
+from django_sqlqueue.support import process_gone, process_key
+from tests import workerutil as wu
+
+worker_procs = wu.worker_procs
+
+
+def _exited_child_key() -> str:
+    """The process key of a child process that has exited since."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    key = process_key(child.pid)
+    child.communicate(b"")
+    return key
+
+
+def test_a_process_key_tells_a_gone_process_from_a_live_one() -> None:
+    mine = process_key()
+    assert mine and mine.endswith(f":{os.getpid()}:" + mine.rsplit(":", 1)[1])
+    assert not process_gone(mine)
+    assert process_gone(_exited_child_key())
+    space, pid, start = mine.rsplit(":", 2)
+    assert process_gone(f"{space}:{pid}:{int(start) + 1}")  # the pid reused by a process started later
+    assert not process_gone(f"another-boot:{space.split(':')[-1]}:999999:1")  # not ours to judge
+    assert not process_gone("") and not process_gone("garbage")
+
+
+@pytest.mark.django_db
+def test_the_sweep_stops_only_rows_of_this_host_whose_process_is_gone() -> None:
+    now, host = timezone.now(), socket.gethostname()
+    gone = _exited_child_key()
+    rows = {
+        "gone/0": {"host": host, "process": gone, "incarnation": "g"},
+        "alive/0": {"host": host, "process": process_key(), "incarnation": "a"},
+        "elsewhere/0": {"host": "another-host", "process": gone, "incarnation": "e"},
+        "stopped/0": {"host": host, "process": gone, "incarnation": "s", "stopped_at": now},
+    }
+    for name, values in rows.items():
+        WorkerRow.objects.create(name=name, started_at=now, last_heartbeat=now, **values)
+    assert sweep_gone_workers("default") == ["gone/0"]
+    stopped = set(WorkerRow.objects.filter(stopped_at__isnull=False).values_list("name", flat=True))
+    assert stopped == {"gone/0", "stopped/0"}
+    assert sweep_gone_workers("default") == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+def test_a_worker_killed_with_its_group_has_its_job_taken_by_a_worker_of_its_host_at_once(worker_procs,
+                                                                                          tmp_path) -> None:
+    """kill -9 of a whole worker (no supervisor left): its heartbeat row looks fresh for 60 s and the job's
+    lease runs 60 s, yet another worker of the host takes the job within seconds."""
+    job = Job.objects.enqueue("test.Ticker", {"ticks": str(tmp_path / "ticks.log"), "seconds": 12})
+    a = worker_procs("--worker-name", "victim", "--concurrency", "1")
+    wu.wait_until(lambda: (tmp_path / "ticks.log").exists(), what="the victim to start the job")
+    b = worker_procs("--worker-name", "rescuer", "--concurrency", "1")
+    wu.wait_until(lambda: WorkerRow.objects.filter(name="rescuer/0", stopped_at=None).exists(),
+                  what="the rescuer to register")
+    os.killpg(a.pid, signal.SIGKILL)
+    a.proc.wait(timeout=30)
+    # Well inside WORKER_DEAD_AFTER_SECONDS (60) and the job's lease (60 s): only the sweep can free it.
+    wu.wait_until(lambda: Job.objects.get(pk=job.pk).status_id == Status.COMPLETED, timeout=45,
+                  what="the rescuer to take the job over and complete it")
+    assert list(JobAttempt.objects.filter(job=job).values_list("attempt_num", "worker")) == [
+        (1, "victim/0"), (2, "rescuer/0")]
+    assert "workers_gone" in b.stderr() and "victim/0" in b.stderr(), b.output()
+    assert WorkerRow.objects.get(name="victim/0").stopped_at is not None
+    b.signal(signal.SIGTERM)
+    assert b.wait(60) == 0, b.output()
