@@ -19,7 +19,8 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 log = logging.getLogger("django_sqlqueue.supervisor")
@@ -119,3 +120,33 @@ class DatabaseThread:
         if missing:
             settings = {**base.settings_dict, "OPTIONS": {**options, **missing}}
             connections[self.using] = type(base)(settings, self.using)
+
+
+@contextmanager
+def bounded_connect(using: str, seconds: float) -> Iterator[None]:
+    """In this thread, ``using``'s connection gets a connect timeout of ``seconds`` (when its OPTIONS set
+    none) for the duration of the block, then is closed and the alias's own wrapper put back.
+
+    For the start-up checks of ``run_queue_worker``: a database that accepts connections and never
+    answers must not hold a worker's start (and its SIGTERM) forever.
+    """
+    from django.db import connections
+
+    from .dialects import dialect_class
+
+    base = connections[using]
+    extra = dialect_class(base.vendor).connect_timeout_options(seconds)
+    options = base.settings_dict.get("OPTIONS") or {}
+    missing = {key: value for key, value in extra.items() if key not in options}
+    if not missing:
+        yield
+        return
+    bounded = type(base)({**base.settings_dict, "OPTIONS": {**options, **missing}}, using)
+    connections[using] = bounded
+    try:
+        yield
+    finally:
+        try:
+            bounded.close()
+        finally:
+            connections[using] = base

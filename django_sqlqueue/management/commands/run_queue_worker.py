@@ -13,10 +13,14 @@ from django.db import DatabaseError
 
 from django_sqlqueue import jobtypes
 from django_sqlqueue.conf import get_settings
+from django_sqlqueue.dbthread import bounded_connect
 from django_sqlqueue.exceptions import InvalidArgument, UnknownJobType
 from django_sqlqueue.handlers import registry
 from django_sqlqueue.supervisor import Supervisor
 from django_sqlqueue.worker import WorkerConfig, configure_logging, default_worker_name
+
+#: The start-up checks' connect timeout: a database that never answers must not hold the start up.
+START_CONNECT_SECONDS = 5.0
 
 MAX_CONCURRENCY = 256
 MAX_BATCH = 1000
@@ -78,10 +82,13 @@ class Command(BaseCommand):
         if errors:
             raise CommandError("; ".join(f"{e.id}: {e.msg}" for e in errors))
         config, supervisor = self.build(options)
-        self.check_migrated(config.using or "default")
-        configure_logging(options["log_level"])
-        self.sync_types(config)
-        self.check_types(config)
+        using = config.using or get_settings().DATABASE
+        with bounded_connect(using, START_CONNECT_SECONDS):  # a silent database cannot hold the start up
+            reachable = self.check_migrated(using)
+            configure_logging(options["log_level"])
+            if reachable:
+                self.sync_types(config)
+                self.check_types(config)
         summary = supervisor.run()
         self.stdout.write(summary.line())
         if config.burst:
@@ -156,7 +163,7 @@ class Command(BaseCommand):
                 f"{found['next'].isoformat(timespec='seconds')} (in {(found['next'] - now).total_seconds():.0f} s). "
                 f"--wait-due SECONDS keeps a burst worker for jobs due within SECONDS.")
 
-    def check_migrated(self, using: str) -> None:
+    def check_migrated(self, using: str) -> bool:
         """Refuse to start on a database whose queue tables are missing or behind the code.
 
         Without this a worker started before ``migrate`` retried "no such table" forever (SQLite) or
@@ -171,13 +178,14 @@ class Command(BaseCommand):
             applied = set(loader.applied_migrations)
         except DatabaseError as exc:
             self.stderr.write(f"could not check the migrations now ({exc}); continuing")
-            return
+            return False
         missing = sorted(key[1] for key in loader.disk_migrations
                          if key[0] == "django_sqlqueue" and key not in applied)
         if missing:
             raise CommandError(
                 f"the queue's tables in database {using!r} are not migrated (django_sqlqueue "
                 f"{', '.join(missing)} not applied): run manage.py migrate")
+        return True
 
     def sync_types(self, config: WorkerConfig) -> None:
         """The handlers' options reach their job type rows (as after migrate): this worker runs this code."""
