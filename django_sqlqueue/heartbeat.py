@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 from django.db.models import DateTimeField, F, Q
@@ -33,7 +34,6 @@ from django.db.models.expressions import RawSQL
 from .conf import get_settings
 from .dialects import get_dialect
 from .exceptions import WorkerNameInUse
-from .states import Status
 from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line, pid_alive, process_gone, process_key
 
 log = logging.getLogger("django_sqlqueue.worker")
@@ -72,17 +72,17 @@ def register(name: str, using: str, incarnation: str = "", queues: Sequence[str]
                    output_field=DateTimeField())
     free = Q(stopped_at__isnull=False) | Q(last_heartbeat__lt=stale)
     for _ in range(5):
-        holder = rows.filter(name=name).exclude(free).values("host", "pid", "last_heartbeat").first()
+        holder = rows.filter(name=name).exclude(free).values("host", "pid", "last_heartbeat", "process").first()
         mine = free
         if holder is not None:
-            if holder["host"] != host or (holder["pid"] != pid and pid_alive(holder["pid"])):
+            if not _holder_gone(holder, host, pid):
                 raise WorkerNameInUse(
                     f"worker name {name!r} is in use by a live worker: host {holder['host']!r}, pid "
                     f"{holder['pid']}, last heartbeat {holder['last_heartbeat']:%Y-%m-%d %H:%M:%S} UTC. Two "
                     f"live workers under one name would run each other's jobs twice: stop that worker or "
                     f"give this one another --worker-name (a worker that died on another host frees its "
                     f"name once its heartbeat is WORKER_DEAD_AFTER_SECONDS={dead_after:g} s old)")
-            mine = free | Q(host=host, pid=holder["pid"])
+            mine = free | Q(host=host, pid=holder["pid"], process=holder["process"])
         if rows.filter(mine, name=name).update(**values):
             return True
         if holder is None and not rows.filter(name=name).exists():
@@ -93,6 +93,18 @@ def register(name: str, using: str, incarnation: str = "", queues: Sequence[str]
             except IntegrityError:
                 pass  # another worker created it just now: look again
     raise WorkerNameInUse(f"worker name {name!r} keeps changing hands; is another worker starting under it?")
+
+
+def _holder_gone(holder: dict[str, Any], host: str, pid: int) -> bool:
+    """May a worker of this host take a name whose row looks live? Only when the row is this very
+    process's, or its process is gone. Judged by the process key (boot, PID namespace, pid, start time),
+    so a pid reused since, or a container that shares the hostname but not the PID namespace, never
+    frees a live worker's name; a row without a key (older versions) falls back to the pid alone."""
+    if holder["host"] != host:
+        return False
+    if holder["process"]:
+        return holder["process"] == process_key() or process_gone(holder["process"])
+    return holder["pid"] == pid or not pid_alive(holder["pid"])
 
 
 def mark_stopped(name: str, using: str, jobs_done: int = 0, incarnation: str | None = None) -> int:
@@ -137,7 +149,13 @@ def sweep_gone_workers(using: str) -> list[str]:
 
 
 class Heartbeat:
-    """Jobs a slot holds (id -> lease seconds), the thread that renews them, and the slot's standing."""
+    """Jobs a slot holds (id -> lease seconds), the thread that renews them, and the slot's standing.
+
+    Two clocks decide whether a job is safe to keep running, both measured from a moment before the
+    database stamped them (monotonic, this process): the worker row's, ``ok_at`` (the last beat that
+    got through) against ``WORKER_DEAD_AFTER_SECONDS``; and each held job's lease, renewed by its claim
+    and by every good beat since, against its lease length.
+    """
 
     def __init__(self, name: str, using: str, heartbeat_seconds: float, *, exit_with_parent: bool,
                  incarnation: str = "", dead_after: float = 60.0,
@@ -147,7 +165,8 @@ class Heartbeat:
         self.heartbeat_seconds = heartbeat_seconds
         self.incarnation = incarnation
         self.dead_after = dead_after
-        self._held: dict[int, int] = {}
+        self._held: dict[int, float] = {}  # job id -> lease seconds
+        self._claimed: dict[int, float] = {}  # job id -> monotonic time its claim was sent
         self._done = 0  # jobs finished since the last beat (added to the row's jobs_done)
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -156,23 +175,32 @@ class Heartbeat:
         self._parent = os.getppid() if exit_with_parent else None
         #: Monotonic time at which the last beat that got through was sent (None: none yet).
         self.ok_at: float | None = None
-        #: The worker row belongs to another incarnation now: this process must stop.
+        #: The worker row belongs to another incarnation now (or was stamped stopped): this process
+        #: must stop.
         self.replaced = False
-        #: Held jobs whose lease renewal found them taken (reclaimed, or changed by an operator).
+        #: Held jobs a renewal found under another worker or incarnation (taken over).
         self.lost: set[int] = set()
         self._failing = False
         self._on_beat = on_beat
 
     # ----- called by the worker's main thread ----------------------------------------------------
-    def hold(self, leases: dict[int, int]) -> None:
+    def hold(self, leases: dict[int, float], claimed_at: float | None = None) -> None:
+        """Hold claimed jobs: ``leases`` (id -> the lease the claim gave, seconds), the claim sent at
+        ``claimed_at`` (monotonic; now if None)."""
+        at = time.monotonic() if claimed_at is None else claimed_at
         with self._lock:
             self._held.update(leases)
+            for job_id in leases:
+                self._claimed[job_id] = at
+                self.lost.discard(job_id)
         self._wake.set()  # a short lease may need an earlier renewal than planned
         self._publish()
 
     def drop(self, job_id: int, *, finished: bool) -> None:
         with self._lock:
             self._held.pop(job_id, None)
+            self._claimed.pop(job_id, None)
+            self.lost.discard(job_id)
             self._done += finished
 
     def held(self) -> list[int]:
@@ -188,6 +216,9 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._loop, name=f"sqlqueue-heartbeat-{self.name}", daemon=True)
         self._thread.start()
 
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
         self._stop = True
         self._wake.set()
@@ -196,24 +227,41 @@ class Heartbeat:
 
     # ----- standing ------------------------------------------------------------------------------
     def window(self) -> float:
-        """Seconds after the last beat that got through at which others may take this slot's jobs."""
+        """The shortest of the dead-after time and the held leases: the beat interval is a quarter."""
         with self._lock:
             shortest = min(self._held.values(), default=None)
         return self.dead_after if shortest is None else min(self.dead_after, shortest)
 
-    def deadline(self, share: float) -> float:
-        """Monotonic time at which ``share`` of the window since the last good beat has passed."""
+    def row_deadline(self, share: float) -> float:
+        """Monotonic time at which ``share`` of the dead-after time since the last good beat has passed
+        (0 before the first beat or once replaced)."""
         if self.replaced or self.ok_at is None:
             return 0.0
-        return self.ok_at + share * self.window()
+        return self.ok_at + share * self.dead_after
+
+    def job_deadline(self, job_id: int, share: float) -> float:
+        """Monotonic time past which ``share`` of what keeps ``job_id`` ours is used up: its lease since
+        its last renewal (the claim, or a good beat after it), or the worker row's dead-after time."""
+        row = self.row_deadline(share)
+        with self._lock:
+            lease, claimed = self._held.get(job_id), self._claimed.get(job_id)
+        if not row or lease is None or claimed is None:
+            return row
+        renewed = max(claimed, self.ok_at or claimed)
+        return min(row, renewed + share * lease)
 
     def may_claim(self) -> bool:
-        """A beat got through recently enough that a claim's jobs will not be taken from under it."""
-        return not self.replaced and time.monotonic() < self.deadline(CLAIM_SHARE)
+        """A beat got through recently enough that the worker row will not look dead under a claim."""
+        return not self.replaced and time.monotonic() < self.row_deadline(CLAIM_SHARE)
+
+    def may_start(self, job_id: int) -> bool:
+        """A held, unstarted job is still safely ours (else it is handed back, not started)."""
+        return (not self.replaced and job_id not in self.lost
+                and time.monotonic() < self.job_deadline(job_id, CLAIM_SHARE))
 
     def at_risk(self, job_id: int) -> bool:
-        """The job may be (or soon be) someone else's: replaced, lease lost, or beats failing too long."""
-        return self.replaced or job_id in self.lost or time.monotonic() >= self.deadline(STOP_SHARE)
+        """The job may be (or soon be) someone else's: replaced, taken over, or beats failing too long."""
+        return self.replaced or job_id in self.lost or time.monotonic() >= self.job_deadline(job_id, STOP_SHARE)
 
     def _publish(self) -> None:
         if self._on_beat is not None:
@@ -238,12 +286,15 @@ class Heartbeat:
                     os._exit(1)  # the supervisor is gone, so are we: our jobs are reclaimed by lease or name
                 now = time.monotonic()
                 if now < next_beat:  # woken early by a claim: a shorter lease may need an earlier beat
-                    next_beat = min(next_beat, now + self.interval())
-                    continue
+                    next_beat = min(next_beat, (self.ok_at or now) + self.interval())
+                    if now < next_beat:
+                        continue
                 self._beat_logged()
                 if self.replaced:
                     return
                 next_beat = time.monotonic() + self.interval()
+        except Exception:  # never die silently: the slot sees the thread gone and restarts
+            log.exception("heartbeat_thread_died worker=%s", self.name)
         finally:
             connections.close_all()  # this thread's connections only
 
@@ -277,22 +328,18 @@ class Heartbeat:
 
         with self._lock:
             held = dict(self._held)
-        by_lease: dict[int, list[int]] = {}
+        by_lease: dict[float, list[int]] = {}
         for job_id, lease in held.items():
             by_lease.setdefault(lease, []).append(job_id)
         for lease, ids in by_lease.items():
-            kept = Job.objects.renew_leases(self.name, ids, lease, using=self.using, incarnation=self.incarnation)
+            kept = Job.objects.renew_leases(self.name, ids, max(1, round(lease)), using=self.using,
+                                            incarnation=self.incarnation)
             if kept < len(ids):
-                still = set(Job.objects.using(self.using).filter(
-                    pk__in=ids, worker=self.name, incarnation=self.incarnation,
-                    status_id=Status.PROCESSING).values_list("pk", flat=True))
-                gone = {i for i in ids if i not in still and i in self.held()}
-                self.lost |= gone
-                if gone:
-                    log.warning("lease_lost worker=%s jobs=%s", self.name, ",".join(map(str, sorted(gone))))
+                self._find_taken(ids)
         done = self.take_done()
         try:
-            stamped = Worker.objects.using(self.using).filter(name=self.name, incarnation=self.incarnation).update(
+            stamped = Worker.objects.using(self.using).filter(
+                name=self.name, incarnation=self.incarnation, stopped_at__isnull=True).update(
                 last_heartbeat=db_now(self.using), jobs_done=F("jobs_done") + done)
         except BaseException:
             with self._lock:
@@ -300,6 +347,23 @@ class Heartbeat:
             raise
         if not stamped:
             self.replaced = True
-            log.error("worker_replaced worker=%s incarnation=%s: the worker row belongs to another process now "
-                      "(this one was paused or cut off past WORKER_DEAD_AFTER_SECONDS and a worker started "
-                      "under its name); stopping without touching its jobs", self.name, self.incarnation)
+            log.error("worker_replaced worker=%s incarnation=%s: the worker row belongs to another process now, "
+                      "or was stamped stopped (this one was paused or cut off past WORKER_DEAD_AFTER_SECONDS, or "
+                      "judged gone); stopping without touching its jobs", self.name, self.incarnation)
+
+    def _find_taken(self, ids: list[int]) -> None:
+        """Some renewals found nothing: which of these jobs another worker or incarnation holds now.
+
+        A job this slot finished meanwhile (still under its name and incarnation, no longer Processing)
+        is not taken; nor is one it dropped since the renewal.
+        """
+        from .models import Job
+
+        taken = set(Job.objects.using(self.using).filter(pk__in=ids).exclude(
+            worker=self.name, incarnation=self.incarnation).values_list("pk", flat=True))
+        with self._lock:
+            taken &= set(self._held)
+            self.lost |= taken
+        if taken:
+            log.warning("lease_lost worker=%s jobs=%s (taken over by another worker)", self.name,
+                        ",".join(map(str, sorted(taken))))

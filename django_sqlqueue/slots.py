@@ -27,9 +27,9 @@ class SlotChannel:
         # records successes in batches, see recorder.py): [count, id, id, ...]. If the slot dies,
         # these ran: they must not be handed back as unstarted.
         self.unrecorded = ctx.Array("q", 1 + self.unrecorded_capacity)
-        # [monotonic time until which the running job is safe to keep running, 1 once the slot's
+        # [job id, monotonic time until which that job is safe to keep running, 1 once the slot's
         # heartbeat has reported]: past it, its lease may be (or soon be) someone else's (heartbeat.py).
-        self.safe = ctx.Array("d", 2)
+        self.safe = ctx.Array("d", 3)
         # The exit code the slot itself chose (-1: none): any other exit is a death, whatever its code.
         self.declared = ctx.Value("i", -1)
 
@@ -54,14 +54,16 @@ class SlotChannel:
             if got:
                 lock.release()
 
-    def set_safe_until(self, when: float, known: bool) -> None:
+    def set_safe_until(self, job_id: int, when: float, known: bool) -> None:
         with self.safe.get_lock():
-            self.safe[0], self.safe[1] = when, float(known)
+            self.safe[0], self.safe[1], self.safe[2] = job_id, when, float(known)
 
-    def running_job_at_risk(self) -> bool:
-        """Read by the supervisor: the slot's heartbeat says its running job may be someone else's now."""
-        when, known = self.safe[0], self.safe[1]
-        return bool(known) and time.monotonic() >= when
+    def running_job_at_risk(self, job_id: int) -> bool:
+        """Read by the supervisor (holding ``current``'s lock): the slot's heartbeat says its running job
+        ``job_id`` may be someone else's now. A value published for another job is not believed."""
+        with self.safe.get_lock():
+            published, when, known = int(self.safe[0]), self.safe[1], self.safe[2]
+        return published == job_id and bool(known) and time.monotonic() >= when
 
     def set_current(self, job_id: int, timeout: float) -> None:
         with self.current.get_lock():

@@ -262,7 +262,7 @@ class Supervisor:
         declared = slot.channel.declared.value if slot.channel is not None else code
         slot.proc = None
         if running or code != declared:
-            code = f"{code} (undeclared)" if code != declared else code  # a death, whatever the code
+            code = f"{code} (undeclared)"  # a death, whatever the code
         if code == EXIT_OK and (self._stopping or self.config.burst or self._budget_spent()):
             slot.done = True
         elif code in (EXIT_FATAL, EXIT_REPLACED):
@@ -294,7 +294,8 @@ class Supervisor:
             job_id, deadline, timeout = int(current[0]), current[1], current[2]
             if not job_id:
                 return
-            at_risk = slot.channel.running_job_at_risk()
+            # Once its handler has returned (deadline inf) nothing can run twice any more: let it record.
+            at_risk = deadline != float("inf") and slot.channel.running_job_at_risk(job_id)
             if not at_risk and time.monotonic() <= deadline:
                 return
             # Killed while we hold the lock: the slot cannot have moved on to another job meanwhile.

@@ -101,14 +101,20 @@ def _read(path: str) -> str | None:
         return None
 
 
-def _start_ticks(pid: int) -> str | None:
-    """Field 22 of /proc/<pid>/stat: the process's start time in clock ticks after boot (None: no such
-    process, or no /proc)."""
+def _stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time in clock ticks after boot) from /proc/<pid>/stat (fields 3 and 22); None when
+    it cannot be read (no such process, no /proc, or hidden)."""
     stat = _read(f"/proc/{pid}/stat")
     if stat is None:
         return None
     fields = stat.rsplit(") ", 1)[-1].split()
-    return fields[19] if len(fields) > 19 and fields[0] != "Z" else None
+    return (fields[0], fields[19]) if len(fields) > 19 else None
+
+
+def _start_ticks(pid: int) -> str | None:
+    """The start time of a live (not zombie) process ``pid``, or None."""
+    got = _stat(pid)
+    return got[1] if got is not None and got[0] != "Z" else None
 
 
 def _namespace() -> str | None:
@@ -130,6 +136,9 @@ def process_key(pid: int | None = None) -> str:
     (or boot id) and never judge each other's pids.
     """
     pid = pid or os.getpid()
+    own = _read("/proc/self/stat")
+    if own is None or own.split(" ", 1)[0] != str(os.getpid()):
+        return ""  # a /proc of another PID namespace is mounted here: its pids are not ours to judge
     space, start = _namespace(), _start_ticks(pid)
     return f"{space}:{pid}:{start}" if space and start else ""
 
@@ -146,4 +155,16 @@ def process_gone(key: str) -> bool:
         pid = int(pid_text)
     except ValueError:
         return False
-    return _start_ticks(pid) != start
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True  # no such process
+    except PermissionError:
+        pass  # another user's: it exists; its start time may still show a reused pid
+    except OSError:
+        return False
+    got = _stat(pid)
+    if got is None:
+        return False  # exists, but /proc/<pid>/stat is unreadable (hidepid, a sandbox): alive for all we know
+    state, ticks = got
+    return state == "Z" or ticks != start  # a zombie has exited; other start ticks: the pid was reused

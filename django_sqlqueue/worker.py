@@ -141,7 +141,7 @@ class Worker:
             self._loop()
         finally:
             self._shutdown()
-        return self._exit_code
+        return EXIT_REPLACED if self.heartbeat.replaced else self._exit_code
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Only set flags here: logging or database work inside a signal handler can deadlock.
@@ -154,11 +154,15 @@ class Worker:
                 or (self.channel is not None and self.channel.stop.is_set()))
 
     def _on_beat(self, heartbeat: Heartbeat) -> None:
-        """Heartbeat thread: tell the supervisor until when the running job is safe to keep running."""
+        """Tell the supervisor until when the running job is safe to keep running (called from the
+        heartbeat thread after each beat, and from the main thread when a job starts). The job id goes
+        with it: the supervisor ignores a value published for another job than the current one."""
         assert self.channel is not None
         running = self._running_id
-        lost = running is not None and (heartbeat.replaced or running in heartbeat.lost)
-        self.channel.set_safe_until(0.0 if lost else heartbeat.deadline(STOP_SHARE) or float("inf"),
+        if running is None:
+            return
+        lost = heartbeat.replaced or running in heartbeat.lost
+        self.channel.set_safe_until(running, 0.0 if lost else heartbeat.job_deadline(running, STOP_SHARE),
                                     heartbeat.ok_at is not None or heartbeat.replaced)
 
     def _loop(self) -> None:
@@ -190,8 +194,8 @@ class Worker:
                 if self.stop_requested():
                     self._release(jobs[ran:])
                     return
-                if not self.heartbeat.may_claim():
-                    # Beats are not getting through: others may soon take these. Hand them back now.
+                if not self.heartbeat.may_start(job.pk):
+                    # Beats are not getting through (or it was taken over): others may soon take these.
                     self._give_back(self._release(jobs[ran:], reason="heartbeat_stale"))
                     break
                 if ran and self.sizer.over_budget(started):
@@ -203,13 +207,16 @@ class Worker:
             self.sizer.record(self._asked, len(jobs), ran, time.monotonic() - started)
             tidy_connections()
         if self.heartbeat.replaced:
-            self._exit_code = EXIT_REPLACED
             log.error("worker_stopping worker=%s reason=replaced", self.name)
         else:
             log.info("worker_stopping worker=%s reason=signal", self.name)
 
     def _wait_for_standing(self) -> None:
-        """No beat got through lately (or none yet): claim nothing, record what ran, wait for one."""
+        """No beat got through lately (or none yet): claim nothing, record what ran, hand back what a
+        claim with a lost reply took, and wait for a beat."""
+        if not self.heartbeat.alive() and not self.heartbeat.replaced:
+            raise RuntimeError("the heartbeat thread is gone: this slot cannot keep its jobs (its supervisor "
+                               "restarts it)")
         now = time.monotonic()
         if self._standing_lost_since is None:
             self._standing_lost_since = now
@@ -219,6 +226,8 @@ class Worker:
             self._standing_lost_since = now + 30.0  # say it again every 30 s, not every poll
         try:
             self.recorder.flush()  # complete only (nothing to do when no success is pending)
+            if self._claim_in_doubt:
+                self._hand_back_unreceived()
         except DB_DOWN_ERRORS as exc:
             self._db_trouble(exc)
             return
@@ -287,8 +296,11 @@ class Worker:
         # full claims); the claims in between take only due jobs, which costs a third less on PostgreSQL.
         now = time.monotonic()
         reclaim = now >= self._reclaim_at
+        sent = now
 
         def claim(done: list[Any], reclaim: bool) -> Any:
+            nonlocal sent
+            sent = time.monotonic()  # the leases run from (after) this moment
             self._claim_in_doubt = True  # until its reply is in hand
             got = Job.objects.complete_and_claim(done, self.name, want, queues=self.config.queues,
                                                  types=self.config.types, using=self.using, reclaim=reclaim,
@@ -310,8 +322,9 @@ class Worker:
             self._reclaim_at = now + self.settings.RECLAIM_SECONDS
         self._give_back(want - len(jobs))
         if jobs:
-            leases = {job.pk: self._type(job).lease_seconds for job in jobs}
-            self.heartbeat.hold(leases)
+            # The lease each claim wrote (both stamps from the database clock): renewed with that length.
+            self.heartbeat.hold({job.pk: max(1.0, (job.lease_expires_at - job.started_at).total_seconds())
+                                 for job in jobs}, claimed_at=sent)
             for job in jobs:
                 send(signals.job_claimed, job=job, worker=self.name)
         return jobs
@@ -510,6 +523,8 @@ class Worker:
                 pk__in=leftover, worker=self.name, incarnation=self.incarnation, status_id=Status.PROCESSING)),
                 retry_while_stopping=2)
             self._release(rows or [])
+        if self._claim_in_doubt and not self.heartbeat.replaced:
+            self._db(self._hand_back_unreceived, retry_while_stopping=2)
         self.heartbeat.stop()
         if self._listener is not None:
             self._listener.close()

@@ -307,7 +307,7 @@ class Dialect:
         params_reclaim = [
             *self._top_params(req, top),
             *self.own_leftovers_params(req),
-            -int(req.worker_dead_after_seconds),
+            -float(req.worker_dead_after_seconds),
             *filter_params,
             *self._limit_params(req, limit),
         ]
