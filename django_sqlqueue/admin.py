@@ -26,13 +26,14 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext_lazy as _
 
-from . import admin_actions
+from . import admin_actions, health
 from .admin_filters import (
     CheapPaginator,
     DeclaredFiltersOnly,
     HasErrorFilter,
     JobTypeFilter,
     LeaseExpiredFilter,
+    OrphanedFilter,
     OverdueFilter,
     QueueFilter,
     StatusFilter,
@@ -48,7 +49,7 @@ from .admin_types import JobTypeAdmin, WorkerAdmin, status_badge
 from .admin_views import dashboard_view
 from .conf import get_settings
 from .models import Job, JobAttempt, JobType, Worker
-from .states import CLAIMABLE, FINISHED, Status
+from .states import CLAIMABLE, FINISHED, TRANSITIONS, Status
 
 #: Characters of the error shown in the list (the rest stays in the database until the job is opened).
 ERROR_EXCERPT_CHARS = 120
@@ -186,7 +187,7 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
                     "duration", "worker", "error_excerpt")
     list_display_links = ("id",)
     list_filter = (StatusFilter, JobTypeFilter, QueueFilter, StepFilter, WorkerFilter, OverdueFilter,
-                   LeaseExpiredFilter, HasErrorFilter)
+                   LeaseExpiredFilter, OrphanedFilter, HasErrorFilter)
     list_select_related = ("job_type",)
     list_per_page = 100
     ordering = ("-id",)
@@ -401,31 +402,70 @@ def effective_max_attempts(job: Job) -> int:
 
 
 def explain(job: Job) -> str:
-    """Why this job is, or is not, running now: the first reason the claim would skip it."""
+    """Why this job is, or is not, running now: the first reason the claim would skip it.
+
+    Each answer mirrors the claim: "the next claim takes it" only when a live worker serves the job's
+    queue and type (:mod:`.health`), and a job held by a stopped or stale worker is said to be orphaned.
+    """
     now = timezone.now()
     state = job.state
     if state in FINISHED:
-        return _("Finished (%(status)s); only an operator's retry runs it again.") % {"status": state.label}
+        if Status.PENDING in TRANSITIONS[state]:
+            return _("Finished (%(status)s); only an operator's retry runs it again.") % {"status": state.label}
+        return _("Finished (%(status)s) for good: no action runs it again; enqueue a new job to redo the "
+                 "work.") % {"status": state.label}
     if state == Status.PAUSED:
         return _("Paused by an operator: Resume to let workers take it.")
     if state == Status.PROCESSING:
-        if job.lease_expires_at and job.lease_expires_at < now:
-            return _("Lease expired %(ago)s ago: worker %(worker)s is presumed dead; the next claim takes it "
-                     "over.") % {"ago": timesince(job.lease_expires_at, now), "worker": job.worker}
-        return _("Running on %(worker)s since %(ago)s ago.") % {"worker": job.worker or "?",
-                                                              "ago": timesince(job.started_at or now, now)}
+        return _explain_running(job, now)
     if job.job_type.paused:
         return _("Its job type %(type)s is paused: no worker takes its jobs.") % {"type": job.job_type.name}
     if job.attempt_num >= effective_max_attempts(job):
         return _("No attempts left (%(n)d used): Retry or Reset attempts.") % {"n": job.attempt_num}
     if job.scheduled_for > now:
         return _("Scheduled: due in %(t)s.") % {"t": timeuntil(job.scheduled_for, now)}
-    alive = Worker.objects.filter(stopped_at__isnull=True, last_heartbeat__gte=now - timedelta(
-        seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)).count()
-    if not alive:
+    live = health.live_workers(now, job._state.db)
+    if not live:
         return _("Due %(ago)s ago, but no worker is alive.") % {"ago": timesince(job.scheduled_for, now)}
-    return _("Due %(ago)s ago: waiting for one of %(n)d live worker(s) serving queue %(queue)s.") % {
-        "ago": timesince(job.scheduled_for, now), "n": alive, "queue": job.queue}
+    serving = [w for w in live if health.serves(w, job.queue, job.job_type.name)]
+    if not serving:
+        return _("Due %(ago)s ago, but none of the %(n)d live worker(s) serves queue %(queue)s and type "
+                 "%(type)s: it waits until a worker that does starts.") % {
+            "ago": timesince(job.scheduled_for, now), "n": len(live), "queue": job.queue,
+            "type": job.job_type.name}
+    return _("Due %(ago)s ago: waiting for one of %(n)d live worker(s) serving queue %(queue)s and type "
+             "%(type)s.") % {"ago": timesince(job.scheduled_for, now), "n": len(serving), "queue": job.queue,
+                             "type": job.job_type.name}
+
+
+def _explain_running(job: Job, now: datetime) -> str:
+    holder = health.holder_of(job, now)
+    worker = job.worker or "?"
+    if holder.state == "stopped":
+        why = _("Orphaned: worker %(worker)s stopped %(ago)s ago but the job is still Processing.") % {
+            "worker": worker, "ago": timesince(holder.worker.stopped_at, now)}
+    elif holder.state == "stale":
+        why = _("Orphaned: worker %(worker)s has sent no heartbeat for %(ago)s (presumed dead).") % {
+            "worker": worker, "ago": timesince(holder.worker.last_heartbeat, now)}
+    elif job.lease_expires_at and job.lease_expires_at < now:
+        why = _("Lease expired %(ago)s ago: worker %(worker)s is presumed dead.") % {
+            "ago": timesince(job.lease_expires_at, now), "worker": worker}
+    elif holder.state == "missing":
+        return _("Running on %(worker)s (no worker row by that name) since %(ago)s ago; its lease expires in "
+                 "%(left)s, then a live worker serving it takes it over.") % {
+            "worker": worker, "ago": timesince(job.started_at or now, now),
+            "left": timeuntil(job.lease_expires_at or now, now)}
+    else:
+        return _("Running on %(worker)s since %(ago)s ago.") % {"worker": worker,
+                                                              "ago": timesince(job.started_at or now, now)}
+    serving = [w for w in health.live_workers(now, job._state.db) if health.serves(w, job.queue, job.job_type.name)]
+    if job.job_type.paused:
+        return why + " " + _("Its type is paused: nobody takes it over until it is resumed.")
+    if serving:
+        return why + " " + _("The next claim by one of %(n)d live worker(s) serving queue %(queue)s takes it "
+                             "over (or Requeue it).") % {"n": len(serving), "queue": job.queue}
+    return why + " " + _("No live worker serves queue %(queue)s and type %(type)s: it stays here until one "
+                         "starts. Requeue it to make it Pending.") % {"queue": job.queue, "type": job.job_type.name}
 
 
 admin.site.register(JobType, JobTypeAdmin)

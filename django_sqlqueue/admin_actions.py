@@ -211,9 +211,28 @@ def reset_attempts(modeladmin: Any, request: HttpRequest, queryset: QuerySet) ->
                                                 options=options, note=_("attempts reset to 0")))
 
 
+def _confirm(modeladmin: Any, request: HttpRequest, queryset: QuerySet, permission: str, verb: str,
+             warning: str, button: str) -> HttpResponse | None:
+    """The confirmation page, after the permission check (a page is not shown to who may not act)."""
+    from .admin_views import confirm_page
+
+    if not request.user.has_perm(f"django_sqlqueue.{permission}"):
+        raise PermissionDenied(f"{verb} needs the django_sqlqueue.{permission} permission")
+    return confirm_page(modeladmin, request, queryset, verb=verb, warning=warning, button=button,
+                        limit=getattr(modeladmin, "action_batch_limit", ACTION_BATCH_LIMIT))
+
+
 @admin.action(permissions=["cancel"], description=gettext_lazy("Cancel"))
 def cancel(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
-    """Pending / Error / Paused -> Cancelled (a running job is refused: use Mark terminated)."""
+    """Pending / Error / Paused -> Cancelled (a running job is refused: use Mark terminated).
+
+    Asks for confirmation first: a cancelled job runs again only through an operator's retry.
+    """
+    page = _confirm(modeladmin, request, queryset, "cancel_job", _("Cancel"),
+                    _("Cancelled jobs do not run; an operator's retry brings one back. Jobs that cannot be "
+                      "cancelled (running, finished) are left alone and reported."), _("Yes, cancel them"))
+    if page is not None:
+        return page
     return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Cancel"),
                                                 permission="cancel_job", target=Status.CANCELLED))
 
@@ -242,8 +261,13 @@ def mark_terminated(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -
     """Pending / Processing / Error / Paused -> Terminated.
 
     For a running job: its worker's next write carries the old token and is refused, so the worker
-    cannot bring it back.
+    cannot bring it back. Terminated is final: a confirmation page says so and names the count first.
     """
+    page = _confirm(modeladmin, request, queryset, "cancel_job", _("Mark terminated"),
+                    _("Terminated is final: it cannot be undone, and no action runs a terminated job again. "
+                      "A running job's worker is stopped from writing its result."), _("Yes, terminate them"))
+    if page is not None:
+        return page
     return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Mark terminated"),
                                                 permission="cancel_job", target=Status.TERMINATED))
 

@@ -305,6 +305,18 @@ class LeaseExpiredFilter(_YesFilter):
         return lease_expired(using, timezone.now())
 
 
+class OrphanedFilter(_YesFilter):
+    """Processing jobs whose worker is stopped or stale or whose lease expired (see :mod:`.health`)."""
+
+    title = _("orphaned")
+    parameter_name = "orphaned"
+
+    def condition(self, using: str) -> Q:
+        from .health import orphaned_q
+
+        return orphaned_q(timezone.now(), using)
+
+
 class HasErrorFilter(_YesFilter):
     """Jobs carrying error text (the last failed attempt's traceback)."""
 

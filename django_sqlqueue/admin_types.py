@@ -232,4 +232,10 @@ class WorkerAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
         if n is None:
             n = Job.objects.filter(status_id=Status.PROCESSING, worker=obj.name).count()
         url = changelist_url(worker=obj.name, status=int(Status.PROCESSING))
+        gone = obj.stopped_at is not None or (
+            timezone.now() - obj.last_heartbeat > timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS))
+        if n and gone:  # a stopped or stale worker holding jobs: they are orphaned until reclaimed or requeued
+            return format_html('<a class="sqlqueue-badge sqlqueue-failed" href="{}" title="{}">{} {}</a>', url,
+                               _("This worker is gone but these jobs are still Processing: a live worker "
+                                 "serving them takes them over, or Requeue them."), n, _("orphaned"))
         return format_html('<a href="{}">{}</a>', url, n)

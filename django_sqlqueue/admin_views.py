@@ -119,6 +119,44 @@ def retry_at_view(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> 
     return TemplateResponse(request, "admin/django_sqlqueue/retry_at.html", context)
 
 
+# ----- confirmation before an action that cannot (easily) be undone -------------------------------
+def carried_fields(request: HttpRequest, extra: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """The POSTed selection (ids, select-across, tokens, return-to) to carry through an intermediate page."""
+    carried = [(k, v) for k in ("_selected_action", "select_across", "_sqlqueue_return", "action", *extra)
+               for v in request.POST.getlist(k)]
+    carried += [(k, v) for k, v in request.POST.items() if k.startswith("_token_")]
+    return carried
+
+
+def confirm_page(modeladmin: Any, request: HttpRequest, queryset: QuerySet, *, verb: str, warning: str,
+                 button: str, danger: bool = True, limit: int | None = None) -> TemplateResponse | None:
+    """A page naming how many jobs an action would change, unless this POST already confirmed it.
+
+    ``None`` means "confirmed: go ahead". The count is exact up to :data:`COUNT_CAP` and says "more
+    than" beyond; when the action changes at most ``limit`` jobs per run, the page says so up front.
+    """
+    if request.POST.get("confirm") == "yes":
+        return None
+    count = queryset.order_by()[: COUNT_CAP + 1].count()
+    preview = list(queryset.order_by("-id").values_list("id", "status_id")[:21])
+    limit_note = ""
+    if limit is not None and count > limit:
+        limit_note = _("One run changes at most %(limit)d jobs (the newest first); run it again for the rest.") % {
+            "limit": limit}
+    back = request.POST.get("_sqlqueue_return")
+    back_url = (reverse("admin:django_sqlqueue_job_change", args=[back]) if back and back.isascii()
+                and back.isdigit() else reverse("admin:django_sqlqueue_job_changelist"))
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": verb, "verb": verb, "warning": warning, "button": button, "danger": danger,
+        "opts": modeladmin.model._meta, "count": min(count, COUNT_CAP), "capped": count > COUNT_CAP,
+        "preview": [(pk, Status(st).label) for pk, st in preview[:20]], "more": max(0, min(count, COUNT_CAP) - 20),
+        "carried": carried_fields(request), "limit_note": limit_note, "back_url": back_url,
+        "form_action": request.get_full_path(), "media": modeladmin.media,
+    }
+    return TemplateResponse(request, "admin/django_sqlqueue/confirm_action.html", context)
+
+
 # ----- dashboard ----------------------------------------------------------------------------------
 def dashboard_view(request: HttpRequest, modeladmin: Any) -> TemplateResponse:
     """Counts by status per queue and type, the oldest due job, throughput, workers: one screen."""
@@ -135,6 +173,7 @@ def dashboard_view(request: HttpRequest, modeladmin: Any) -> TemplateResponse:
         **backlog(modeladmin.model, now),
         "chart": throughput_chart(modeladmin.model, now),
         **workers(now),
+        **stuck_work(modeladmin.model, now),
         "media": modeladmin.media,
     }
     context["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 1)
@@ -232,6 +271,19 @@ def backlog(job_model: type[Job], now: datetime) -> dict[str, Any]:
     }
 
 
+def stuck_work(job_model: type[Job], now: datetime) -> dict[str, Any]:
+    """Orphaned jobs (the claim would take them over) and due work no live worker serves."""
+    from .health import orphaned_q, unserved_due_work
+
+    orphaned, orphaned_capped = _capped_count(job_model.objects.filter(orphaned_q(now, job_model.objects.db)))
+    unserved = unserved_due_work(job_model, now)
+    return {
+        "orphaned": orphaned, "orphaned_capped": orphaned_capped, "orphaned_url": changelist_url(orphaned=1),
+        "unserved": [{"queue": u.queue, "type": u.type_name, "jobs": u.jobs,
+                      "url": changelist_url(queue=u.queue, type=u.type_id)} for u in unserved],
+    }
+
+
 def throughput_chart(job_model: type[Job], now: datetime, minutes: int = CHART_MINUTES) -> dict[str, Any]:
     """Jobs finished and failed per minute over the last hour, laid out as SVG bar coordinates.
 
@@ -276,16 +328,47 @@ def throughput_chart(job_model: type[Job], now: datetime, minutes: int = CHART_M
     }
 
 
-def workers(now: datetime) -> dict[str, Any]:
-    """Workers not stopped, newest heartbeat first, flagged when the heartbeat is stale."""
+#: Workers listed on the dashboard (the counts above the list cover every worker).
+WORKER_LIST_LIMIT = 100
+
+
+def workers(now: datetime, limit: int = WORKER_LIST_LIMIT) -> dict[str, Any]:
+    """Workers not stopped -- stale ones and those holding orphaned jobs first -- and the counts of all.
+
+    The counts come from the whole (small) worker table, never from the listed rows: 72 live workers
+    are "72" even though the list shows ``limit`` of them. Stopped workers still holding Processing
+    jobs are listed too, flagged: their jobs are orphaned until a claim or an operator requeues them.
+    """
+    from .health import dead_after
     from .models import Job, Worker
 
-    dead_after = timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)
-    rows = list(Worker.objects.filter(stopped_at__isnull=True).order_by("-last_heartbeat")[:50])
+    stale_before = now - dead_after()
     held = dict(Job.objects.filter(status_id=Status.PROCESSING).order_by().values("worker")
                 .annotate(n=Count("*")).values_list("worker", "n"))  # partial processing index
-    listed = [{"worker": w, "stale": now - w.last_heartbeat > dead_after, "held": held.get(w.name, 0),
-               "age": now - w.last_heartbeat, "url": changelist_url(worker=w.name, status=int(Status.PROCESSING))}
-              for w in rows]
-    return {"workers": listed, "active_workers": sum(1 for w in listed if not w["stale"]),
-            "stale_workers": sum(1 for w in listed if w["stale"]), "processing": sum(held.values())}
+    running = Worker.objects.filter(stopped_at__isnull=True)
+    active = running.filter(last_heartbeat__gte=stale_before).count()
+    stale = running.filter(last_heartbeat__lt=stale_before).count()
+    holding_stopped = list(Worker.objects.filter(stopped_at__isnull=False, name__in=[n for n in held if n])
+                           .order_by("-stopped_at")[:limit])
+    rows = holding_stopped + list(running.order_by("last_heartbeat")[: max(0, limit - len(holding_stopped))])
+
+    def entry(w: Any) -> dict[str, Any]:
+        gone = w.stopped_at is not None or w.last_heartbeat < stale_before
+        return {"worker": w, "stale": w.stopped_at is None and w.last_heartbeat < stale_before,
+                "stopped": w.stopped_at is not None, "held": held.get(w.name, 0),
+                "orphaned": held.get(w.name, 0) if gone else 0, "age": now - w.last_heartbeat,
+                "serves": _serves_label(w),
+                "url": changelist_url(worker=w.name, status=int(Status.PROCESSING))}
+
+    listed = sorted((entry(w) for w in rows), key=lambda e: (not e["orphaned"], not e["stale"], e["worker"].name))
+    shown = len(listed)
+    total = active + stale + len(holding_stopped)
+    return {"workers": listed, "active_workers": active, "stale_workers": stale,
+            "stopped_holding": len(holding_stopped), "processing": sum(held.values()),
+            "workers_more": max(0, total - shown)}
+
+
+def _serves_label(worker: Any) -> str:
+    queues = ", ".join(worker.queues or []) or _("all queues")
+    types = ", ".join(worker.types or []) or _("all types")
+    return f"{queues} / {types}"

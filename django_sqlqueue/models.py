@@ -198,7 +198,13 @@ class Job(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.job_type_id}#{self.pk}"
+        """"SendEmail #2941" when the type is loaded (the admin selects it), else "Job #2941".
+
+        Never a query: this names rows in lists, titles, breadcrumbs and the admin history.
+        """
+        if Job.job_type.is_cached(self):
+            return f"{self.job_type.name} #{self.pk}"
+        return f"Job #{self.pk}"
 
     @property
     def state(self) -> Status:

@@ -1,0 +1,137 @@
+"""Who serves what: live workers, orphaned jobs and due work that no live worker serves.
+
+The admin's answers to "what is stuck" come from here, and each mirrors the claim
+(``dialects/base.py`` ``candidate_branches``): a worker is live when it has not stopped and its
+heartbeat is younger than ``WORKER_DEAD_AFTER_SECONDS``; it serves a queue / type when its row lists
+it (``Worker.queues`` / ``Worker.types``, empty meaning all); a Processing job is taken over by the
+next claim when its lease expired or its worker is stopped or stale -- but only by a live worker that
+serves its queue and type. The worker table holds one row per worker process (small): it is read
+whole and matched in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from django.db.models import Count, Q, QuerySet
+
+from .conf import get_settings
+from .states import CLAIMABLE, Status
+
+if TYPE_CHECKING:
+    from .models import Job, Worker
+
+
+def dead_after() -> timedelta:
+    return timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)
+
+
+def live_q(now: datetime) -> Q:
+    """Workers not stopped whose heartbeat is recent: the claim's notion of alive."""
+    return Q(stopped_at__isnull=True, last_heartbeat__gte=now - dead_after())
+
+
+def dead_q(now: datetime) -> Q:
+    """Stopped, or heartbeat stale: the claim takes their jobs over."""
+    return Q(stopped_at__isnull=False) | Q(last_heartbeat__lt=now - dead_after())
+
+
+def serves(worker: Worker, queue: str, type_name: str) -> bool:
+    """Whether ``worker`` claims jobs of this queue and type (an empty list means all)."""
+    queues, types = worker.queues or [], worker.types or []
+    return (not queues or queue in queues) and (not types or type_name in types)
+
+
+def live_workers(now: datetime, using: str | None = None) -> list[Worker]:
+    from .models import Worker
+
+    return list(Worker.objects.using(using).filter(live_q(now)).only("name", "queues", "types"))
+
+
+def orphaned_q(now: datetime, using: str = "default") -> Q:
+    """Processing jobs the claim would take over: lease expired, or held by a stopped / stale worker.
+
+    The status test is the partial Processing index's own literal predicate (SQL Server matches a
+    filtered index only on a literal), so this reads that index's few rows, never the job table.
+    """
+    from .admin_filters import index_predicate
+    from .models import Worker
+
+    processing = index_predicate(using, "status", f"= {int(Status.PROCESSING)}")
+    dead_names = Worker.objects.using(using).filter(dead_q(now)).values("name")
+    return processing & (Q(lease_expires_at__lt=now) | Q(worker__in=dead_names))
+
+
+@dataclass
+class Holder:
+    """The worker named on a Processing job, as the claim sees it."""
+
+    state: str  # "alive", "stopped", "stale", "missing"
+    worker: Worker | None
+
+
+def holder_of(job: Job, now: datetime) -> Holder:
+    from .models import Worker
+
+    worker = Worker.objects.using(job._state.db).filter(name=job.worker).first() if job.worker else None
+    if worker is None:
+        return Holder("missing", None)
+    if worker.stopped_at is not None:
+        return Holder("stopped", worker)
+    if worker.last_heartbeat < now - dead_after():
+        return Holder("stale", worker)
+    return Holder("alive", worker)
+
+
+def is_orphan(job: Job, now: datetime, holder: Holder | None = None) -> bool:
+    """The claim would take this Processing job over (see :func:`orphaned_q`)."""
+    if job.status_id != Status.PROCESSING:
+        return False
+    if job.lease_expires_at is not None and job.lease_expires_at < now:
+        return True
+    holder = holder or holder_of(job, now)
+    return holder.state in ("stopped", "stale")
+
+
+@dataclass
+class Unserved:
+    """Due work of one queue and type that no live worker serves."""
+
+    queue: str
+    type_id: int
+    type_name: str
+    jobs: int
+
+
+def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Worker] | None = None,
+                      *, limit: int = 200) -> list[Unserved]:
+    """(queue, type) pairs with due Pending/Error jobs or orphaned Processing jobs, no live worker serving.
+
+    One GROUP BY (queue, type) over the due rows: the claim index (status, due time) narrows it to
+    due work, which is small when workers keep up and is what this is about when they do not. Paused
+    types are left out (nobody is meant to run them).
+    """
+    from .models import JobType
+
+    workers = list(workers) if workers is not None else live_workers(now, job_model.objects.db)
+    using = job_model.objects.db
+    due = Q(status_id__in=sorted(int(s) for s in CLAIMABLE), scheduled_for__lte=now) | orphaned_q(now, using)
+    rows = (job_model.objects.filter(due).order_by().values("queue", "job_type_id")
+            .annotate(n=Count("*")).values_list("queue", "job_type_id", "n")[: limit * 10])
+    types = dict(JobType.objects.filter(paused=False).values_list("pk", "name"))
+    out = []
+    for queue, type_id, n in rows:
+        name = types.get(type_id)
+        if name is None:  # paused type
+            continue
+        if not any(serves(w, queue, name) for w in workers):
+            out.append(Unserved(queue, type_id, name, n))
+    out.sort(key=lambda u: (-u.jobs, u.queue, u.type_name))
+    return out[:limit]
+
+
+def orphans(job_model: type[Job], now: datetime) -> QuerySet:
+    return job_model.objects.filter(orphaned_q(now, job_model.objects.db))

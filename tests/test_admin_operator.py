@@ -1,0 +1,146 @@
+"""Issue 18, the operator's view round 2: true answers about stuck work, through the Django test client.
+
+Each test here failed before its fix (bugs 1-9 of the issue) or covers a new screen (orphans, due
+work nobody serves, failure triage, throughput, metrics).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.admin.models import LogEntry
+from django.urls import reverse
+from django.utils import timezone
+
+from django_sqlqueue.models import Job, JobType, Worker
+from django_sqlqueue.states import Status
+from tests.test_admin_support import (  # noqa: F401  (fixtures)
+    TYPE_NAME,
+    change_url,
+    changelist_url,
+    fast_password_hasher,
+    fresh_admin_caches,
+    make_job,
+    make_worker,
+    messages_of,
+    post_action,
+    user_with,
+)
+
+pytestmark = pytest.mark.django_db
+
+DASHBOARD = "admin:django_sqlqueue_dashboard"
+
+
+def diagnosis(client, job: Job) -> str:
+    html = client.get(change_url(job)).content.decode()
+    start = html.index("field-diagnosis")
+    return html[start:start + 1200]
+
+
+# ----- 1: which workers serve the job's queue and type ----------------------------------------------
+def test_diagnosis_counts_only_workers_serving_the_queue_and_type(admin_client) -> None:
+    job = make_job(queue="reports")
+    make_worker("w-emails", queues=["emails"])
+    make_worker("w-other-type", queues=["reports"], types=["SomethingElse"])
+    text = diagnosis(admin_client, job)
+    assert "none of the 2 live worker(s) serves queue reports" in text
+    make_worker("w-all")  # empty lists: serves every queue and type
+    make_worker("w-reports", queues=["reports"], types=[TYPE_NAME])
+    assert "waiting for one of 2 live worker(s) serving queue reports" in diagnosis(admin_client, job)
+
+
+def test_lease_expired_job_in_an_unserved_queue_is_not_promised_a_takeover(admin_client) -> None:
+    job = make_job(Status.PROCESSING, queue="reports", worker="w-crashed")
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(minutes=3))
+    make_worker("w-emails", queues=["emails"])
+    text = diagnosis(admin_client, job)
+    assert "Lease expired" in text and "the next claim takes it over" not in text
+    assert "No live worker serves queue reports" in text
+    make_worker("w-reports", queues=["reports"])
+    assert "The next claim by one of 1 live worker(s) serving queue reports takes it over" in diagnosis(
+        admin_client, job)
+
+
+# ----- 2: a stopped worker's job is not "Running on" ------------------------------------------------
+def test_job_of_a_stopped_worker_is_said_orphaned(admin_client) -> None:
+    job = make_job(Status.PROCESSING, worker="web-1/6")
+    make_worker("web-1/6", stopped=True)
+    text = diagnosis(admin_client, job)
+    assert "Running on" not in text and "Orphaned: worker web-1/6 stopped" in text
+
+
+def test_worker_list_warns_of_a_stopped_worker_holding_jobs(admin_client) -> None:
+    make_job(Status.PROCESSING, worker="web-1/6")
+    make_worker("web-1/6", stopped=True)
+    html = admin_client.get(reverse("admin:django_sqlqueue_worker_changelist")).content.decode()
+    assert "1 orphaned" in html and "sqlqueue-badge sqlqueue-failed" in html
+
+
+# ----- 3: every worker counted, stale ones listed first ----------------------------------------------
+def test_dashboard_counts_all_workers_and_lists_stale_ones_first(admin_client) -> None:
+    for i in range(72):
+        make_worker(f"live-{i:02d}")
+    for i in range(3):
+        make_worker(f"stale-{i}", heartbeat_age=3600)
+    ctx = admin_client.get(reverse(DASHBOARD)).context
+    assert ctx["active_workers"] == 72 and ctx["stale_workers"] == 3
+    names = [w["worker"].name for w in ctx["workers"]]
+    assert names[:3] == ["stale-0", "stale-1", "stale-2"]
+
+
+# ----- 4: an absurd delay is a form error, not a 500 -------------------------------------------------
+@pytest.mark.parametrize("delay", ["5000000", "99999999999999999999"])
+def test_retry_at_with_a_huge_delay_is_a_form_error(admin_client, delay) -> None:
+    job = make_job(Status.FAILED)
+    response = post_action(admin_client, "retry_at", [job], follow=False, apply="1", delay=delay, unit="days")
+    assert response.status_code == 200
+    assert "errorlist" in response.content.decode()
+    assert Job.objects.get(pk=job.pk).state is Status.FAILED
+
+
+# ----- 5: no promise of a retry the admin does not offer; confirm before cancelling or terminating ---
+@pytest.mark.parametrize("status", [Status.COMPLETED, Status.TERMINATED])
+def test_final_jobs_are_not_promised_a_retry(admin_client, status) -> None:
+    text = diagnosis(admin_client, make_job(status))
+    assert "retry" not in text.lower() and "for good" in text
+
+
+def test_failed_job_is_promised_the_retry_it_is_offered(admin_client) -> None:
+    job = make_job(Status.FAILED)
+    html = admin_client.get(change_url(job)).content.decode()
+    assert "only an operator&#x27;s retry runs it again" in html and 'value="retry_now"' in html
+
+
+@pytest.mark.parametrize("action", ["cancel", "mark_terminated"])
+def test_cancel_and_terminate_ask_for_confirmation(admin_client, action) -> None:
+    job = make_job()
+    page = post_action(admin_client, action, [job], follow=False)
+    assert page.status_code == 200 and Job.objects.get(pk=job.pk).state is Status.PENDING
+    html = page.content.decode()
+    assert "1 job" in html and 'name="confirm"' in html
+    if action == "mark_terminated":
+        assert "cannot be undone" in html
+    post_action(admin_client, action, [job], confirm="yes")
+    assert Job.objects.get(pk=job.pk).state in (Status.CANCELLED, Status.TERMINATED)
+
+
+# ----- 6: a job is named by its type and id ----------------------------------------------------------
+def test_job_is_named_by_type_and_id(admin_client) -> None:
+    job = make_job(Status.FAILED)
+    html = admin_client.get(change_url(job)).content.decode()
+    assert f"{TYPE_NAME} #{job.pk}" in html and f"{job.job_type_id}#{job.pk}" not in html
+    post_action(admin_client, "retry_now", [job])
+    entry = LogEntry.objects.get(object_id=str(job.pk))
+    assert entry.object_repr in (f"{TYPE_NAME} #{job.pk}", f"Job #{job.pk}")
+
+
+# ----- 7: Django 6 breadcrumbs on our own pages --------------------------------------------------------
+def test_own_pages_use_the_current_breadcrumbs_markup(admin_client) -> None:
+    job = make_job(Status.FAILED)
+    pages = [admin_client.get(reverse(DASHBOARD)),
+             post_action(admin_client, "retry_at", [job], follow=False)]
+    for page in pages:
+        html = page.content.decode()
+        assert '<ol class="breadcrumbs">' in html and '<div class="breadcrumbs">' not in html
