@@ -26,7 +26,7 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext_lazy as _
 
-from . import admin_actions, health
+from . import admin_actions, health, sensitive
 from .admin_filters import (
     CheapPaginator,
     DeclaredFiltersOnly,
@@ -210,7 +210,10 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
     )
     readonly_fields = ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis", "attempts",
                        "worker", "started", "finished", "duration", "lease", "enqueued", "scheduled_full", "updated",
-                       "version", "dedupe_key", "payload_pretty", "response_pretty", "error_traceback")
+                       "version", "dedupe_key", "payload_pretty", "response_pretty", "error_traceback",
+                       "payload_masked", "response_masked")
+    #: Shown instead to a user without "Can view sensitive job data" (see :mod:`.sensitive`).
+    masked_fields = {"payload_pretty": "payload_masked", "response_pretty": "response_masked"}
 
     class Media:
         css = {"all": ["django_sqlqueue/admin.css"]}
@@ -368,6 +371,14 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
         url = reverse("admin:django_sqlqueue_jobtype_change", args=[obj.job_type_id])
         return format_html('<a href="{}">{}</a>', url, obj.job_type.name)
 
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        """The payload and response masked where marked sensitive, unless the user may see them."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if sensitive.can_view(request.user):
+            return fieldsets
+        return [(name, {**opts, "fields": tuple(self.masked_fields.get(f, f) for f in opts["fields"])})
+                for name, opts in fieldsets]
+
     @admin.display(description=_("payload"))
     def payload_pretty(self, obj: Job) -> SafeString:
         return pretty_json(obj.payload)
@@ -375,6 +386,14 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
     @admin.display(description=_("response"))
     def response_pretty(self, obj: Job) -> SafeString:
         return pretty_json(obj.response)
+
+    @admin.display(description=_("payload"))
+    def payload_masked(self, obj: Job) -> SafeString:
+        return pretty_json(sensitive.mask(obj.payload, sensitive.sensitive_keys(obj.job_type.name)))
+
+    @admin.display(description=_("response"))
+    def response_masked(self, obj: Job) -> SafeString:
+        return pretty_json(sensitive.mask(obj.response, sensitive.sensitive_keys(obj.job_type.name)))
 
     @admin.display(description=_("error"))
     def error_traceback(self, obj: Job) -> SafeString:

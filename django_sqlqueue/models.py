@@ -195,6 +195,7 @@ class Job(models.Model):
             ("cancel_job", "Can cancel or terminate jobs"),
             ("reschedule_job", "Can reschedule jobs and reset attempts"),
             ("pause_job", "Can pause and resume jobs"),
+            ("view_sensitive_job", "Can view sensitive job data"),
         ]
 
     def __str__(self) -> str:
@@ -287,6 +288,8 @@ class JobData(models.Model):
 
     #: Exclusive subtypes name the job type they belong to; ``None`` means inclusive (any type).
     job_type_name: ClassVar[str | None] = None
+    #: Columns the admin masks for users without "Can view sensitive job data" (see :mod:`.sensitive`).
+    sensitive_fields: ClassVar[tuple[str, ...]] = ()
 
     job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="+")
 

@@ -144,3 +144,55 @@ def test_own_pages_use_the_current_breadcrumbs_markup(admin_client) -> None:
     for page in pages:
         html = page.content.decode()
         assert '<ol class="breadcrumbs">' in html and '<div class="breadcrumbs">' not in html
+
+
+# ----- 8: sensitive payload keys and subtype fields are masked for who may not see them ---------------
+def reset_job(client_code: str = "481516") -> Job:
+    from testproject.notifications.models import EmailChannel, ResetPassword
+
+    JobType.objects.get_or_create(name="ResetPassword")
+    job = Job.objects.enqueue("ResetPassword", {"note": "hi"}, subtypes=[
+        ResetPassword(user_id=7, username="bob", otp=client_code), EmailChannel(email_to="bob@example.com")])
+    Job.objects.filter(pk=job.pk).update(response={"Render": {"email": {
+        "to": "bob@example.com", "body": f"your code is {client_code}"}}})
+    return job
+
+
+def test_view_only_staff_do_not_see_the_reset_code(client) -> None:
+    job = reset_job()
+    client.force_login(user_with("view_job", username="viewer"))
+    html = client.get(change_url(job)).content.decode()
+    assert "481516" not in html
+    assert "bob@example.com" in html and "••••••" in html  # the rest shows; the code is masked
+    assert "otp" in html and "Can view sensitive job data" in html  # says what is withheld
+
+
+def test_sensitive_permission_shows_the_data(client) -> None:
+    job = reset_job()
+    client.force_login(user_with("view_job", "view_sensitive_job", username="trusted"))
+    html = client.get(change_url(job)).content.decode()
+    assert html.count("481516") >= 2  # the subtype row and the response
+
+
+def test_example_outbox_body_is_masked_too(client) -> None:
+    from testproject.notifications.models import Outbox
+
+    row = Outbox.objects.create(job_id=1, channel="sms", recipient="+4412345678", body="Code 271828")
+    user = user_with("view_job", username="viewer2")
+    from django.contrib.auth.models import Permission
+
+    user.user_permissions.add(Permission.objects.get(codename="view_outbox"))
+    client.force_login(user)
+    html = client.get(reverse("admin:notifications_outbox_change", args=[row.pk])).content.decode()
+    assert "+4412345678" in html and "271828" not in html
+
+
+def test_mask_is_bounded_and_leaves_the_rest() -> None:
+    from django_sqlqueue.sensitive import MASK, mask
+
+    assert mask({"a": {"otp": 1, "b": [{"otp": 2}]}, "c": 3}, {"otp"}) == {
+        "a": {"otp": MASK, "b": [{"otp": MASK}]}, "c": 3}
+    deep: object = "x"
+    for _ in range(2000):
+        deep = {"k": deep}
+    assert "otp" not in str(mask(deep, {"otp"}))[:50]  # no RecursionError
