@@ -196,3 +196,24 @@ def test_mask_is_bounded_and_leaves_the_rest() -> None:
     for _ in range(2000):
         deep = {"k": deep}
     assert "otp" not in str(mask(deep, {"otp"}))[:50]  # no RecursionError
+
+
+# ----- 9: deleting a job type with jobs is refused up front, with the real reason -------------------
+def test_deleting_a_job_type_with_jobs_names_the_jobs_not_a_permission(admin_client) -> None:
+    job = make_job()
+    url = reverse("admin:django_sqlqueue_jobtype_delete", args=[job.job_type_id])
+    html = admin_client.get(url).content.decode()
+    assert "a job type with jobs cannot be deleted" in html and "1 job(s)" in html
+    assert "permission to delete" not in html
+    response = admin_client.post(url, {"post": "yes"})
+    assert response.status_code == 200 and JobType.objects.filter(pk=job.job_type_id).exists()
+    # the bulk action says the same
+    html = admin_client.post(reverse("admin:django_sqlqueue_jobtype_changelist"), {
+        "action": "delete_selected", "_selected_action": [str(job.job_type_id)]}).content.decode()
+    assert "a job type with jobs cannot be deleted" in html and "permission to delete" not in html
+
+
+def test_a_job_type_without_jobs_can_be_deleted(admin_client) -> None:
+    jt = JobType.objects.create(name="Unused")
+    admin_client.post(reverse("admin:django_sqlqueue_jobtype_delete", args=[jt.pk]), {"post": "yes"})
+    assert not JobType.objects.filter(pk=jt.pk).exists()
