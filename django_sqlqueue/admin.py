@@ -180,6 +180,19 @@ class JobChangeList(ChangeList):
         # The end of a traceback says what went wrong: read only that much of the error.
         return qs.defer("payload", "response", "error").annotate(error_tail=Right("error", ERROR_EXCERPT_CHARS))
 
+    def get_results(self, request: HttpRequest) -> None:
+        """Flag the page's orphaned Processing jobs: one read of the (small) worker table per page."""
+        super().get_results(request)
+        running = [job for job in self.result_list if job.status_id == Status.PROCESSING]
+        if not running:
+            return
+        now = timezone.now()
+        dead = set(Worker.objects.filter(health.dead_q(now), name__in={j.worker for j in running})
+                   .values_list("name", flat=True))
+        for job in running:
+            job._sqlqueue_orphan = (job.lease_expires_at is not None and job.lease_expires_at < now) or (
+                job.worker in dead)
+
 
 @admin.register(Job)
 class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.ModelAdmin):
@@ -271,6 +284,11 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
 
     @admin.display(description=_("status"))
     def status_col(self, obj: Job) -> SafeString:
+        if getattr(obj, "_sqlqueue_orphan", False):
+            return format_html('{} <span class="sqlqueue-badge sqlqueue-failed" title="{}">{}</span>',
+                               status_badge(obj.status_id),
+                               _("Its worker is stopped or stale, or its lease expired: Requeue it, or a live "
+                                 "worker serving it takes it over."), _("orphaned"))
         return status_badge(obj.status_id)
 
     @admin.display(description=_("attempts"))
@@ -360,9 +378,10 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
         obj = self.get_object(request, object_id)
         if obj is not None:
             # get_action_choices: (name, description) pairs on Django 6.0 and 6.1 alike
+            orphan = health.is_orphan(obj, timezone.now())
             extra_context["sqlqueue_actions"] = [
                 (name, desc) for name, desc in self.get_action_choices(request, default_choices=[])
-                if admin_actions.applies(name, obj.state)]
+                if admin_actions.applies(name, obj.state) and (name != "requeue" or orphan)]
             extra_context["sqlqueue_job"] = obj
         return super().change_view(request, object_id, form_url, extra_context)
 

@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 ACTION_BATCH_LIMIT = 2000
 TOKEN_PREFIX = "_token_"
 #: Columns an action reads per job: what modify and the refusal checks need, not the payload.
-_FIELDS = ("id", "status", "version", "attempt_num", "scheduled_for", "job_type", "worker")
+_FIELDS = ("id", "status", "version", "attempt_num", "scheduled_for", "job_type", "worker", "lease_expires_at")
 #: Running jobs are only ever stopped with "Mark terminated"; nothing else may take one from its worker.
 _RUNNING_REFUSAL = "running (a worker holds it): only Mark terminated may stop a running job"
 
@@ -85,11 +85,13 @@ def run_transition(
     options: Callable[[Job], dict[str, Any]] = lambda job: {},
     refuse: Callable[[Job], str | None] = lambda job: None,
     note: str = "",
+    take_running: bool = False,
 ) -> Outcome:
     """Move every selected job to ``target`` through ``modify``; report and log the outcome.
 
     ``options(job)`` gives extra ``modify`` arguments per job; ``refuse(job)`` may return a reason to
     leave a job alone before ``modify`` is asked (for refusals the transition table alone would not make).
+    ``take_running``: the action may move a Processing job (Requeue, which refuses all but orphans).
     """
     from .models import Job
 
@@ -105,13 +107,14 @@ def run_transition(
     for job in jobs[:limit]:
         token = tokens.get(job.pk, job.version)
         reason = stale if token != job.version else refuse(job)
-        if reason is None and job.state == Status.PROCESSING and target != Status.TERMINATED:
+        if reason is None and job.state == Status.PROCESSING and target != Status.TERMINATED and not take_running:
             reason = _RUNNING_REFUSAL
         if reason is not None:
             outcome.refused[reason].append(job.pk)
             continue
         try:
-            updated = Job.objects.modify(job, token, target, using=job._state.db, **options(job))
+            extra = {"_release_note": note} if take_running and job.state == Status.PROCESSING else {}
+            updated = Job.objects.modify(job, token, target, using=job._state.db, **options(job), **extra)
         except StaleJob:  # changed between our read and the UPDATE: modify's WHERE version caught it
             outcome.refused[stale].append(job.pk)
         except IllegalTransition:
@@ -272,7 +275,39 @@ def mark_terminated(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -
                                                 permission="cancel_job", target=Status.TERMINATED))
 
 
-JOB_ACTIONS = [retry_now, retry_at, reset_attempts, cancel, pause, resume, mark_terminated]
+@admin.action(permissions=["retry"], description=gettext_lazy("Requeue orphaned jobs"))
+def requeue(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    """Orphaned Processing -> Pending, due now: its worker is stopped or stale, or its lease expired.
+
+    The claim takes such jobs over by itself, but only a live worker serving their queue and type
+    does (:mod:`.health`); this hands them back at once. A job whose worker is alive is refused: it is
+    running. The attempt is given back (the history row says it was requeued, and by whom).
+    """
+    from django.utils import timezone
+
+    from .health import dead_q
+    from .models import Worker
+
+    now = timezone.now()
+    dead = set(Worker.objects.filter(dead_q(now)).values_list("name", flat=True))
+
+    def refuse(job: Job) -> str | None:
+        if job.state != Status.PROCESSING:
+            return _("not Processing (%(status)s): only an orphaned running job is requeued") % {
+                "status": job.state.label}
+        orphan = (job.lease_expires_at is not None and job.lease_expires_at < now) or job.worker in dead
+        if not orphan:
+            return _("not orphaned: its worker is alive and its lease current (Mark terminated stops it)")
+        return None
+
+    user = getattr(request.user, "get_username", lambda: "?")()
+    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Requeue"),
+                                                permission="retry_job", target=Status.PENDING, refuse=refuse,
+                                                take_running=True,
+                                                note=_("requeued by operator %(user)s") % {"user": user}))
+
+
+JOB_ACTIONS = [retry_now, retry_at, reset_attempts, requeue, cancel, pause, resume, mark_terminated]
 
 
 class JobActionPermissions:
@@ -298,7 +333,7 @@ class JobActionPermissions:
 _TARGETS = {
     "retry_now": Status.PENDING, "retry_at": Status.PENDING, "reset_attempts": Status.PENDING,
     "cancel": Status.CANCELLED, "pause": Status.PAUSED, "resume": Status.PENDING,
-    "mark_terminated": Status.TERMINATED,
+    "mark_terminated": Status.TERMINATED, "requeue": Status.PENDING,
 }
 
 
@@ -310,6 +345,8 @@ def applies(action_name: str, status: Status) -> bool:
     target = _TARGETS.get(action_name)
     if target is None:
         return False
+    if action_name == "requeue":
+        return status == Status.PROCESSING  # the job page offers it only to orphans
     if status == Status.PROCESSING and target != Status.TERMINATED:
         return False
     if action_name == "resume":

@@ -24,7 +24,6 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from .conf import get_settings
 from .exceptions import InvalidArgument
 from .limits import MAX_DELAY_SECONDS, check_when
 from .states import CLAIMABLE, FINISHED, Status

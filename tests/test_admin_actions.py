@@ -227,7 +227,7 @@ def test_buttons_on_the_job_page_come_back_to_it(admin_client) -> None:
 
 
 # ----- permissions ------------------------------------------------------------------------------------
-ALL_ACTIONS = ["retry_now", "retry_at", "reset_attempts", "cancel", "pause", "resume", "mark_terminated"]
+ALL_ACTIONS = ["retry_now", "retry_at", "reset_attempts", "requeue", "cancel", "pause", "resume", "mark_terminated"]
 
 
 def offered(client) -> set[str]:
@@ -241,7 +241,7 @@ def offered(client) -> set[str]:
 
 @pytest.mark.parametrize(("perms", "expected"), [
     ((), set()),
-    (("retry_job",), {"retry_now"}),
+    (("retry_job",), {"retry_now", "requeue"}),
     (("reschedule_job",), {"retry_at", "reset_attempts"}),
     (("cancel_job",), {"cancel", "mark_terminated"}),
     (("pause_job",), {"pause", "resume"}),

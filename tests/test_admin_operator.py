@@ -13,7 +13,7 @@ from django.contrib.admin.models import LogEntry
 from django.urls import reverse
 from django.utils import timezone
 
-from django_sqlqueue.models import Job, JobType, Worker
+from django_sqlqueue.models import Job, JobType
 from django_sqlqueue.states import Status
 from tests.test_admin_support import (  # noqa: F401  (fixtures)
     TYPE_NAME,
@@ -217,3 +217,76 @@ def test_a_job_type_without_jobs_can_be_deleted(admin_client) -> None:
     jt = JobType.objects.create(name="Unused")
     admin_client.post(reverse("admin:django_sqlqueue_jobtype_delete", args=[jt.pk]), {"post": "yes"})
     assert not JobType.objects.filter(pk=jt.pk).exists()
+
+
+# ----- 13: orphans flagged on the list and the dashboard; Requeue, permission-checked --------------
+def orphan_set() -> tuple[Job, Job, Job]:
+    stopped = make_job(Status.PROCESSING, worker="w-stopped")
+    make_worker("w-stopped", stopped=True)
+    expired = make_job(Status.PROCESSING, worker="w-nowhere")
+    Job.objects.filter(pk=expired.pk).update(lease_expires_at=timezone.now() - timedelta(minutes=1))
+    healthy = make_job(Status.PROCESSING, worker="w-alive")
+    make_worker("w-alive")
+    return stopped, expired, healthy
+
+
+def test_orphans_are_flagged_on_the_list_and_the_dashboard(admin_client) -> None:
+    stopped, expired, healthy = orphan_set()
+    listed = admin_client.get(changelist_url(orphaned=1))
+    ids = {j.pk for j in listed.context["cl"].result_list}
+    assert ids == {stopped.pk, expired.pk}
+    html = admin_client.get(changelist_url()).content.decode()
+    assert html.count(">orphaned</span>") == 2
+    assert admin_client.get(reverse(DASHBOARD)).context["orphaned"] == 2
+
+
+def test_requeue_hands_orphans_back_and_refuses_a_live_workers_job(admin_client) -> None:
+    stopped, expired, healthy = orphan_set()
+    response = post_action(admin_client, "requeue", [stopped, expired, healthy])
+    assert Job.objects.get(pk=stopped.pk).state is Status.PENDING
+    assert Job.objects.get(pk=expired.pk).state is Status.PENDING
+    assert Job.objects.get(pk=healthy.pk).state is Status.PROCESSING
+    text = " ".join(messages_of(response))
+    assert "Requeue: 2 jobs changed." in text and "not orphaned" in text
+    fresh = Job.objects.get(pk=stopped.pk)
+    assert fresh.worker == "" and fresh.lease_expires_at is None
+    # the history says who requeued it
+    attempt = fresh.attempts.order_by("-id").first()
+    assert "requeued by operator admin" in attempt.error
+    # a worker can take it again
+    assert stopped.pk in [j.pk for j in Job.objects.claim("w-new", 5, queues=["default"])]
+
+
+def test_requeue_needs_the_retry_permission(client) -> None:
+    stopped, _, _ = orphan_set()
+    client.force_login(user_with("view_job", "cancel_job", username="no-retry"))
+    response = post_action(client, "requeue", [stopped], follow=False)
+    assert response.status_code in (200, 302, 403)
+    assert Job.objects.get(pk=stopped.pk).state is Status.PROCESSING
+
+
+def test_job_page_offers_requeue_only_to_an_orphan(admin_client) -> None:
+    stopped, _, healthy = orphan_set()
+    assert 'value="requeue"' in admin_client.get(change_url(stopped)).content.decode()
+    assert 'value="requeue"' not in admin_client.get(change_url(healthy)).content.decode()
+
+
+# ----- 14: due work no live worker serves, on the dashboard ------------------------------------------
+def test_dashboard_lists_due_work_no_live_worker_serves(admin_client) -> None:
+    JobType.objects.create(name="Other")
+    make_job(queue="reports")
+    make_job(queue="reports")
+    make_job(queue="emails")
+    Job.objects.enqueue("Other", {}, queue="emails")
+    make_job(queue="later", scheduled_for=timezone.now() + timedelta(hours=1))  # not due: not listed
+    JobType.objects.create(name="Held", paused=True)
+    Job.objects.enqueue("Held", {}, queue="nobody")  # paused type: nobody is meant to run it
+    make_worker("w-emails", queues=["emails"], types=[TYPE_NAME])
+    make_worker("w-dead-reports", queues=["reports"], heartbeat_age=3600)  # stale: does not count
+    response = admin_client.get(reverse(DASHBOARD))
+    got = {(u["queue"], u["type"], u["jobs"]) for u in response.context["unserved"]}
+    assert got == {("reports", TYPE_NAME, 2), ("emails", "Other", 1)}
+    html = response.content.decode()
+    assert 'id="sqlqueue-unserved"' in html and "sqlqueue-alert" in html
+    make_worker("w-all")
+    assert admin_client.get(reverse(DASHBOARD)).context["unserved"] == []
