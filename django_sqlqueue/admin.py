@@ -46,6 +46,7 @@ from .admin_filters import (
 )
 from .admin_subtypes import ReadOnlyJobInline, subtype_inlines_for
 from .admin_types import JobTypeAdmin, WorkerAdmin, status_badge
+from .admin_triage import triage_view
 from .admin_views import dashboard_view
 from .conf import get_settings
 from .models import Job, JobAttempt, JobType, Worker
@@ -427,7 +428,9 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
     # ----- dashboard --------------------------------------------------------------------------------
     def get_urls(self) -> list[Any]:
         custom = [path("dashboard/", self.admin_site.admin_view(lambda request: dashboard_view(request, self)),
-                       name="django_sqlqueue_dashboard")]
+                       name="django_sqlqueue_dashboard"),
+                  path("failures/", self.admin_site.admin_view(lambda request: triage_view(request, self)),
+                       name="django_sqlqueue_failures")]
         return custom + super().get_urls()
 
 

@@ -86,6 +86,8 @@ def run_transition(
     refuse: Callable[[Job], str | None] = lambda job: None,
     note: str = "",
     take_running: bool = False,
+    limit: int | None = None,
+    report: bool = True,
 ) -> Outcome:
     """Move every selected job to ``target`` through ``modify``; report and log the outcome.
 
@@ -98,7 +100,7 @@ def run_transition(
     if not request.user.has_perm(f"django_sqlqueue.{permission}"):
         logger.warning("action=%s refused=permission user=%s", verb, request.user.pk)
         raise PermissionDenied(f"{verb} needs the django_sqlqueue.{permission} permission")
-    limit = getattr(modeladmin, "action_batch_limit", ACTION_BATCH_LIMIT)
+    limit = limit or getattr(modeladmin, "action_batch_limit", ACTION_BATCH_LIMIT)
     jobs = list(queryset.order_by("-id").only(*_FIELDS)[: limit + 1])
     outcome = Outcome(truncated=len(jobs) > limit)
     tokens = posted_tokens(request)
@@ -128,7 +130,8 @@ def run_transition(
             updated._sqlqueue_from = job.state  # type: ignore[attr-defined]
             outcome.changed.append(updated)
     _log(request, outcome, verb, note)
-    _report(modeladmin, request, outcome, verb, limit)
+    if report:
+        _report(modeladmin, request, outcome, verb, limit)
     logger.info("action=%s user=%s changed=%d refused=%d", verb, request.user.pk, len(outcome.changed),
                 outcome.refused_count)
     return outcome
@@ -142,6 +145,21 @@ def _log(request: HttpRequest, outcome: Outcome, verb: str, note: str) -> None:
         message = f"{verb}: {before.label} → {Status(after).label}" + (f" ({note})" if note else "")
         LogEntry.objects.log_actions(user_id=request.user.pk, queryset=jobs, action_flag=CHANGE,
                                      change_message=message)
+
+
+def merge(outcomes: list[Outcome]) -> Outcome:
+    """One outcome for an action run in chunks (ids are bound as parameters: SQL Server takes 2,100)."""
+    total = Outcome()
+    for outcome in outcomes:
+        total.changed += outcome.changed
+        for reason, ids in outcome.refused.items():
+            total.refused[reason] += ids
+        total.truncated = total.truncated or outcome.truncated
+    return total
+
+
+def report(modeladmin: Any, request: HttpRequest, outcome: Outcome, verb: str, limit: int) -> None:
+    _report(modeladmin, request, outcome, verb, limit)
 
 
 def _report(modeladmin: Any, request: HttpRequest, outcome: Outcome, verb: str, limit: int) -> None:

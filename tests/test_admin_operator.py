@@ -290,3 +290,72 @@ def test_dashboard_lists_due_work_no_live_worker_serves(admin_client) -> None:
     assert 'id="sqlqueue-unserved"' in html and "sqlqueue-alert" in html
     make_worker("w-all")
     assert admin_client.get(reverse(DASHBOARD)).context["unserved"] == []
+
+
+# ----- 12: failure triage ------------------------------------------------------------------------------
+FAILURES = "admin:django_sqlqueue_failures"
+
+
+def failing_jobs() -> dict[str, list[Job]]:
+    smtp = [make_job(Status.FAILED, error=f"Traceback (most recent call last):\n  File \"x\"\n"
+                                          f"smtplib.SMTPError: 554 rejected {i}") for i in range(3)]
+    smtp.append(make_job(Status.ERROR, error="Traceback\nsmtplib.SMTPError: 421 try later"))
+    timeout = [make_job(Status.FAILED, error="Traceback\nTimeoutError")]
+    return {"smtp": smtp, "timeout": timeout}
+
+
+def test_failures_are_grouped_by_type_and_exception_class(admin_client) -> None:
+    failing_jobs()
+    make_job(Status.COMPLETED)
+    response = admin_client.get(reverse(FAILURES))
+    groups = {(g.type_name, g.exc): (g.failed, g.error) for g in response.context["groups"]}
+    assert groups == {(TYPE_NAME, "SMTPError"): (3, 1), (TYPE_NAME, "TimeoutError"): (1, 0)}
+    html = response.content.decode()
+    assert "SMTPError: 421 try later" in html and "smtplib.SMTPError" not in html  # newest example
+    assert "Retry all" in html and "Discard all" in html
+
+
+def test_retry_all_asks_with_the_count_then_retries_the_group_only(admin_client) -> None:
+    jobs = failing_jobs()
+    key = next(g.key for g in admin_client.get(reverse(FAILURES)).context["groups"] if g.exc == "SMTPError")
+    page = admin_client.post(reverse(FAILURES), {"group": key, "op": "retry"})
+    assert page.status_code == 200 and "4 jobs of AdminTest failing with SMTPError" in page.content.decode()
+    assert all(Job.objects.get(pk=j.pk).state in (Status.FAILED, Status.ERROR) for j in jobs["smtp"])
+    admin_client.post(reverse(FAILURES), {"group": key, "op": "retry", "confirm": "yes"})
+    assert all(Job.objects.get(pk=j.pk).state is Status.PENDING for j in jobs["smtp"])
+    assert Job.objects.get(pk=jobs["timeout"][0].pk).state is Status.FAILED
+
+
+def test_discard_all_cancels_errors_and_deletes_failed_jobs(admin_client) -> None:
+    jobs = failing_jobs()
+    key = next(g.key for g in admin_client.get(reverse(FAILURES)).context["groups"] if g.exc == "SMTPError")
+    html = admin_client.post(reverse(FAILURES), {"group": key, "op": "discard"}).content.decode()
+    assert "cannot be undone" in html
+    admin_client.post(reverse(FAILURES), {"group": key, "op": "discard", "confirm": "yes"})
+    assert not Job.objects.filter(pk__in=[j.pk for j in jobs["smtp"][:3]]).exists()
+    assert Job.objects.get(pk=jobs["smtp"][3].pk).state is Status.CANCELLED
+    assert Job.objects.filter(pk=jobs["timeout"][0].pk).exists()
+
+
+def test_group_actions_need_their_permissions(client) -> None:
+    failing_jobs()
+    client.force_login(user_with("view_job", username="viewer3"))
+    html = client.get(reverse(FAILURES)).content.decode()
+    assert "SMTPError" in html and "Retry all" not in html
+    from django_sqlqueue.admin_triage import failure_groups
+
+    key = next(g.key for g in failure_groups(Job)[0] if g.exc == "SMTPError")
+    assert client.post(reverse(FAILURES), {"group": key, "op": "retry", "confirm": "yes"}).status_code == 403
+    assert Job.objects.filter(status_id=Status.PENDING).count() == 0
+
+
+@pytest.mark.parametrize(("error", "cls", "message"), [
+    ("Traceback\nsmtplib.SMTPError: 554 no", "SMTPError", "SMTPError: 554 no"),
+    ("ValueError", "ValueError", "ValueError"),
+    ("cannot reach host: name does not resolve", "", "cannot reach host: name does not resolve"),
+    ("", "", ""),
+])
+def test_exception_class_and_message(error, cls, message) -> None:
+    from django_sqlqueue.admin_triage import error_message, exception_class
+
+    assert exception_class(error) == cls and error_message(error) == message
