@@ -45,8 +45,8 @@ from .admin_filters import (
     parse_id,
 )
 from .admin_subtypes import ReadOnlyJobInline, subtype_inlines_for
+from .admin_triage import error_message, triage_view
 from .admin_types import JobTypeAdmin, WorkerAdmin, status_badge
-from .admin_triage import triage_view
 from .admin_views import dashboard_view
 from .conf import get_settings
 from .models import Job, JobAttempt, JobType, Worker
@@ -103,18 +103,38 @@ def _pretty_chunks(value: Any, depth: int) -> Any:
     yield "\n" + pad + closing
 
 
+#: The one date format of the admin pages (Python's strftime; templates use "Y-m-d H:i:s T").
+STAMP_FORMAT = "%Y-%m-%d %H:%M:%S %Z"
+
+
 def stamp(when: datetime | None) -> str:
-    """A compact local timestamp with seconds (operators compare these to logs)."""
-    return timezone.localtime(when).strftime("%Y-%m-%d %H:%M:%S") if when else "—"
+    """A local timestamp with seconds and the time zone (operators compare these to logs)."""
+    return timezone.localtime(when).strftime(STAMP_FORMAT) if when else "—"
 
 
 def short_stamp(when: datetime | None) -> SafeString | str:
-    """For the list: the time alone when it is today, else date and minutes; the full stamp on hover."""
+    """For the list: the time and zone alone when it is today, else the full stamp (one format)."""
     if when is None:
         return "—"
     local = timezone.localtime(when)
-    text = local.strftime("%H:%M:%S") if local.date() == timezone.localdate() else local.strftime("%Y-%m-%d %H:%M")
+    text = local.strftime("%H:%M:%S %Z") if local.date() == timezone.localdate() else stamp(when)
     return format_html('<span title="{}">{}</span>', stamp(when), text)
+
+
+def until(when: datetime, now: datetime) -> str:
+    """"in 42 seconds" / "in 3 minutes": never "in 0 minutes"."""
+    seconds = (when - now).total_seconds()
+    if seconds < 60:
+        return _("in %d seconds") % max(1, int(seconds))
+    return _("in %s") % timeuntil(when, now)
+
+
+def ellipsize(text: str, limit: int) -> str:
+    """``text`` cut at a word boundary within ``limit`` characters, with an ellipsis when cut."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(" ", 1)[0] if " " in text[:limit] else text[:limit]
+    return cut.rstrip(" ,.;:") + "…"
 
 
 def human_ms(ms: int | None) -> str:
@@ -136,7 +156,7 @@ class JobAttemptInline(ReadOnlyJobInline, admin.TabularInline):
     max_num = 0
     can_delete = False
     ordering = ("attempt_num",)
-    fields = ("attempt_num", "worker", "claimed", "finished", "outcome_badge", "duration", "error_text")
+    fields = ("attempt_no", "worker", "claimed", "finished", "outcome_badge", "duration", "error_text")
     readonly_fields = fields
     verbose_name_plural = _("attempt history")
     classes = ["sqlqueue-attempts"]
@@ -144,6 +164,10 @@ class JobAttemptInline(ReadOnlyJobInline, admin.TabularInline):
     @admin.display(description=_("claimed"))
     def claimed(self, obj: JobAttempt) -> str:
         return stamp(obj.claimed_at)
+
+    @admin.display(description=_("attempt"))
+    def attempt_no(self, obj: JobAttempt) -> str:
+        return f"#{obj.attempt_num}"
 
     @admin.display(description=_("finished"))
     def finished(self, obj: JobAttempt) -> str:
@@ -164,9 +188,8 @@ class JobAttemptInline(ReadOnlyJobInline, admin.TabularInline):
     def error_text(self, obj: JobAttempt) -> SafeString | str:
         if not obj.error:
             return ""
-        first = obj.error.strip().splitlines()[-1] if obj.error.strip() else ""
         return format_html('<details class="sqlqueue-attempt-error"><summary>{}</summary><pre>{}</pre></details>',
-                           first[:ERROR_EXCERPT_CHARS], obj.error)
+                           ellipsize(error_message(obj.error), ERROR_EXCERPT_CHARS), obj.error)
 
 class JobChangeList(ChangeList):
     """The list reads an excerpt of the error and neither payload nor response (they may be large)."""
@@ -218,14 +241,15 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
     inlines = [JobAttemptInline]
     fieldsets = (
         (None, {"fields": ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis")}),
-        (_("Attempts"), {"fields": ("attempts", "worker", "started", "finished", "duration", "lease")}),
+        (_("Attempts"), {"fields": ("attempts", "worker", "started", "finished", "duration", "lease",
+                                    "operator_actions")}),
         (_("Schedule"), {"fields": ("enqueued", "scheduled_full", "updated", "version", "dedupe_key")}),
         (_("Data"), {"fields": ("payload_pretty", "response_pretty", "error_traceback")}),
     )
     readonly_fields = ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis", "attempts",
                        "worker", "started", "finished", "duration", "lease", "enqueued", "scheduled_full", "updated",
                        "version", "dedupe_key", "payload_pretty", "response_pretty", "error_traceback",
-                       "payload_masked", "response_masked")
+                       "payload_masked", "response_masked", "operator_actions")
     #: Shown instead to a user without "Can view sensitive job data" (see :mod:`.sensitive`).
     masked_fields = {"payload_pretty": "payload_masked", "response_pretty": "response_masked"}
 
@@ -311,7 +335,7 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
             return ""
         now = timezone.now()
         if when > now:
-            return format_html('<span class="sqlqueue-hint">{}</span>', _("in %s") % timeuntil(when, now))
+            return format_html('<span class="sqlqueue-hint">{}</span>', until(when, now))
         if now - when < timedelta(minutes=1):
             return format_html('<span class="sqlqueue-hint">{}</span>', _("due now"))
         return format_html('<span class="sqlqueue-hint sqlqueue-overdue">{}</span>',
@@ -342,7 +366,7 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
             return format_html('{} <span class="sqlqueue-hint sqlqueue-overdue">{}</span>', stamp(obj.lease_expires_at),
                                _("expired %s ago") % timesince(obj.lease_expires_at, now))
         return format_html('{} <span class="sqlqueue-hint">{}</span>', stamp(obj.lease_expires_at),
-                           _("in %s") % timeuntil(obj.lease_expires_at, now))
+                           until(obj.lease_expires_at, now))
 
     @admin.display(description=_("duration"))
     def duration(self, obj: Job) -> str:
@@ -355,10 +379,10 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
         text = getattr(obj, "error_tail", None)
         if text is None:
             text = obj.error[-ERROR_EXCERPT_CHARS:]
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        if not lines:
+        message = error_message(text)  # "SMTPError: 554 rejected", not "smtplib.SMTPError: ..."
+        if not message:
             return ""
-        return format_html('<span class="sqlqueue-error-excerpt" title="{}">{}</span>', text, lines[-1])
+        return format_html('<span class="sqlqueue-error-excerpt" title="{}">{}</span>', text, message)
 
     # ----- detail -----------------------------------------------------------------------------------
     def get_queryset(self, request: HttpRequest) -> QuerySet:
@@ -421,6 +445,23 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
             return format_html('<span class="quiet">{}</span>', "—")
         return format_html('<pre class="sqlqueue-traceback">{}</pre>', obj.error)
 
+    @admin.display(description=_("operator actions"))
+    def operator_actions(self, obj: Job) -> SafeString:
+        """Who retried, cancelled, requeued this job and when (the admin's LogEntry rows, newest first)."""
+        from django.contrib.admin.models import LogEntry
+        from django.contrib.contenttypes.models import ContentType
+        from django.utils.html import format_html_join
+
+        entries = list(LogEntry.objects.filter(content_type=ContentType.objects.get_for_model(Job),
+                                               object_id=str(obj.pk)).select_related("user")
+                       .order_by("-action_time")[:20])
+        if not entries:
+            return format_html('<span class="quiet">{}</span>', _("none"))
+        return format_html('<ul class="sqlqueue-operator-actions">{}</ul>', format_html_join(
+            "", "<li>{} — {}: {}</li>",
+            ((stamp(e.action_time), e.user.get_username() if e.user else "?", e.get_change_message())
+             for e in entries)))
+
     @admin.display(description=_("why it is (not) running"))
     def diagnosis(self, obj: Job) -> str:
         return explain(obj)
@@ -464,7 +505,7 @@ def explain(job: Job) -> str:
     if job.attempt_num >= effective_max_attempts(job):
         return _("No attempts left (%(n)d used): Retry or Reset attempts.") % {"n": job.attempt_num}
     if job.scheduled_for > now:
-        return _("Scheduled: due in %(t)s.") % {"t": timeuntil(job.scheduled_for, now)}
+        return _("Scheduled: due %(t)s.") % {"t": until(job.scheduled_for, now)}
     live = health.live_workers(now, job._state.db)
     if not live:
         return _("Due %(ago)s ago, but no worker is alive.") % {"ago": timesince(job.scheduled_for, now)}

@@ -120,8 +120,14 @@ def run_transition(
         except StaleJob:  # changed between our read and the UPDATE: modify's WHERE version caught it
             outcome.refused[stale].append(job.pk)
         except IllegalTransition:
-            outcome.refused[_("%(from)s → %(to)s is not allowed") % {"from": job.state.label,
-                                                                      "to": target.label}].append(job.pk)
+            from .admin_types import human_label
+
+            if job.state == target:
+                reason = _("already %(status)s") % {"status": human_label(job.state)}
+            else:
+                reason = _("%(from)s → %(to)s is not allowed") % {"from": human_label(job.state),
+                                                                  "to": human_label(target)}
+            outcome.refused[reason].append(job.pk)
         except JobNotFound:
             outcome.refused[_("no longer exists")].append(job.pk)
         except InvalidArgument as exc:

@@ -143,7 +143,9 @@ class StatusFilter(CheckedFilter, SimpleDropdownFilter):
     parameter_name = "status"
 
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
-        return [(str(int(s)), s.label) for s in Status]
+        from .admin_types import human_label
+
+        return [(str(int(s)), human_label(s)) for s in Status]
 
     def clean(self, value: str) -> int:
         status = parse_id(value)

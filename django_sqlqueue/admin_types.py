@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from datetime import timedelta
 from typing import Any
@@ -26,12 +27,18 @@ from .models import Job, JobType, Worker
 from .states import Status
 
 
+def human_label(status: Status | int) -> str:
+    """The status as an operator reads it: "Partially completed", not the vocabulary's "PartiallyCompleted"."""
+    label = Status(status).label
+    return re.sub(r"(?<=[a-z])([A-Z])", lambda m: " " + m.group(1).lower(), label)
+
+
 def status_badge(status_id: int | None) -> SafeString:
     """A coloured badge for a status id (the label comes from the code: no join, no query)."""
     if status_id is None:
         return format_html("{}", "—")
     status = Status(status_id)
-    return format_html('<span class="sqlqueue-badge sqlqueue-{}">{}</span>', status.label.lower(), status.label)
+    return format_html('<span class="sqlqueue-badge sqlqueue-{}">{}</span>', status.label.lower(), human_label(status))
 
 
 def counts_by_status(type_ids: list[int]) -> dict[int, dict[int, int]]:
@@ -49,7 +56,7 @@ def render_counts(type_id: int, counts: dict[int, int]) -> SafeString:
         return format_html('<span class="quiet">{}</span>', _("no jobs"))
     return format_html_join(
         " ", '<a class="sqlqueue-badge sqlqueue-{}" href="{}">{}&nbsp;{}</a>',
-        ((Status(s).label.lower(), changelist_url(type=type_id, status=s), Status(s).label, n)
+        ((Status(s).label.lower(), changelist_url(type=type_id, status=s), human_label(s), n)
          for s, n in sorted(counts.items())))
 
 
@@ -139,9 +146,12 @@ class JobTypeAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
                 row._sqlqueue_counts = counts.get(row.pk, {})
         return response
 
-    @admin.display(description=_("paused"), boolean=True, ordering="paused")
-    def paused_flag(self, obj: JobType) -> bool:
-        return obj.paused
+    @admin.display(description=_("paused"), ordering="paused")
+    def paused_flag(self, obj: JobType) -> SafeString:
+        # Words, not Django's red x for False: "not paused" is the healthy state, not an error.
+        if obj.paused:
+            return format_html('<span class="sqlqueue-badge sqlqueue-paused">{}</span>', _("paused"))
+        return format_html('<span class="quiet">{}</span>', _("running"))
 
     @admin.display(description=_("max attempts"))
     def max_attempts_col(self, obj: JobType) -> SafeString:
@@ -242,7 +252,7 @@ class WorkerAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
     @admin.display(description=_("last heartbeat"), ordering="last_heartbeat")
     def heartbeat(self, obj: Worker) -> SafeString:
         return format_html("{} <span class=\"sqlqueue-hint\">{}</span>",
-                           timezone.localtime(obj.last_heartbeat).strftime("%Y-%m-%d %H:%M:%S"),
+                           timezone.localtime(obj.last_heartbeat).strftime("%Y-%m-%d %H:%M:%S %Z"),
                            _("%s ago") % timesince(obj.last_heartbeat))
 
     @admin.display(description=_("running jobs"))

@@ -190,6 +190,7 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
 
     The (status, type, queue) index covers all three columns: an index-only scan, no table reads.
     """
+    from .admin_types import human_label
     from .models import JobType
 
     rows = (job_model.objects.order_by().values("queue", "job_type_id", "status_id").annotate(n=Count("*"))
@@ -219,7 +220,7 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
         return sorted(out, key=lambda r: str(r["label"]))
 
     return {
-        "statuses": [{"label": s.label, "css": s.label.lower(), "url": changelist_url(status=int(s)),
+        "statuses": [{"label": human_label(s), "css": s.label.lower(), "url": changelist_url(status=int(s)),
                       "total": totals.get(int(s), 0)} for s in statuses],
         "grand_total": sum(totals.values()),
         "queue_rows": table(by_queue, "queue", str),

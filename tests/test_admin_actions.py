@@ -116,7 +116,7 @@ def test_reset_attempts(admin_client) -> None:
     assert (f.state, f.attempt_num) == (Status.PENDING, 0)
     assert (e.state, e.attempt_num) == (Status.PENDING, 0)
     assert abs((e.scheduled_for - later).total_seconds()) < 0.01  # an Error job keeps its retry time
-    assert "Pending → Pending is not allowed" in " ".join(messages_of(response))
+    assert "already Pending" in " ".join(messages_of(response))  # not "Pending → Pending is not allowed"
     assert log_messages(failed) == ["Reset attempts: Failed → Pending (attempts reset to 0)"]
 
 

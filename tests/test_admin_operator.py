@@ -359,3 +359,53 @@ def test_exception_class_and_message(error, cls, message) -> None:
     from django_sqlqueue.admin_triage import error_message, exception_class
 
     assert exception_class(error) == cls and error_message(error) == message
+
+
+# ----- 16/17: the list and the wording -----------------------------------------------------------------
+def test_list_shows_the_error_message_without_the_module_path(admin_client) -> None:
+    make_job(Status.FAILED, error="Traceback (most recent call last):\n  File \"x\"\nsmtplib.SMTPError: 554 no")
+    html = admin_client.get(changelist_url()).content.decode()
+    assert ">SMTPError: 554 no<" in html
+
+
+def test_times_carry_their_zone_and_one_format(admin_client) -> None:
+    job = make_job(Status.FAILED)
+    html = admin_client.get(change_url(job)).content.decode()
+    local = timezone.localtime(job.finished_at)
+    assert local.strftime("%Y-%m-%d %H:%M:%S %Z") in html
+    listed = admin_client.get(changelist_url()).content.decode()
+    assert local.strftime("%H:%M:%S %Z") in listed or local.strftime("%Y-%m-%d %H:%M:%S %Z") in listed
+
+
+def test_operator_actions_show_on_the_job_page(admin_client) -> None:
+    job = make_job(Status.FAILED)
+    post_action(admin_client, "retry_now", [job])
+    html = admin_client.get(change_url(job)).content.decode()
+    part = html[html.index("field-operator_actions"):]
+    assert "admin" in part[:600] and "Retry now: Failed → Pending" in part[:600]
+
+
+def test_wording(admin_client) -> None:
+    job = make_job(Status.FAILED)
+    Job.objects.enqueue(TYPE_NAME, {})
+    html = admin_client.get(change_url(job)).content.decode()
+    assert "Attempt num" not in html
+    soon = make_job(scheduled_for=timezone.now() + timedelta(seconds=20))
+    listed = admin_client.get(changelist_url()).content.decode()
+    assert "in 0 minutes" not in listed and "seconds" in listed
+    assert "Partially completed" in admin_client.get(reverse(DASHBOARD)).content.decode()
+    response = post_action(admin_client, "pause", [Job.objects.get(pk=soon.pk)])
+    response = post_action(admin_client, "pause", [Job.objects.get(pk=soon.pk)])
+    assert "already Paused" in " ".join(messages_of(response))
+    types = admin_client.get(reverse("admin:django_sqlqueue_jobtype_changelist")).content.decode()
+    assert "icon-no.svg" not in types  # a red x meant "not paused"
+    from testproject.notifications.models import ResetPassword
+
+    assert ResetPassword._meta.verbose_name_plural == "reset password data"
+
+
+def test_attempt_error_is_cut_at_a_word_with_an_ellipsis() -> None:
+    from django_sqlqueue.admin import ellipsize
+
+    assert ellipsize("alpha beta gamma", 12) == "alpha beta…"
+    assert ellipsize("short", 12) == "short"

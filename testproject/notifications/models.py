@@ -21,6 +21,7 @@ class ResetPassword(JobData):
 
     class Meta:
         verbose_name = "reset password data"
+        verbose_name_plural = "reset password data"
 
 
 class EmailChannel(InclusiveJobData):
