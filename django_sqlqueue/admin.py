@@ -129,6 +129,14 @@ def until(when: datetime, now: datetime) -> str:
     return _("in %s") % timeuntil(when, now)
 
 
+def ago(when: datetime, now: datetime) -> str:
+    """"12 seconds" / "3 minutes": never "0 minutes"."""
+    seconds = (now - when).total_seconds()
+    if seconds < 60:
+        return _("%d seconds") % max(0, int(seconds))
+    return timesince(when, now)
+
+
 def ellipsize(text: str, limit: int) -> str:
     """``text`` cut at a word boundary within ``limit`` characters, with an ellipsis when cut."""
     if len(text) <= limit:
@@ -371,7 +379,7 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
     @admin.display(description=_("duration"))
     def duration(self, obj: Job) -> str:
         if obj.state == Status.PROCESSING and obj.started_at:
-            return _("running %s") % timesince(obj.started_at)
+            return _("running %s") % ago(obj.started_at, timezone.now())
         return human_ms(obj.duration_ms)
 
     @admin.display(description=_("error"))
