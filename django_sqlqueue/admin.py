@@ -45,6 +45,7 @@ from .admin_filters import (
     parse_id,
 )
 from .admin_subtypes import ReadOnlyJobInline, subtype_inlines_for
+from .admin_throughput import throughput_view
 from .admin_triage import error_message, triage_view
 from .admin_types import JobTypeAdmin, WorkerAdmin, status_badge
 from .admin_views import dashboard_view
@@ -479,7 +480,9 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
         custom = [path("dashboard/", self.admin_site.admin_view(lambda request: dashboard_view(request, self)),
                        name="django_sqlqueue_dashboard"),
                   path("failures/", self.admin_site.admin_view(lambda request: triage_view(request, self)),
-                       name="django_sqlqueue_failures")]
+                       name="django_sqlqueue_failures"),
+                  path("throughput/", self.admin_site.admin_view(lambda request: throughput_view(request, self)),
+                       name="django_sqlqueue_throughput")]
         return custom + super().get_urls()
 
 

@@ -409,3 +409,35 @@ def test_attempt_error_is_cut_at_a_word_with_an_ellipsis() -> None:
 
     assert ellipsize("alpha beta gamma", 12) == "alpha beta…"
     assert ellipsize("short", 12) == "short"
+
+
+# ----- 11: throughput ------------------------------------------------------------------------------
+THROUGHPUT = "admin:django_sqlqueue_throughput"
+
+
+def test_throughput_rates_wait_and_runtime(admin_client) -> None:
+    now = timezone.now()
+    for minutes_ago, wait_s, run_ms in [(2, 1, 100), (3, 3, 200), (4, 5, 300), (30, 10, 400)]:
+        job = make_job(Status.COMPLETED)
+        finished = now - timedelta(minutes=minutes_ago)
+        Job.objects.filter(pk=job.pk).update(
+            finished_at=finished, started_at=finished - timedelta(milliseconds=run_ms),
+            scheduled_for=finished - timedelta(milliseconds=run_ms, seconds=wait_s), duration_ms=run_ms)
+    failed = make_job(Status.FAILED)
+    Job.objects.filter(pk=failed.pk).update(finished_at=now - timedelta(hours=5))
+    ctx = admin_client.get(reverse(THROUGHPUT)).context
+    assert ctx["chart"]["totals"] == {"enqueued": 5, "finished": 4, "failed": 0}
+    assert ctx["wait_p50"] == pytest.approx(3, abs=0.01) and ctx["wait_p95"] == pytest.approx(10, abs=0.01)
+    row = ctx["runtime"][0]
+    assert row["type"] == TYPE_NAME and row["n"] == 4 and row["p50"] == pytest.approx(0.2)
+    day = admin_client.get(reverse(THROUGHPUT) + "?window=24h").context
+    assert day["chart"]["totals"]["failed"] == 1 and day["window"].key == "24h"
+    week = admin_client.get(reverse(THROUGHPUT) + "?window=7d")
+    assert week.status_code == 200 and 'id="sqlqueue-rates"' in week.content.decode()
+
+
+def test_percentile_nearest_rank() -> None:
+    from django_sqlqueue.admin_throughput import percentile
+
+    assert percentile([], 50) is None
+    assert percentile([5, 1, 3], 50) == 3 and percentile(list(range(1, 101)), 95) == 95

@@ -59,7 +59,7 @@ def picture(page, name: str) -> None:
 
 
 @pytest.fixture
-def stuck_data(operator_data):
+def stuck_data(operator_data):  # noqa: F811  (the imported fixture)
     orphan = make_job(Status.PROCESSING, queue="emails", worker="web-1/6")
     make_worker("web-1/6", stopped=True)
     make_job(queue="reports")
