@@ -29,6 +29,9 @@ class SqlQueueConfig(AppConfig):
         post_save.connect(clear_cache, sender=JobType, dispatch_uid="sqlqueue-type-cache-save")
         post_delete.connect(clear_cache, sender=JobType, dispatch_uid="sqlqueue-type-cache-delete")
         post_migrate.connect(_sync_types, sender=self, dispatch_uid="sqlqueue-sync-types")
+        from .metrics import connect_tracing
+
+        connect_tracing()  # a span per job attempt when opentelemetry-api is installed; else nothing
 
 
 def _sync_types(sender: Any, using: str = "default", **kwargs: Any) -> None:
