@@ -34,7 +34,7 @@ from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.utils import timezone
 
-from .states import Status, UNFINISHED
+from .states import UNFINISHED, Status
 
 #: The recent window the finished / failed / retried gauges and the histogram cover.
 WINDOW_SECONDS = 300

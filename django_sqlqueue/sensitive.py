@@ -44,6 +44,11 @@ def sensitive_keys(type_name: str) -> frozenset[str]:
     return frozenset(_keys.get(type_name, set()) | _keys.get("*", set()))
 
 
+def all_sensitive_keys() -> frozenset[str]:
+    """Every key marked sensitive for any type (what the payload search refuses to probe)."""
+    return frozenset(k for keys in _keys.values() for k in keys)
+
+
 def can_view(user: Any) -> bool:
     return bool(user is not None and user.has_perm(PERMISSION))
 

@@ -441,3 +441,44 @@ def test_percentile_nearest_rank() -> None:
 
     assert percentile([], 50) is None
     assert percentile([5, 1, 3], 50) == 3 and percentile(list(range(1, 101)), 95) == 95
+
+
+# ----- 15: payload search -----------------------------------------------------------------------------
+def test_search_by_a_payload_value(admin_client) -> None:
+    a = make_job(payload={"to": "alice@example.com", "user": {"id": 7}})
+    b = make_job(payload={"to": "bob@example.com", "user": {"id": 8}})
+    found = admin_client.get(changelist_url(q="to=alice@example.com")).context["cl"].result_list
+    assert [j.pk for j in found] == [a.pk]
+    found = admin_client.get(changelist_url(q="user.id=8")).context["cl"].result_list
+    assert [j.pk for j in found] == [b.pk]
+    assert list(admin_client.get(changelist_url(q="to=carol@example.com")).context["cl"].result_list) == []
+
+
+def test_payload_search_uses_containment_on_postgresql(admin_client) -> None:
+    from django.db import connection
+
+    from django_sqlqueue.admin import payload_condition
+
+    sql, _params = Job.objects.filter(payload_condition("to=a@example.com", None)).query.sql_with_params()
+    if connection.vendor == "postgresql":
+        assert "@>" in sql
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'sqlqueue_job_payload_gin'")
+            assert "jsonb_path_ops" in cursor.fetchone()[0]
+    else:
+        assert "@>" not in sql
+
+
+def test_sensitive_keys_cannot_be_probed_by_search(client) -> None:
+    from django_sqlqueue.sensitive import _keys, mark_sensitive
+
+    job = make_job(payload={"secret_code": "123456"})
+    mark_sensitive(TYPE_NAME, "secret_code")
+    try:
+        client.force_login(user_with("view_job", username="prober"))
+        assert list(client.get(changelist_url(q="secret_code=123456")).context["cl"].result_list) == []
+        client.force_login(user_with("view_job", "view_sensitive_job", username="allowed"))
+        found = client.get(changelist_url(q="secret_code=123456")).context["cl"].result_list
+        assert [j.pk for j in found] == [job.pk]
+    finally:
+        _keys.pop(TYPE_NAME, None)
