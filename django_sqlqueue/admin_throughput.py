@@ -32,7 +32,7 @@ from django.utils.translation import gettext as _
 from .states import Status
 
 #: Jobs read (newest finished first) for the wait and run-time percentiles.
-SAMPLE_LIMIT = 20_000
+SAMPLE_LIMIT = 5_000
 DONE = (int(Status.COMPLETED), int(Status.PARTIALLY_COMPLETED))
 FAILED = (int(Status.FAILED), int(Status.ERROR))
 

@@ -34,7 +34,7 @@ from .admin_filters import has_error
 from .states import Status
 
 #: How many failed jobs the page reads (newest first) to group them.
-SCAN_LIMIT = 50_000
+SCAN_LIMIT = 10_000
 #: Characters read from the end of each error: the exception line is the traceback's last.
 TAIL_CHARS = 300
 #: The most jobs one "retry all" / "discard all" changes per run (said on the confirmation page).

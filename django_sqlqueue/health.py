@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from django.db.models import Count, Q, QuerySet
 
 from .conf import get_settings
-from .states import CLAIMABLE, Status
+from .states import CLAIMABLE, Status, sql_list
 
 if TYPE_CHECKING:
     from .models import Job, Worker
@@ -110,20 +110,28 @@ def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Wor
                       *, limit: int = 200) -> list[Unserved]:
     """(queue, type) pairs with due Pending/Error jobs or orphaned Processing jobs, no live worker serving.
 
-    One GROUP BY (queue, type) over the due rows: the claim index (status, due time) narrows it to
-    due work, which is small when workers keep up and is what this is about when they do not. Paused
-    types are left out (nobody is meant to run them).
+    Nothing is read when a live worker serves every queue and type (the common setup). Otherwise two
+    GROUP BY (queue, type) queries, each on its own partial index: the due claimable rows (the claim
+    index's literal status predicate) and the orphaned Processing rows. One query with an OR of the two
+    would read the whole table. Paused types are left out (nobody is meant to run them).
     """
+    from .admin_filters import index_predicate
     from .models import JobType
 
     workers = list(workers) if workers is not None else live_workers(now, job_model.objects.db)
+    if any(not (w.queues or []) and not (w.types or []) for w in workers):
+        return []
     using = job_model.objects.db
-    due = Q(status_id__in=sorted(int(s) for s in CLAIMABLE), scheduled_for__lte=now) | orphaned_q(now, using)
-    rows = (job_model.objects.filter(due).order_by().values("queue", "job_type_id")
-            .annotate(n=Count("*")).values_list("queue", "job_type_id", "n")[: limit * 10])
+    claimable = index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})") & Q(scheduled_for__lte=now)
+    counts: dict[tuple[str, int], int] = {}
+    for condition in (claimable, orphaned_q(now, using)):
+        rows = (job_model.objects.filter(condition).order_by().values("queue", "job_type_id")
+                .annotate(n=Count("*")).values_list("queue", "job_type_id", "n")[: limit * 10])
+        for queue, type_id, n in rows:
+            counts[(queue, type_id)] = counts.get((queue, type_id), 0) + n
     types = dict(JobType.objects.filter(paused=False).values_list("pk", "name"))
     out = []
-    for queue, type_id, n in rows:
+    for (queue, type_id), n in counts.items():
         name = types.get(type_id)
         if name is None:  # paused type
             continue
