@@ -172,9 +172,9 @@ def dashboard_view(request: HttpRequest, modeladmin: Any) -> TemplateResponse:
         **backlog(modeladmin.model, now),
         "chart": throughput_chart(modeladmin.model, now),
         **workers(now),
-        **stuck_work(modeladmin.model, now),
         "media": modeladmin.media,
     }
+    context.update(stuck_work(modeladmin.model, now, pairs=context.pop("waiting_pairs")))
     context["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 1)
     return TemplateResponse(request, "admin/django_sqlqueue/dashboard.html", context)
 
@@ -198,7 +198,10 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
     by_queue: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     by_type: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     totals: dict[int, int] = defaultdict(int)
+    waiting = set()
     for queue, type_id, status_id, n in rows:
+        if Status(status_id) in CLAIMABLE or status_id == Status.PROCESSING:
+            waiting.add((queue, type_id))
         by_queue[queue][status_id] += n
         by_type[type_id][status_id] += n
         totals[status_id] += n
@@ -226,6 +229,7 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
         "queue_rows": table(by_queue, "queue", str),
         "type_rows": table(by_type, "type", lambda pk: types.get(pk, f"#{pk}")),
         "unfinished": sum(n for s, n in totals.items() if Status(s) not in FINISHED),
+        "waiting_pairs": waiting,
     }
 
 
@@ -271,12 +275,15 @@ def backlog(job_model: type[Job], now: datetime) -> dict[str, Any]:
     }
 
 
-def stuck_work(job_model: type[Job], now: datetime) -> dict[str, Any]:
-    """Orphaned jobs (the claim would take them over) and due work no live worker serves."""
+def stuck_work(job_model: type[Job], now: datetime, pairs: Any = None) -> dict[str, Any]:
+    """Orphaned jobs (the claim would take them over) and due work no live worker serves.
+
+    ``pairs``: the (queue, type) pairs holding waiting jobs, when the caller already counted them.
+    """
     from .health import orphaned_q, unserved_due_work
 
     orphaned, orphaned_capped = _capped_count(job_model.objects.filter(orphaned_q(now, job_model.objects.db)))
-    unserved = unserved_due_work(job_model, now)
+    unserved = unserved_due_work(job_model, now, pairs=pairs)
     return {
         "orphaned": orphaned, "orphaned_capped": orphaned_capped, "orphaned_url": changelist_url(orphaned=1),
         "unserved": [{"queue": u.queue, "type": u.type_name, "jobs": u.jobs,

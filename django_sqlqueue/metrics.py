@@ -34,7 +34,7 @@ from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.utils import timezone
 
-from .states import UNFINISHED, Status
+from .states import UNFINISHED, Status, sql_list
 
 #: The recent window the finished / failed / retried gauges and the histogram cover.
 WINDOW_SECONDS = 300
@@ -90,6 +90,7 @@ class QueueCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 
+        from .admin_filters import index_predicate
         from .admin_views import oldest_due
         from .health import dead_q, live_q, orphaned_q, unserved_due_work
         from .models import Job, JobType, Worker
@@ -102,11 +103,14 @@ class QueueCollector:
 
         depth = GaugeMetricFamily("sqlqueue_jobs", "Unfinished jobs by queue, type and status",
                                   labels=["queue", "type", "status"])
-        rows = (jobs.filter(status_id__in=sorted(int(s) for s in UNFINISHED)).order_by()
+        rows = (jobs.filter(index_predicate(db, "status", f"IN ({sql_list(UNFINISHED)})")).order_by()
                 .values("queue", "job_type_id", "status_id").annotate(n=Count("*"))
                 .values_list("queue", "job_type_id", "status_id", "n"))
+        waiting = set()
         for queue, type_id, status_id, n in rows:
             depth.add_metric([queue, names.get(type_id, str(type_id)), Status(status_id).label], n)
+            if status_id in (Status.PENDING, Status.ERROR, Status.PROCESSING):
+                waiting.add((queue, type_id))
         yield depth
 
         oldest = oldest_due(Job, now) if not self.using else None
@@ -157,7 +161,7 @@ class QueueCollector:
 
         unserved = GaugeMetricFamily("sqlqueue_unserved_due_jobs",
                                      "Due jobs of a queue and type no live worker serves", labels=["queue", "type"])
-        for u in unserved_due_work(Job, now) if not self.using else []:
+        for u in unserved_due_work(Job, now, pairs=waiting) if not self.using else []:
             unserved.add_metric([u.queue, u.type_name], u.jobs)
         yield unserved
 
