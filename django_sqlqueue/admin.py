@@ -9,6 +9,7 @@ See docs/admin.md.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,13 +27,14 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext_lazy as _
 
-from . import admin_actions
+from . import admin_actions, health, sensitive
 from .admin_filters import (
     CheapPaginator,
     DeclaredFiltersOnly,
     HasErrorFilter,
     JobTypeFilter,
     LeaseExpiredFilter,
+    OrphanedFilter,
     OverdueFilter,
     QueueFilter,
     StatusFilter,
@@ -44,11 +46,13 @@ from .admin_filters import (
     parse_id,
 )
 from .admin_subtypes import ReadOnlyJobInline, subtype_inlines_for
+from .admin_throughput import throughput_view
+from .admin_triage import error_message, triage_view
 from .admin_types import JobTypeAdmin, WorkerAdmin, status_badge
 from .admin_views import dashboard_view
 from .conf import get_settings
 from .models import Job, JobAttempt, JobType, Worker
-from .states import CLAIMABLE, FINISHED, Status
+from .states import CLAIMABLE, FINISHED, TRANSITIONS, Status
 
 #: Characters of the error shown in the list (the rest stays in the database until the job is opened).
 ERROR_EXCERPT_CHARS = 120
@@ -101,18 +105,46 @@ def _pretty_chunks(value: Any, depth: int) -> Any:
     yield "\n" + pad + closing
 
 
+#: The one date format of the admin pages (Python's strftime; templates use "Y-m-d H:i:s T").
+STAMP_FORMAT = "%Y-%m-%d %H:%M:%S %Z"
+
+
 def stamp(when: datetime | None) -> str:
-    """A compact local timestamp with seconds (operators compare these to logs)."""
-    return timezone.localtime(when).strftime("%Y-%m-%d %H:%M:%S") if when else "—"
+    """A local timestamp with seconds and the time zone (operators compare these to logs)."""
+    return timezone.localtime(when).strftime(STAMP_FORMAT) if when else "—"
 
 
 def short_stamp(when: datetime | None) -> SafeString | str:
-    """For the list: the time alone when it is today, else date and minutes; the full stamp on hover."""
+    """For the list: the time and zone alone when it is today, else the full stamp (one format)."""
     if when is None:
         return "—"
     local = timezone.localtime(when)
-    text = local.strftime("%H:%M:%S") if local.date() == timezone.localdate() else local.strftime("%Y-%m-%d %H:%M")
+    text = local.strftime("%H:%M:%S %Z") if local.date() == timezone.localdate() else stamp(when)
     return format_html('<span title="{}">{}</span>', stamp(when), text)
+
+
+def until(when: datetime, now: datetime) -> str:
+    """"in 42 seconds" / "in 3 minutes": never "in 0 minutes"."""
+    seconds = (when - now).total_seconds()
+    if seconds < 60:
+        return _("in %d seconds") % max(1, int(seconds))
+    return _("in %s") % timeuntil(when, now)
+
+
+def ago(when: datetime, now: datetime) -> str:
+    """"12 seconds" / "3 minutes": never "0 minutes"."""
+    seconds = (now - when).total_seconds()
+    if seconds < 60:
+        return _("%d seconds") % max(0, int(seconds))
+    return timesince(when, now)
+
+
+def ellipsize(text: str, limit: int) -> str:
+    """``text`` cut at a word boundary within ``limit`` characters, with an ellipsis when cut."""
+    if len(text) <= limit:
+        return text
+    cut = text[:limit].rsplit(" ", 1)[0] if " " in text[:limit] else text[:limit]
+    return cut.rstrip(" ,.;:") + "…"
 
 
 def human_ms(ms: int | None) -> str:
@@ -134,7 +166,7 @@ class JobAttemptInline(ReadOnlyJobInline, admin.TabularInline):
     max_num = 0
     can_delete = False
     ordering = ("attempt_num",)
-    fields = ("attempt_num", "worker", "claimed", "finished", "outcome_badge", "duration", "error_text")
+    fields = ("attempt_no", "worker", "claimed", "finished", "outcome_badge", "duration", "error_text")
     readonly_fields = fields
     verbose_name_plural = _("attempt history")
     classes = ["sqlqueue-attempts"]
@@ -142,6 +174,10 @@ class JobAttemptInline(ReadOnlyJobInline, admin.TabularInline):
     @admin.display(description=_("claimed"))
     def claimed(self, obj: JobAttempt) -> str:
         return stamp(obj.claimed_at)
+
+    @admin.display(description=_("attempt"))
+    def attempt_no(self, obj: JobAttempt) -> str:
+        return f"#{obj.attempt_num}"
 
     @admin.display(description=_("finished"))
     def finished(self, obj: JobAttempt) -> str:
@@ -162,9 +198,8 @@ class JobAttemptInline(ReadOnlyJobInline, admin.TabularInline):
     def error_text(self, obj: JobAttempt) -> SafeString | str:
         if not obj.error:
             return ""
-        first = obj.error.strip().splitlines()[-1] if obj.error.strip() else ""
         return format_html('<details class="sqlqueue-attempt-error"><summary>{}</summary><pre>{}</pre></details>',
-                           first[:ERROR_EXCERPT_CHARS], obj.error)
+                           ellipsize(error_message(obj.error), ERROR_EXCERPT_CHARS), obj.error)
 
 class JobChangeList(ChangeList):
     """The list reads an excerpt of the error and neither payload nor response (they may be large)."""
@@ -179,6 +214,19 @@ class JobChangeList(ChangeList):
         # The end of a traceback says what went wrong: read only that much of the error.
         return qs.defer("payload", "response", "error").annotate(error_tail=Right("error", ERROR_EXCERPT_CHARS))
 
+    def get_results(self, request: HttpRequest) -> None:
+        """Flag the page's orphaned Processing jobs: one read of the (small) worker table per page."""
+        super().get_results(request)
+        running = [job for job in self.result_list if job.status_id == Status.PROCESSING]
+        if not running:
+            return
+        now = timezone.now()
+        dead = set(Worker.objects.filter(health.dead_q(now), name__in={j.worker for j in running})
+                   .values_list("name", flat=True))
+        for job in running:
+            job._sqlqueue_orphan = (job.lease_expires_at is not None and job.lease_expires_at < now) or (
+                job.worker in dead)
+
 
 @admin.register(Job)
 class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.ModelAdmin):
@@ -186,14 +234,15 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
                     "duration", "worker", "error_excerpt")
     list_display_links = ("id",)
     list_filter = (StatusFilter, JobTypeFilter, QueueFilter, StepFilter, WorkerFilter, OverdueFilter,
-                   LeaseExpiredFilter, HasErrorFilter)
+                   LeaseExpiredFilter, OrphanedFilter, HasErrorFilter)
     list_select_related = ("job_type",)
     list_per_page = 100
     ordering = ("-id",)
     sortable_by = ("id",)  # other orders would sort millions of rows
     date_hierarchy = "enqueued_at"
     search_fields = ("=id", "=dedupe_key", "error")  # the search itself is get_search_results
-    search_help_text = _("A job id, a dedupe key (exact), or text in the error.")
+    search_help_text = _("A job id, a dedupe key (exact), key=value in the payload (to=a@example.com, "
+                         "user.id=7), or text in the error.")
     show_full_result_count = False
     empty_value_display = "—"
     show_facets = admin.ShowFacets.NEVER
@@ -203,13 +252,17 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
     inlines = [JobAttemptInline]
     fieldsets = (
         (None, {"fields": ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis")}),
-        (_("Attempts"), {"fields": ("attempts", "worker", "started", "finished", "duration", "lease")}),
+        (_("Attempts"), {"fields": ("attempts", "worker", "started", "finished", "duration", "lease",
+                                    "operator_actions")}),
         (_("Schedule"), {"fields": ("enqueued", "scheduled_full", "updated", "version", "dedupe_key")}),
         (_("Data"), {"fields": ("payload_pretty", "response_pretty", "error_traceback")}),
     )
     readonly_fields = ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis", "attempts",
                        "worker", "started", "finished", "duration", "lease", "enqueued", "scheduled_full", "updated",
-                       "version", "dedupe_key", "payload_pretty", "response_pretty", "error_traceback")
+                       "version", "dedupe_key", "payload_pretty", "response_pretty", "error_traceback",
+                       "payload_masked", "response_masked", "operator_actions")
+    #: Shown instead to a user without "Can view sensitive job data" (see :mod:`.sensitive`).
+    masked_fields = {"payload_pretty": "payload_masked", "response_pretty": "response_masked"}
 
     class Media:
         css = {"all": ["django_sqlqueue/admin.css"]}
@@ -242,6 +295,9 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
             return queryset.filter(Q(pk=job_id) | Q(dedupe_key=term)), False
         if queryset.model.objects.filter(dedupe_key=term).exists():  # one seek: a key is exact, stop here
             return queryset.filter(dedupe_key=term), False
+        payload = payload_condition(term, request.user)
+        if payload is not None:
+            return queryset.filter(payload), False
         return queryset.filter(has_error(queryset.db), error__icontains=term), False
 
     def action_checkbox(self, obj: Job) -> SafeString:
@@ -267,6 +323,11 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
 
     @admin.display(description=_("status"))
     def status_col(self, obj: Job) -> SafeString:
+        if getattr(obj, "_sqlqueue_orphan", False):
+            return format_html('{} <span class="sqlqueue-badge sqlqueue-failed" title="{}">{}</span>',
+                               status_badge(obj.status_id),
+                               _("Its worker is stopped or stale, or its lease expired: Requeue it, or a live "
+                                 "worker serving it takes it over."), _("orphaned"))
         return status_badge(obj.status_id)
 
     @admin.display(description=_("attempts"))
@@ -288,7 +349,7 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
             return ""
         now = timezone.now()
         if when > now:
-            return format_html('<span class="sqlqueue-hint">{}</span>', _("in %s") % timeuntil(when, now))
+            return format_html('<span class="sqlqueue-hint">{}</span>', until(when, now))
         if now - when < timedelta(minutes=1):
             return format_html('<span class="sqlqueue-hint">{}</span>', _("due now"))
         return format_html('<span class="sqlqueue-hint sqlqueue-overdue">{}</span>',
@@ -319,12 +380,12 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
             return format_html('{} <span class="sqlqueue-hint sqlqueue-overdue">{}</span>', stamp(obj.lease_expires_at),
                                _("expired %s ago") % timesince(obj.lease_expires_at, now))
         return format_html('{} <span class="sqlqueue-hint">{}</span>', stamp(obj.lease_expires_at),
-                           _("in %s") % timeuntil(obj.lease_expires_at, now))
+                           until(obj.lease_expires_at, now))
 
     @admin.display(description=_("duration"))
     def duration(self, obj: Job) -> str:
         if obj.state == Status.PROCESSING and obj.started_at:
-            return _("running %s") % timesince(obj.started_at)
+            return _("running %s") % ago(obj.started_at, timezone.now())
         return human_ms(obj.duration_ms)
 
     @admin.display(description=_("error"))
@@ -332,10 +393,10 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
         text = getattr(obj, "error_tail", None)
         if text is None:
             text = obj.error[-ERROR_EXCERPT_CHARS:]
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        if not lines:
+        message = error_message(text)  # "SMTPError: 554 rejected", not "smtplib.SMTPError: ..."
+        if not message:
             return ""
-        return format_html('<span class="sqlqueue-error-excerpt" title="{}">{}</span>', text, lines[-1])
+        return format_html('<span class="sqlqueue-error-excerpt" title="{}">{}</span>', text, message)
 
     # ----- detail -----------------------------------------------------------------------------------
     def get_queryset(self, request: HttpRequest) -> QuerySet:
@@ -356,9 +417,10 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
         obj = self.get_object(request, object_id)
         if obj is not None:
             # get_action_choices: (name, description) pairs on Django 6.0 and 6.1 alike
+            orphan = health.is_orphan(obj, timezone.now())
             extra_context["sqlqueue_actions"] = [
                 (name, desc) for name, desc in self.get_action_choices(request, default_choices=[])
-                if admin_actions.applies(name, obj.state)]
+                if admin_actions.applies(name, obj.state) and (name != "requeue" or orphan)]
             extra_context["sqlqueue_job"] = obj
         return super().change_view(request, object_id, form_url, extra_context)
 
@@ -366,6 +428,14 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
     def type_link(self, obj: Job) -> SafeString:
         url = reverse("admin:django_sqlqueue_jobtype_change", args=[obj.job_type_id])
         return format_html('<a href="{}">{}</a>', url, obj.job_type.name)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        """The payload and response masked where marked sensitive, unless the user may see them."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if sensitive.can_view(request.user):
+            return fieldsets
+        return [(name, {**opts, "fields": tuple(self.masked_fields.get(f, f) for f in opts["fields"])})
+                for name, opts in fieldsets]
 
     @admin.display(description=_("payload"))
     def payload_pretty(self, obj: Job) -> SafeString:
@@ -375,11 +445,36 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
     def response_pretty(self, obj: Job) -> SafeString:
         return pretty_json(obj.response)
 
+    @admin.display(description=_("payload"))
+    def payload_masked(self, obj: Job) -> SafeString:
+        return pretty_json(sensitive.mask(obj.payload, sensitive.sensitive_keys(obj.job_type.name)))
+
+    @admin.display(description=_("response"))
+    def response_masked(self, obj: Job) -> SafeString:
+        return pretty_json(sensitive.mask(obj.response, sensitive.sensitive_keys(obj.job_type.name)))
+
     @admin.display(description=_("error"))
     def error_traceback(self, obj: Job) -> SafeString:
         if not obj.error:
             return format_html('<span class="quiet">{}</span>', "—")
         return format_html('<pre class="sqlqueue-traceback">{}</pre>', obj.error)
+
+    @admin.display(description=_("operator actions"))
+    def operator_actions(self, obj: Job) -> SafeString:
+        """Who retried, cancelled, requeued this job and when (the admin's LogEntry rows, newest first)."""
+        from django.contrib.admin.models import LogEntry
+        from django.contrib.contenttypes.models import ContentType
+        from django.utils.html import format_html_join
+
+        entries = list(LogEntry.objects.filter(content_type=ContentType.objects.get_for_model(Job),
+                                               object_id=str(obj.pk)).select_related("user")
+                       .order_by("-action_time")[:20])
+        if not entries:
+            return format_html('<span class="quiet">{}</span>', _("none"))
+        return format_html('<ul class="sqlqueue-operator-actions">{}</ul>', format_html_join(
+            "", "<li>{} — {}: {}</li>",
+            ((stamp(e.action_time), e.user.get_username() if e.user else "?", e.get_change_message())
+             for e in entries)))
 
     @admin.display(description=_("why it is (not) running"))
     def diagnosis(self, obj: Job) -> str:
@@ -388,8 +483,50 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
     # ----- dashboard --------------------------------------------------------------------------------
     def get_urls(self) -> list[Any]:
         custom = [path("dashboard/", self.admin_site.admin_view(lambda request: dashboard_view(request, self)),
-                       name="django_sqlqueue_dashboard")]
+                       name="django_sqlqueue_dashboard"),
+                  path("failures/", self.admin_site.admin_view(lambda request: triage_view(request, self)),
+                       name="django_sqlqueue_failures"),
+                  path("throughput/", self.admin_site.admin_view(lambda request: throughput_view(request, self)),
+                       name="django_sqlqueue_throughput")]
         return custom + super().get_urls()
+
+
+#: ``key=value`` / ``a.b=value`` in the search box: a payload search.
+PAYLOAD_TERM = re.compile(r"^([A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*){0,4})=(\S.*)$")
+
+
+def payload_condition(term: str, user: Any) -> Q | None:
+    """``to=a@example.com`` as a payload condition, or None when the term is not of that form.
+
+    JSON containment (``payload @> {"to": "a@example.com"}``): on PostgreSQL the GIN index of migration
+    0007 serves it. Elsewhere (SQLite, SQL Server) the same question is a JSON path lookup that reads
+    the payload of every job the other filters leave: add a status / type / queue filter on big tables.
+    The value matches as text and, when it parses as JSON, as that value too (``n=7`` finds 7 and "7").
+    A key marked sensitive (:mod:`.sensitive`) is not searchable without the permission to see it: the
+    search would answer yes/no questions about the hidden value.
+    """
+    match = PAYLOAD_TERM.match(term)
+    if not match:
+        return None
+    path, raw = match.group(1).split("."), match.group(2)
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    if not sensitive.can_view(user) and set(path) & sensitive.all_sensitive_keys():
+        return Q(pk__in=[])
+    from django.db import connections
+
+    from .dialects import get_dialect
+
+    indexed = get_dialect(connections[Job.objects.db]).payload_containment_indexed
+    condition = Q(pk__in=[])
+    for candidate in {json.dumps(v): v for v in (value, raw)}.values():  # 7 and "7" alike
+        nested: Any = candidate
+        for key in reversed(path):
+            nested = {key: nested}
+        condition |= Q(payload__contains=nested) if indexed else Q(**{"payload__" + "__".join(path): candidate})
+    return condition
 
 
 def effective_max_attempts(job: Job) -> int:
@@ -401,31 +538,70 @@ def effective_max_attempts(job: Job) -> int:
 
 
 def explain(job: Job) -> str:
-    """Why this job is, or is not, running now: the first reason the claim would skip it."""
+    """Why this job is, or is not, running now: the first reason the claim would skip it.
+
+    Each answer mirrors the claim: "the next claim takes it" only when a live worker serves the job's
+    queue and type (:mod:`.health`), and a job held by a stopped or stale worker is said to be orphaned.
+    """
     now = timezone.now()
     state = job.state
     if state in FINISHED:
-        return _("Finished (%(status)s); only an operator's retry runs it again.") % {"status": state.label}
+        if Status.PENDING in TRANSITIONS[state]:
+            return _("Finished (%(status)s); only an operator's retry runs it again.") % {"status": state.label}
+        return _("Finished (%(status)s) for good: no action runs it again; enqueue a new job to redo the "
+                 "work.") % {"status": state.label}
     if state == Status.PAUSED:
         return _("Paused by an operator: Resume to let workers take it.")
     if state == Status.PROCESSING:
-        if job.lease_expires_at and job.lease_expires_at < now:
-            return _("Lease expired %(ago)s ago: worker %(worker)s is presumed dead; the next claim takes it "
-                     "over.") % {"ago": timesince(job.lease_expires_at, now), "worker": job.worker}
-        return _("Running on %(worker)s since %(ago)s ago.") % {"worker": job.worker or "?",
-                                                              "ago": timesince(job.started_at or now, now)}
+        return _explain_running(job, now)
     if job.job_type.paused:
         return _("Its job type %(type)s is paused: no worker takes its jobs.") % {"type": job.job_type.name}
     if job.attempt_num >= effective_max_attempts(job):
         return _("No attempts left (%(n)d used): Retry or Reset attempts.") % {"n": job.attempt_num}
     if job.scheduled_for > now:
-        return _("Scheduled: due in %(t)s.") % {"t": timeuntil(job.scheduled_for, now)}
-    alive = Worker.objects.filter(stopped_at__isnull=True, last_heartbeat__gte=now - timedelta(
-        seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)).count()
-    if not alive:
+        return _("Scheduled: due %(t)s.") % {"t": until(job.scheduled_for, now)}
+    live = health.live_workers(now, job._state.db)
+    if not live:
         return _("Due %(ago)s ago, but no worker is alive.") % {"ago": timesince(job.scheduled_for, now)}
-    return _("Due %(ago)s ago: waiting for one of %(n)d live worker(s) serving queue %(queue)s.") % {
-        "ago": timesince(job.scheduled_for, now), "n": alive, "queue": job.queue}
+    serving = [w for w in live if health.serves(w, job.queue, job.job_type.name)]
+    if not serving:
+        return _("Due %(ago)s ago, but none of the %(n)d live worker(s) serves queue %(queue)s and type "
+                 "%(type)s: it waits until a worker that does starts.") % {
+            "ago": timesince(job.scheduled_for, now), "n": len(live), "queue": job.queue,
+            "type": job.job_type.name}
+    return _("Due %(ago)s ago: waiting for one of %(n)d live worker(s) serving queue %(queue)s and type "
+             "%(type)s.") % {"ago": timesince(job.scheduled_for, now), "n": len(serving), "queue": job.queue,
+                             "type": job.job_type.name}
+
+
+def _explain_running(job: Job, now: datetime) -> str:
+    holder = health.holder_of(job, now)
+    worker = job.worker or "?"
+    if holder.state == "stopped":
+        why = _("Orphaned: worker %(worker)s stopped %(ago)s ago but the job is still Processing.") % {
+            "worker": worker, "ago": timesince(holder.worker.stopped_at, now)}
+    elif holder.state == "stale":
+        why = _("Orphaned: worker %(worker)s has sent no heartbeat for %(ago)s (presumed dead).") % {
+            "worker": worker, "ago": timesince(holder.worker.last_heartbeat, now)}
+    elif job.lease_expires_at and job.lease_expires_at < now:
+        why = _("Lease expired %(ago)s ago: worker %(worker)s is presumed dead.") % {
+            "ago": timesince(job.lease_expires_at, now), "worker": worker}
+    elif holder.state == "missing":
+        return _("Running on %(worker)s (no worker row by that name) since %(ago)s ago; its lease expires in "
+                 "%(left)s, then a live worker serving it takes it over.") % {
+            "worker": worker, "ago": timesince(job.started_at or now, now),
+            "left": timeuntil(job.lease_expires_at or now, now)}
+    else:
+        return _("Running on %(worker)s since %(ago)s ago.") % {"worker": worker,
+                                                              "ago": timesince(job.started_at or now, now)}
+    serving = [w for w in health.live_workers(now, job._state.db) if health.serves(w, job.queue, job.job_type.name)]
+    if job.job_type.paused:
+        return why + " " + _("Its type is paused: nobody takes it over until it is resumed.")
+    if serving:
+        return why + " " + _("The next claim by one of %(n)d live worker(s) serving queue %(queue)s takes it "
+                             "over (or Requeue it).") % {"n": len(serving), "queue": job.queue}
+    return why + " " + _("No live worker serves queue %(queue)s and type %(type)s: it stays here until one "
+                         "starts. Requeue it to make it Pending.") % {"queue": job.queue, "type": job.job_type.name}
 
 
 admin.site.register(JobType, JobTypeAdmin)

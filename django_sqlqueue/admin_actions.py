@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 ACTION_BATCH_LIMIT = 2000
 TOKEN_PREFIX = "_token_"
 #: Columns an action reads per job: what modify and the refusal checks need, not the payload.
-_FIELDS = ("id", "status", "version", "attempt_num", "scheduled_for", "job_type", "worker")
+_FIELDS = ("id", "status", "version", "attempt_num", "scheduled_for", "job_type", "worker", "lease_expires_at")
 #: Running jobs are only ever stopped with "Mark terminated"; nothing else may take one from its worker.
 _RUNNING_REFUSAL = "running (a worker holds it): only Mark terminated may stop a running job"
 
@@ -85,18 +85,22 @@ def run_transition(
     options: Callable[[Job], dict[str, Any]] = lambda job: {},
     refuse: Callable[[Job], str | None] = lambda job: None,
     note: str = "",
+    take_running: bool = False,
+    limit: int | None = None,
+    report: bool = True,
 ) -> Outcome:
     """Move every selected job to ``target`` through ``modify``; report and log the outcome.
 
     ``options(job)`` gives extra ``modify`` arguments per job; ``refuse(job)`` may return a reason to
     leave a job alone before ``modify`` is asked (for refusals the transition table alone would not make).
+    ``take_running``: the action may move a Processing job (Requeue, which refuses all but orphans).
     """
     from .models import Job
 
     if not request.user.has_perm(f"django_sqlqueue.{permission}"):
         logger.warning("action=%s refused=permission user=%s", verb, request.user.pk)
         raise PermissionDenied(f"{verb} needs the django_sqlqueue.{permission} permission")
-    limit = getattr(modeladmin, "action_batch_limit", ACTION_BATCH_LIMIT)
+    limit = limit or getattr(modeladmin, "action_batch_limit", ACTION_BATCH_LIMIT)
     jobs = list(queryset.order_by("-id").only(*_FIELDS)[: limit + 1])
     outcome = Outcome(truncated=len(jobs) > limit)
     tokens = posted_tokens(request)
@@ -105,18 +109,25 @@ def run_transition(
     for job in jobs[:limit]:
         token = tokens.get(job.pk, job.version)
         reason = stale if token != job.version else refuse(job)
-        if reason is None and job.state == Status.PROCESSING and target != Status.TERMINATED:
+        if reason is None and job.state == Status.PROCESSING and target != Status.TERMINATED and not take_running:
             reason = _RUNNING_REFUSAL
         if reason is not None:
             outcome.refused[reason].append(job.pk)
             continue
         try:
-            updated = Job.objects.modify(job, token, target, using=job._state.db, **options(job))
+            extra = {"_release_note": note} if take_running and job.state == Status.PROCESSING else {}
+            updated = Job.objects.modify(job, token, target, using=job._state.db, **options(job), **extra)
         except StaleJob:  # changed between our read and the UPDATE: modify's WHERE version caught it
             outcome.refused[stale].append(job.pk)
         except IllegalTransition:
-            outcome.refused[_("%(from)s → %(to)s is not allowed") % {"from": job.state.label,
-                                                                      "to": target.label}].append(job.pk)
+            from .admin_types import human_label
+
+            if job.state == target:
+                reason = _("already %(status)s") % {"status": human_label(job.state)}
+            else:
+                reason = _("%(from)s → %(to)s is not allowed") % {"from": human_label(job.state),
+                                                                  "to": human_label(target)}
+            outcome.refused[reason].append(job.pk)
         except JobNotFound:
             outcome.refused[_("no longer exists")].append(job.pk)
         except InvalidArgument as exc:
@@ -125,7 +136,8 @@ def run_transition(
             updated._sqlqueue_from = job.state  # type: ignore[attr-defined]
             outcome.changed.append(updated)
     _log(request, outcome, verb, note)
-    _report(modeladmin, request, outcome, verb, limit)
+    if report:
+        _report(modeladmin, request, outcome, verb, limit)
     logger.info("action=%s user=%s changed=%d refused=%d", verb, request.user.pk, len(outcome.changed),
                 outcome.refused_count)
     return outcome
@@ -139,6 +151,21 @@ def _log(request: HttpRequest, outcome: Outcome, verb: str, note: str) -> None:
         message = f"{verb}: {before.label} → {Status(after).label}" + (f" ({note})" if note else "")
         LogEntry.objects.log_actions(user_id=request.user.pk, queryset=jobs, action_flag=CHANGE,
                                      change_message=message)
+
+
+def merge(outcomes: list[Outcome]) -> Outcome:
+    """One outcome for an action run in chunks (ids are bound as parameters: SQL Server takes 2,100)."""
+    total = Outcome()
+    for outcome in outcomes:
+        total.changed += outcome.changed
+        for reason, ids in outcome.refused.items():
+            total.refused[reason] += ids
+        total.truncated = total.truncated or outcome.truncated
+    return total
+
+
+def report(modeladmin: Any, request: HttpRequest, outcome: Outcome, verb: str, limit: int) -> None:
+    _report(modeladmin, request, outcome, verb, limit)
 
 
 def _report(modeladmin: Any, request: HttpRequest, outcome: Outcome, verb: str, limit: int) -> None:
@@ -211,9 +238,28 @@ def reset_attempts(modeladmin: Any, request: HttpRequest, queryset: QuerySet) ->
                                                 options=options, note=_("attempts reset to 0")))
 
 
+def _confirm(modeladmin: Any, request: HttpRequest, queryset: QuerySet, permission: str, verb: str,
+             warning: str, button: str) -> HttpResponse | None:
+    """The confirmation page, after the permission check (a page is not shown to who may not act)."""
+    from .admin_views import confirm_page
+
+    if not request.user.has_perm(f"django_sqlqueue.{permission}"):
+        raise PermissionDenied(f"{verb} needs the django_sqlqueue.{permission} permission")
+    return confirm_page(modeladmin, request, queryset, verb=verb, warning=warning, button=button,
+                        limit=getattr(modeladmin, "action_batch_limit", ACTION_BATCH_LIMIT))
+
+
 @admin.action(permissions=["cancel"], description=gettext_lazy("Cancel"))
 def cancel(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
-    """Pending / Error / Paused -> Cancelled (a running job is refused: use Mark terminated)."""
+    """Pending / Error / Paused -> Cancelled (a running job is refused: use Mark terminated).
+
+    Asks for confirmation first: a cancelled job runs again only through an operator's retry.
+    """
+    page = _confirm(modeladmin, request, queryset, "cancel_job", _("Cancel"),
+                    _("Cancelled jobs do not run; an operator's retry brings one back. Jobs that cannot be "
+                      "cancelled (running, finished) are left alone and reported."), _("Yes, cancel them"))
+    if page is not None:
+        return page
     return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Cancel"),
                                                 permission="cancel_job", target=Status.CANCELLED))
 
@@ -242,13 +288,50 @@ def mark_terminated(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -
     """Pending / Processing / Error / Paused -> Terminated.
 
     For a running job: its worker's next write carries the old token and is refused, so the worker
-    cannot bring it back.
+    cannot bring it back. Terminated is final: a confirmation page says so and names the count first.
     """
+    page = _confirm(modeladmin, request, queryset, "cancel_job", _("Mark terminated"),
+                    _("Terminated is final: it cannot be undone, and no action runs a terminated job again. "
+                      "A running job's worker is stopped from writing its result."), _("Yes, terminate them"))
+    if page is not None:
+        return page
     return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Mark terminated"),
                                                 permission="cancel_job", target=Status.TERMINATED))
 
 
-JOB_ACTIONS = [retry_now, retry_at, reset_attempts, cancel, pause, resume, mark_terminated]
+@admin.action(permissions=["retry"], description=gettext_lazy("Requeue orphaned jobs"))
+def requeue(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    """Orphaned Processing -> Pending, due now: its worker is stopped or stale, or its lease expired.
+
+    The claim takes such jobs over by itself, but only a live worker serving their queue and type
+    does (:mod:`.health`); this hands them back at once. A job whose worker is alive is refused: it is
+    running. The attempt is given back (the history row says it was requeued, and by whom).
+    """
+    from django.utils import timezone
+
+    from .health import dead_q
+    from .models import Worker
+
+    now = timezone.now()
+    dead = set(Worker.objects.filter(dead_q(now)).values_list("name", flat=True))
+
+    def refuse(job: Job) -> str | None:
+        if job.state != Status.PROCESSING:
+            return _("not Processing (%(status)s): only an orphaned running job is requeued") % {
+                "status": job.state.label}
+        orphan = (job.lease_expires_at is not None and job.lease_expires_at < now) or job.worker in dead
+        if not orphan:
+            return _("not orphaned: its worker is alive and its lease current (Mark terminated stops it)")
+        return None
+
+    user = getattr(request.user, "get_username", lambda: "?")()
+    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Requeue"),
+                                                permission="retry_job", target=Status.PENDING, refuse=refuse,
+                                                take_running=True,
+                                                note=_("requeued by operator %(user)s") % {"user": user}))
+
+
+JOB_ACTIONS = [retry_now, retry_at, reset_attempts, requeue, cancel, pause, resume, mark_terminated]
 
 
 class JobActionPermissions:
@@ -274,7 +357,7 @@ class JobActionPermissions:
 _TARGETS = {
     "retry_now": Status.PENDING, "retry_at": Status.PENDING, "reset_attempts": Status.PENDING,
     "cancel": Status.CANCELLED, "pause": Status.PAUSED, "resume": Status.PENDING,
-    "mark_terminated": Status.TERMINATED,
+    "mark_terminated": Status.TERMINATED, "requeue": Status.PENDING,
 }
 
 
@@ -286,6 +369,8 @@ def applies(action_name: str, status: Status) -> bool:
     target = _TARGETS.get(action_name)
     if target is None:
         return False
+    if action_name == "requeue":
+        return status == Status.PROCESSING  # the job page offers it only to orphans
     if status == Status.PROCESSING and target != Status.TERMINATED:
         return False
     if action_name == "resume":

@@ -143,7 +143,9 @@ class StatusFilter(CheckedFilter, SimpleDropdownFilter):
     parameter_name = "status"
 
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
-        return [(str(int(s)), s.label) for s in Status]
+        from .admin_types import human_label
+
+        return [(str(int(s)), human_label(s)) for s in Status]
 
     def clean(self, value: str) -> int:
         status = parse_id(value)
@@ -303,6 +305,18 @@ class LeaseExpiredFilter(_YesFilter):
 
     def condition(self, using: str) -> Q:
         return lease_expired(using, timezone.now())
+
+
+class OrphanedFilter(_YesFilter):
+    """Processing jobs whose worker is stopped or stale or whose lease expired (see :mod:`.health`)."""
+
+    title = _("orphaned")
+    parameter_name = "orphaned"
+
+    def condition(self, using: str) -> Q:
+        from .health import orphaned_q
+
+        return orphaned_q(timezone.now(), using)
 
 
 class HasErrorFilter(_YesFilter):

@@ -24,8 +24,10 @@ from typing import Any
 from django.apps import apps
 from django.contrib import admin
 from django.http import HttpRequest
+from django.utils.translation import gettext_lazy as _
 
 from .models import Job, JobData
+from .sensitive import MASK, can_view, sensitive_fields
 
 _custom: dict[type[JobData], type[admin.options.InlineModelAdmin] | None] = {}
 
@@ -49,13 +51,39 @@ class ReadOnlyJobInline:
 
 
 class SubtypeInline(ReadOnlyJobInline, admin.StackedInline):
-    """Read-only inline for one subtype table; the default for every subtype without its own."""
+    """Read-only inline for one subtype table; the default for every subtype without its own.
+
+    The model's ``sensitive_fields`` are left out for a user without "Can view sensitive job data"
+    (:mod:`.sensitive`); a line names them instead, so the operator knows something is withheld.
+    """
 
     fk_name = "job"
     extra = 0
     max_num = 0
     can_delete = False
     classes = ["sqlqueue-subtype"]
+
+    def _hidden(self, request: HttpRequest) -> tuple[str, ...]:
+        return () if can_view(request.user) else sensitive_fields(self.model)
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        hidden = self._hidden(request)
+        fields = [f for f in super().get_fields(request, obj) if f not in hidden]
+        return [*fields, "sensitive_note"] if hidden else fields
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        fields = list(super().get_readonly_fields(request, obj))
+        return [*fields, "sensitive_note"] if self._hidden(request) else fields
+
+    def get_exclude(self, request: HttpRequest, obj: Any = None) -> list[str] | None:
+        hidden = self._hidden(request)
+        excluded = list(super().get_exclude(request, obj) or [])
+        return [*excluded, *hidden] if hidden or excluded else None
+
+    @admin.display(description=_("hidden"))
+    def sensitive_note(self, obj: Any) -> str:
+        return _("%(fields)s: %(mask)s (needs the “Can view sensitive job data” permission)") % {
+            "fields": ", ".join(sensitive_fields(self.model)), "mask": MASK}
 
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from datetime import timedelta
 from typing import Any
@@ -26,12 +27,18 @@ from .models import Job, JobType, Worker
 from .states import Status
 
 
+def human_label(status: Status | int) -> str:
+    """The status as an operator reads it: "Partially completed", not the vocabulary's "PartiallyCompleted"."""
+    label = Status(status).label
+    return re.sub(r"(?<=[a-z])([A-Z])", lambda m: " " + m.group(1).lower(), label)
+
+
 def status_badge(status_id: int | None) -> SafeString:
     """A coloured badge for a status id (the label comes from the code: no join, no query)."""
     if status_id is None:
         return format_html("{}", "—")
     status = Status(status_id)
-    return format_html('<span class="sqlqueue-badge sqlqueue-{}">{}</span>', status.label.lower(), status.label)
+    return format_html('<span class="sqlqueue-badge sqlqueue-{}">{}</span>', status.label.lower(), human_label(status))
 
 
 def counts_by_status(type_ids: list[int]) -> dict[int, dict[int, int]]:
@@ -49,7 +56,7 @@ def render_counts(type_id: int, counts: dict[int, int]) -> SafeString:
         return format_html('<span class="quiet">{}</span>', _("no jobs"))
     return format_html_join(
         " ", '<a class="sqlqueue-badge sqlqueue-{}" href="{}">{}&nbsp;{}</a>',
-        ((Status(s).label.lower(), changelist_url(type=type_id, status=s), Status(s).label, n)
+        ((Status(s).label.lower(), changelist_url(type=type_id, status=s), human_label(s), n)
          for s, n in sorted(counts.items())))
 
 
@@ -102,6 +109,25 @@ class JobTypeAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
     def has_pause_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_sqlqueue.pause_job")
 
+    def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[list[Any], dict[str, int], set[str], list[Any]]:
+        """Refuse up front, with the real reason, to delete a type that still has jobs.
+
+        Django's collector would walk every job of the type (seconds at 300k jobs) and then report
+        a missing permission (jobs are not deletable here) rather than the protection.
+        """
+        from .admin_views import COUNT_CAP
+
+        protected = []
+        for jt in objs:
+            n = Job.objects.filter(job_type_id=jt.pk).order_by()[: COUNT_CAP + 1].count()  # FK index seek
+            if n:
+                protected.append(_("%(name)s: %(n)s job(s) — a job type with jobs cannot be deleted; purge its "
+                                   "finished jobs (manage.py purge_queue) or pause the type instead") % {
+                    "name": jt.name, "n": f"more than {COUNT_CAP}" if n > COUNT_CAP else n})
+        if protected:
+            return [], {}, set(), protected
+        return super().get_deleted_objects(objs, request)
+
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> tuple[str, ...]:
         fields = tuple(self.readonly_fields)
         if obj is not None:
@@ -120,9 +146,12 @@ class JobTypeAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
                 row._sqlqueue_counts = counts.get(row.pk, {})
         return response
 
-    @admin.display(description=_("paused"), boolean=True, ordering="paused")
-    def paused_flag(self, obj: JobType) -> bool:
-        return obj.paused
+    @admin.display(description=_("paused"), ordering="paused")
+    def paused_flag(self, obj: JobType) -> SafeString:
+        # Words, not Django's red x for False: "not paused" is the healthy state, not an error.
+        if obj.paused:
+            return format_html('<span class="sqlqueue-badge sqlqueue-paused">{}</span>', _("paused"))
+        return format_html('<span class="quiet">{}</span>', _("running"))
 
     @admin.display(description=_("max attempts"))
     def max_attempts_col(self, obj: JobType) -> SafeString:
@@ -241,7 +270,7 @@ class WorkerAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
     @admin.display(description=_("last heartbeat"), ordering="last_heartbeat")
     def heartbeat(self, obj: Worker) -> SafeString:
         return format_html("{} <span class=\"sqlqueue-hint\">{}</span>",
-                           timezone.localtime(obj.last_heartbeat).strftime("%Y-%m-%d %H:%M:%S"),
+                           timezone.localtime(obj.last_heartbeat).strftime("%Y-%m-%d %H:%M:%S %Z"),
                            _("%s ago") % timesince(obj.last_heartbeat))
 
     @admin.display(description=_("running jobs"))
@@ -250,4 +279,10 @@ class WorkerAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
         if n is None:
             n = Job.objects.filter(status_id=Status.PROCESSING, worker=obj.name).count()
         url = changelist_url(worker=obj.name, status=int(Status.PROCESSING))
+        gone = obj.stopped_at is not None or (
+            timezone.now() - obj.last_heartbeat > timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS))
+        if n and gone:  # a stopped or stale worker holding jobs: they are orphaned until reclaimed or requeued
+            return format_html('<a class="sqlqueue-badge sqlqueue-failed" href="{}" title="{}">{} {}</a>', url,
+                               _("This worker is gone but these jobs are still Processing: a live worker "
+                                 "serving them takes them over, or Requeue them."), n, _("orphaned"))
         return format_html('<a href="{}">{}</a>', url, n)

@@ -24,7 +24,6 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from .conf import get_settings
 from .exceptions import InvalidArgument
 from .limits import MAX_DELAY_SECONDS, check_when
 from .states import CLAIMABLE, FINISHED, Status
@@ -119,6 +118,44 @@ def retry_at_view(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> 
     return TemplateResponse(request, "admin/django_sqlqueue/retry_at.html", context)
 
 
+# ----- confirmation before an action that cannot (easily) be undone -------------------------------
+def carried_fields(request: HttpRequest, extra: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """The POSTed selection (ids, select-across, tokens, return-to) to carry through an intermediate page."""
+    carried = [(k, v) for k in ("_selected_action", "select_across", "_sqlqueue_return", "action", *extra)
+               for v in request.POST.getlist(k)]
+    carried += [(k, v) for k, v in request.POST.items() if k.startswith("_token_")]
+    return carried
+
+
+def confirm_page(modeladmin: Any, request: HttpRequest, queryset: QuerySet, *, verb: str, warning: str,
+                 button: str, danger: bool = True, limit: int | None = None) -> TemplateResponse | None:
+    """A page naming how many jobs an action would change, unless this POST already confirmed it.
+
+    ``None`` means "confirmed: go ahead". The count is exact up to :data:`COUNT_CAP` and says "more
+    than" beyond; when the action changes at most ``limit`` jobs per run, the page says so up front.
+    """
+    if request.POST.get("confirm") == "yes":
+        return None
+    count = queryset.order_by()[: COUNT_CAP + 1].count()
+    preview = list(queryset.order_by("-id").values_list("id", "status_id")[:21])
+    limit_note = ""
+    if limit is not None and count > limit:
+        limit_note = _("One run changes at most %(limit)d jobs (the newest first); run it again for the rest.") % {
+            "limit": limit}
+    back = request.POST.get("_sqlqueue_return")
+    back_url = (reverse("admin:django_sqlqueue_job_change", args=[back]) if back and back.isascii()
+                and back.isdigit() else reverse("admin:django_sqlqueue_job_changelist"))
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": verb, "verb": verb, "warning": warning, "button": button, "danger": danger,
+        "opts": modeladmin.model._meta, "count": min(count, COUNT_CAP), "capped": count > COUNT_CAP,
+        "preview": [(pk, Status(st).label) for pk, st in preview[:20]], "more": max(0, min(count, COUNT_CAP) - 20),
+        "carried": carried_fields(request), "limit_note": limit_note, "back_url": back_url,
+        "form_action": request.get_full_path(), "media": modeladmin.media,
+    }
+    return TemplateResponse(request, "admin/django_sqlqueue/confirm_action.html", context)
+
+
 # ----- dashboard ----------------------------------------------------------------------------------
 def dashboard_view(request: HttpRequest, modeladmin: Any) -> TemplateResponse:
     """Counts by status per queue and type, the oldest due job, throughput, workers: one screen."""
@@ -137,6 +174,7 @@ def dashboard_view(request: HttpRequest, modeladmin: Any) -> TemplateResponse:
         **workers(now),
         "media": modeladmin.media,
     }
+    context.update(stuck_work(modeladmin.model, now, pairs=context.pop("waiting_pairs")))
     context["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 1)
     return TemplateResponse(request, "admin/django_sqlqueue/dashboard.html", context)
 
@@ -152,6 +190,7 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
 
     The (status, type, queue) index covers all three columns: an index-only scan, no table reads.
     """
+    from .admin_types import human_label
     from .models import JobType
 
     rows = (job_model.objects.order_by().values("queue", "job_type_id", "status_id").annotate(n=Count("*"))
@@ -159,7 +198,10 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
     by_queue: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     by_type: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     totals: dict[int, int] = defaultdict(int)
+    waiting = set()
     for queue, type_id, status_id, n in rows:
+        if Status(status_id) in CLAIMABLE or status_id == Status.PROCESSING:
+            waiting.add((queue, type_id))
         by_queue[queue][status_id] += n
         by_type[type_id][status_id] += n
         totals[status_id] += n
@@ -181,12 +223,13 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
         return sorted(out, key=lambda r: str(r["label"]))
 
     return {
-        "statuses": [{"label": s.label, "css": s.label.lower(), "url": changelist_url(status=int(s)),
+        "statuses": [{"label": human_label(s), "css": s.label.lower(), "url": changelist_url(status=int(s)),
                       "total": totals.get(int(s), 0)} for s in statuses],
         "grand_total": sum(totals.values()),
         "queue_rows": table(by_queue, "queue", str),
         "type_rows": table(by_type, "type", lambda pk: types.get(pk, f"#{pk}")),
         "unfinished": sum(n for s, n in totals.items() if Status(s) not in FINISHED),
+        "waiting_pairs": waiting,
     }
 
 
@@ -229,6 +272,22 @@ def backlog(job_model: type[Job], now: datetime) -> dict[str, Any]:
         "overdue": overdue_count, "overdue_capped": overdue_capped, "overdue_url": changelist_url(overdue=1),
         "lease_expired": expired, "lease_expired_capped": expired_capped,
         "lease_expired_url": changelist_url(lease_expired=1),
+    }
+
+
+def stuck_work(job_model: type[Job], now: datetime, pairs: Any = None) -> dict[str, Any]:
+    """Orphaned jobs (the claim would take them over) and due work no live worker serves.
+
+    ``pairs``: the (queue, type) pairs holding waiting jobs, when the caller already counted them.
+    """
+    from .health import orphaned_q, unserved_due_work
+
+    orphaned, orphaned_capped = _capped_count(job_model.objects.filter(orphaned_q(now, job_model.objects.db)))
+    unserved = unserved_due_work(job_model, now, pairs=pairs)
+    return {
+        "orphaned": orphaned, "orphaned_capped": orphaned_capped, "orphaned_url": changelist_url(orphaned=1),
+        "unserved": [{"queue": u.queue, "type": u.type_name, "jobs": u.jobs,
+                      "url": changelist_url(queue=u.queue, type=u.type_id)} for u in unserved],
     }
 
 
@@ -276,16 +335,47 @@ def throughput_chart(job_model: type[Job], now: datetime, minutes: int = CHART_M
     }
 
 
-def workers(now: datetime) -> dict[str, Any]:
-    """Workers not stopped, newest heartbeat first, flagged when the heartbeat is stale."""
+#: Workers listed on the dashboard (the counts above the list cover every worker).
+WORKER_LIST_LIMIT = 100
+
+
+def workers(now: datetime, limit: int = WORKER_LIST_LIMIT) -> dict[str, Any]:
+    """Workers not stopped -- stale ones and those holding orphaned jobs first -- and the counts of all.
+
+    The counts come from the whole (small) worker table, never from the listed rows: 72 live workers
+    are "72" even though the list shows ``limit`` of them. Stopped workers still holding Processing
+    jobs are listed too, flagged: their jobs are orphaned until a claim or an operator requeues them.
+    """
+    from .health import dead_after
     from .models import Job, Worker
 
-    dead_after = timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)
-    rows = list(Worker.objects.filter(stopped_at__isnull=True).order_by("-last_heartbeat")[:50])
+    stale_before = now - dead_after()
     held = dict(Job.objects.filter(status_id=Status.PROCESSING).order_by().values("worker")
                 .annotate(n=Count("*")).values_list("worker", "n"))  # partial processing index
-    listed = [{"worker": w, "stale": now - w.last_heartbeat > dead_after, "held": held.get(w.name, 0),
-               "age": now - w.last_heartbeat, "url": changelist_url(worker=w.name, status=int(Status.PROCESSING))}
-              for w in rows]
-    return {"workers": listed, "active_workers": sum(1 for w in listed if not w["stale"]),
-            "stale_workers": sum(1 for w in listed if w["stale"]), "processing": sum(held.values())}
+    running = Worker.objects.filter(stopped_at__isnull=True)
+    active = running.filter(last_heartbeat__gte=stale_before).count()
+    stale = running.filter(last_heartbeat__lt=stale_before).count()
+    holding_stopped = list(Worker.objects.filter(stopped_at__isnull=False, name__in=[n for n in held if n])
+                           .order_by("-stopped_at")[:limit])
+    rows = holding_stopped + list(running.order_by("last_heartbeat")[: max(0, limit - len(holding_stopped))])
+
+    def entry(w: Any) -> dict[str, Any]:
+        gone = w.stopped_at is not None or w.last_heartbeat < stale_before
+        return {"worker": w, "stale": w.stopped_at is None and w.last_heartbeat < stale_before,
+                "stopped": w.stopped_at is not None, "held": held.get(w.name, 0),
+                "orphaned": held.get(w.name, 0) if gone else 0, "age": now - w.last_heartbeat,
+                "serves": _serves_label(w),
+                "url": changelist_url(worker=w.name, status=int(Status.PROCESSING))}
+
+    listed = sorted((entry(w) for w in rows), key=lambda e: (not e["orphaned"], not e["stale"], e["worker"].name))
+    shown = len(listed)
+    total = active + stale + len(holding_stopped)
+    return {"workers": listed, "active_workers": active, "stale_workers": stale,
+            "stopped_holding": len(holding_stopped), "processing": sum(held.values()),
+            "workers_more": max(0, total - shown)}
+
+
+def _serves_label(worker: Any) -> str:
+    queues = ", ".join(worker.queues or []) or _("all queues")
+    types = ", ".join(worker.types or []) or _("all types")
+    return f"{queues} / {types}"

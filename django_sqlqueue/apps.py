@@ -30,6 +30,9 @@ class SqlQueueConfig(AppConfig):
         post_delete.connect(clear_cache, sender=JobType, dispatch_uid="sqlqueue-type-cache-delete")
         post_migrate.connect(_sync_types, sender=self, dispatch_uid="sqlqueue-sync-types")
         _register_task_checks()
+        from .metrics import connect_tracing
+
+        connect_tracing()  # a span per job attempt when opentelemetry-api is installed; else nothing
 
 
 def _register_task_checks() -> None:

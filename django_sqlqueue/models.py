@@ -202,15 +202,25 @@ class Job(models.Model):
             ("cancel_job", "Can cancel or terminate jobs"),
             ("reschedule_job", "Can reschedule jobs and reset attempts"),
             ("pause_job", "Can pause and resume jobs"),
+            ("view_sensitive_job", "Can view sensitive job data"),
         ]
 
     def __str__(self) -> str:
-        # No query: the type's id, not its name (a list of jobs would read one type per row).
+        """"SendEmail #2941" when the type is loaded (the admin selects it), else "Job #2941".
+
+        Never a query: this names rows in lists, titles, breadcrumbs and the admin history.
+        """
+        if Job.job_type.is_cached(self):
+            return f"{self.job_type.name} #{self.pk}"
+        return f"Job #{self.pk}"
+
+    def __repr__(self) -> str:
+        """In a shell: id, type id and status, without a query."""
         try:
             status = Status(self.status_id).label
         except ValueError:
             status = f"status {self.status_id}"
-        return f"job {self.pk} (type {self.job_type_id}, {status})"
+        return f"<Job: job {self.pk} (type {self.job_type_id}, {status})>"
 
     @property
     def state(self) -> Status:
@@ -296,6 +306,8 @@ class JobData(models.Model):
 
     #: Exclusive subtypes name the job type they belong to; ``None`` means inclusive (any type).
     job_type_name: ClassVar[str | None] = None
+    #: Columns the admin masks for users without "Can view sensitive job data" (see :mod:`.sensitive`).
+    sensitive_fields: ClassVar[tuple[str, ...]] = ()
 
     job = models.OneToOneField(Job, on_delete=models.CASCADE, primary_key=True, related_name="+")
 

@@ -116,14 +116,14 @@ def test_reset_attempts(admin_client) -> None:
     assert (f.state, f.attempt_num) == (Status.PENDING, 0)
     assert (e.state, e.attempt_num) == (Status.PENDING, 0)
     assert abs((e.scheduled_for - later).total_seconds()) < 0.01  # an Error job keeps its retry time
-    assert "Pending → Pending is not allowed" in " ".join(messages_of(response))
+    assert "already Pending" in " ".join(messages_of(response))  # not "Pending → Pending is not allowed"
     assert log_messages(failed) == ["Reset attempts: Failed → Pending (attempts reset to 0)"]
 
 
 def test_cancel(admin_client) -> None:
     pending, error, paused = make_job(), make_job(Status.ERROR), make_job(Status.PAUSED)
     running, completed = make_job(Status.PROCESSING), make_job(Status.COMPLETED)
-    response = post_action(admin_client, "cancel", [pending, error, paused, running, completed])
+    response = post_action(admin_client, "cancel", [pending, error, paused, running, completed], confirm="yes")
     assert [status_of(j) for j in (pending, error, paused)] == [Status.CANCELLED] * 3
     assert Job.objects.get(pk=pending.pk).finished_at is not None
     assert status_of(running) is Status.PROCESSING and status_of(completed) is Status.COMPLETED
@@ -152,7 +152,7 @@ def test_pause_and_resume_keep_the_schedule(admin_client) -> None:
 def test_mark_terminated_stops_a_running_job_and_fences_its_worker(admin_client) -> None:
     running = make_job(Status.PROCESSING)
     pending, completed = make_job(), make_job(Status.COMPLETED)
-    response = post_action(admin_client, "mark_terminated", [running, pending, completed])
+    response = post_action(admin_client, "mark_terminated", [running, pending, completed], confirm="yes")
     assert status_of(running) is Status.TERMINATED and status_of(pending) is Status.TERMINATED
     assert "Completed → Terminated is not allowed" in " ".join(messages_of(response))
     attempt = JobAttempt.objects.get(job_id=running.pk)
@@ -170,7 +170,7 @@ def test_stale_token_a_worker_changed_the_job_after_the_list_was_shown(admin_cli
     # meanwhile a worker claims it
     claimed = Job.objects.claim("w-meanwhile", 1, queues=["stale"])
     assert [j.pk for j in claimed] == [job.pk]
-    response = post_action(admin_client, "cancel", [job], tokens={job.pk: seen})
+    response = post_action(admin_client, "cancel", [job], tokens={job.pk: seen}, confirm="yes")
     fresh = Job.objects.get(pk=job.pk)
     assert fresh.state is Status.PROCESSING and fresh.worker == "w-meanwhile"  # not clobbered
     text = " ".join(messages_of(response))
@@ -227,7 +227,7 @@ def test_buttons_on_the_job_page_come_back_to_it(admin_client) -> None:
 
 
 # ----- permissions ------------------------------------------------------------------------------------
-ALL_ACTIONS = ["retry_now", "retry_at", "reset_attempts", "cancel", "pause", "resume", "mark_terminated"]
+ALL_ACTIONS = ["retry_now", "retry_at", "reset_attempts", "requeue", "cancel", "pause", "resume", "mark_terminated"]
 
 
 def offered(client) -> set[str]:
@@ -241,7 +241,7 @@ def offered(client) -> set[str]:
 
 @pytest.mark.parametrize(("perms", "expected"), [
     ((), set()),
-    (("retry_job",), {"retry_now"}),
+    (("retry_job",), {"retry_now", "requeue"}),
     (("reschedule_job",), {"retry_at", "reset_attempts"}),
     (("cancel_job",), {"cancel", "mark_terminated"}),
     (("pause_job",), {"pause", "resume"}),
@@ -270,7 +270,7 @@ def test_a_crafted_post_without_the_permission_changes_nothing(client, action) -
 def test_a_crafted_post_for_another_permissions_action(client) -> None:
     client.force_login(user_with("view_job", "retry_job"))
     pending = make_job()
-    response = post_action(client, "cancel", [pending])
+    response = post_action(client, "cancel", [pending], confirm="yes")
     assert status_of(pending) is Status.PENDING
     assert "No action selected." in messages_of(response)
     failed = make_job(Status.FAILED)

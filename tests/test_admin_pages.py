@@ -85,7 +85,7 @@ def test_type_filter_and_dropdowns(admin_client) -> None:
     assert ids_in(response) == [b.pk]
     html = admin_client.get(changelist_url()).content.decode()
     # status and type render as dropdowns (django-admin-list-filter-dropdown), with the code's labels
-    assert html.count("<select") >= 2 and 'value="?status=4"' in html and ">PartiallyCompleted<" in html
+    assert html.count("<select") >= 2 and 'value="?status=4"' in html and ">Partially completed<" in html
     assert f'value="?type={other.pk}"' in html and a.pk
 
 

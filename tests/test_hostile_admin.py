@@ -67,7 +67,7 @@ def test_select_all_and_cancel_under_a_bad_filter_changes_nothing(admin_client) 
     """The incident: ``?status=Error`` (a label) listed every job; select all + Cancel cancelled them."""
     jobs = [make_job(), make_job(), make_job(Status.ERROR)]
     response = admin_client.post(changelist_url(status="Error"),
-                                 {"action": "cancel", "index": "0", "select_across": "1",
+                                 {"action": "cancel", "index": "0", "select_across": "1", "confirm": "yes",
                                   "_selected_action": [str(j.pk) for j in jobs]})
     assert response.status_code == 302 and response.headers["Location"].endswith(ERROR_REDIRECT)
     assert [Job.objects.get(pk=j.pk).state for j in jobs] == [Status.PENDING, Status.PENDING, Status.ERROR]
@@ -164,7 +164,7 @@ def test_an_id_search_still_finds_the_job(admin_client) -> None:
 def test_a_crafted_return_after_an_action_is_not_a_500(admin_client) -> None:
     """``_sqlqueue_return=²`` raised ValueError after the action had been applied."""
     job = make_job()
-    response = post_action(admin_client, "cancel", [job], follow=False, _sqlqueue_return="²")
+    response = post_action(admin_client, "cancel", [job], follow=False, _sqlqueue_return="²", confirm="yes")
     assert response.status_code == 302 and response.headers["Location"] == changelist_url()
     assert Job.objects.get(pk=job.pk).state == Status.CANCELLED
     response = post_action(admin_client, "retry_now", [make_job(Status.FAILED)], follow=False,
@@ -172,7 +172,7 @@ def test_a_crafted_return_after_an_action_is_not_a_500(admin_client) -> None:
     assert response.status_code == 302 and response.headers["Location"] == changelist_url()
     # A genuine job id still brings the operator back to the job.
     other = make_job()
-    response = post_action(admin_client, "cancel", [other], follow=False, _sqlqueue_return=str(other.pk))
+    response = post_action(admin_client, "cancel", [other], follow=False, _sqlqueue_return=str(other.pk), confirm="yes")
     assert response.headers["Location"] == change_url(other)
 
 

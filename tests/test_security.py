@@ -164,7 +164,8 @@ def test_admin_actions_keep_csrf_protection(superuser) -> None:
     client = Client(enforce_csrf_checks=True)
     client.force_login(superuser)
     url = reverse("admin:django_sqlqueue_job_changelist")
-    data = {"action": "cancel", "index": "0", "_selected_action": [str(job.pk)], f"_token_{job.pk}": str(job.version)}
+    data = {"action": "cancel", "index": "0", "_selected_action": [str(job.pk)], f"_token_{job.pk}": str(job.version),
+            "confirm": "yes"}
     response = client.post(url, data)
     assert response.status_code == 403 and b"CSRF" in response.content
     assert Job.objects.get(pk=job.pk).state == Status.PENDING

@@ -110,6 +110,13 @@ class Dialect:
     true_literal: str = "TRUE"
     #: The empty string as a literal of the text columns' type.
     empty_string: str = "''"
+    #: True when ``payload @> {...}`` (JSON containment) is served by an index (see
+    #: :meth:`payload_index_sql`); elsewhere the admin's payload search reads each payload it filters.
+    payload_containment_indexed: bool = False
+
+    def payload_index_sql(self, table: str, column: str, name: str) -> str | None:
+        """DDL for an index serving payload containment searches, or None where the vendor has none."""
+        return None
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection

@@ -24,6 +24,13 @@ class PostgresDialect(Dialect):
     # its history INSERT in one data-modifying CTE. Without BEGIN and COMMIT it saves two round trips,
     # which is most of a wake-up's cost.
     atomic_statement = True
+    payload_containment_indexed = True
+
+    def payload_index_sql(self, table: str, column: str, name: str) -> str | None:
+        """A GIN index with jsonb_path_ops: serves ``payload @> '{"to": "a@example.com"}'`` (the admin's
+        payload search); about a third of the payloads' size, updated on insert only."""
+        qn = self.connection.ops.quote_name
+        return f"CREATE INDEX IF NOT EXISTS {qn(name)} ON {qn(table)} USING gin ({qn(column)} jsonb_path_ops)"
 
     def now(self) -> str:
         # Transaction start time: every stamp in one claim or modify agrees, and the claim's

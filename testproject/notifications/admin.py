@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from django_sqlqueue.sensitive import PERMISSION
+
 from .models import Outbox
 
 
@@ -18,3 +20,12 @@ class OutboxAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request) -> bool:  # written by the Send step only
         return False
+
+    def get_readonly_fields(self, request, obj=None):
+        # A message body holds the reset code: only who may view sensitive job data sees it.
+        if request.user.has_perm(PERMISSION):
+            return self.readonly_fields
+        return [f for f in self.readonly_fields if f != "body"]
+
+    def get_fields(self, request, obj=None):
+        return self.get_readonly_fields(request, obj)

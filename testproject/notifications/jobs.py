@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from django_sqlqueue import handler
+from django_sqlqueue.sensitive import mark_sensitive
 
 from .models import EmailChannel, Outbox, ResetPassword, SmsChannel
 
@@ -38,6 +39,11 @@ def _planned_failure(job: Any, key: str, what: str) -> None:
         raise TransientDeliveryError(
             f"{what} unavailable (demo: planned failure {job.attempt_num} of {planned})"
         )
+
+
+# The rendered messages carry the reset code: the admin masks their bodies for users without
+# "Can view sensitive job data" (the code column of the subtype row is marked on the model).
+mark_sensitive("ResetPassword", "body")
 
 
 @handler("ResetPassword", steps=["Render", "Send", "Confirm"], max_attempts=4,

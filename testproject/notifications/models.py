@@ -12,6 +12,8 @@ class ResetPassword(JobData):
     """Exclusive subtype: exactly one per ResetPassword job."""
 
     job_type_name = "ResetPassword"
+    #: The one-time code: masked in the admin for users without "Can view sensitive job data".
+    sensitive_fields = ("otp",)
 
     user_id = models.BigIntegerField()
     username = models.CharField(max_length=150)
@@ -19,6 +21,7 @@ class ResetPassword(JobData):
 
     class Meta:
         verbose_name = "reset password data"
+        verbose_name_plural = "reset password data"
 
 
 class EmailChannel(InclusiveJobData):

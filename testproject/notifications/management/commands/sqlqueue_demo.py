@@ -33,6 +33,10 @@ from testproject.notifications.services import request_password_reset
 EXPECTED = {"Failed": {"webhook, always fails"}}
 
 
+#: The command the demo's closing hint prints (tests/test_demo_hint.py runs it and fetches the CSS).
+RUNSERVER_HINT = "python manage.py runserver --insecure"
+
+
 class Command(BaseCommand):
     help = ("Demo: migrate, enqueue sample jobs, run `run_queue_worker --burst`, print a per-status "
             "summary. Takes well under a minute.")
@@ -166,6 +170,8 @@ class Command(BaseCommand):
         ok = ok and duplicates == 0
         self.stdout.write(f"   outbox rows written: {len(rows)}, duplicates after retries: {duplicates}")
         self.stdout.write(f"   worker rounds: {rounds}; total time {elapsed:.1f} s")
-        self.stdout.write("   Browse it: python manage.py createsuperuser && python manage.py runserver, "
+        # --insecure: runserver serves the admin's CSS and JavaScript although DEBUG is off (the example's
+        # default); without it the admin renders unstyled. For a local look only, never in production.
+        self.stdout.write(f"   Browse it: python manage.py createsuperuser && {RUNSERVER_HINT}, "
                           "then http://127.0.0.1:8000/admin/")
         return ok

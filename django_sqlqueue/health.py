@@ -1,0 +1,159 @@
+"""Who serves what: live workers, orphaned jobs and due work that no live worker serves.
+
+The admin's answers to "what is stuck" come from here, and each mirrors the claim
+(``dialects/base.py`` ``candidate_branches``): a worker is live when it has not stopped and its
+heartbeat is younger than ``WORKER_DEAD_AFTER_SECONDS``; it serves a queue / type when its row lists
+it (``Worker.queues`` / ``Worker.types``, empty meaning all); a Processing job is taken over by the
+next claim when its lease expired or its worker is stopped or stale -- but only by a live worker that
+serves its queue and type. The worker table holds one row per worker process (small): it is read
+whole and matched in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from django.db.models import Q, QuerySet
+
+from .conf import get_settings
+from .states import CLAIMABLE, Status, sql_list
+
+if TYPE_CHECKING:
+    from .models import Job, Worker
+
+
+def dead_after() -> timedelta:
+    return timedelta(seconds=get_settings().WORKER_DEAD_AFTER_SECONDS)
+
+
+def live_q(now: datetime) -> Q:
+    """Workers not stopped whose heartbeat is recent: the claim's notion of alive."""
+    return Q(stopped_at__isnull=True, last_heartbeat__gte=now - dead_after())
+
+
+def dead_q(now: datetime) -> Q:
+    """Stopped, or heartbeat stale: the claim takes their jobs over."""
+    return Q(stopped_at__isnull=False) | Q(last_heartbeat__lt=now - dead_after())
+
+
+def serves(worker: Worker, queue: str, type_name: str) -> bool:
+    """Whether ``worker`` claims jobs of this queue and type (an empty list means all)."""
+    queues, types = worker.queues or [], worker.types or []
+    return (not queues or queue in queues) and (not types or type_name in types)
+
+
+def live_workers(now: datetime, using: str | None = None) -> list[Worker]:
+    from .models import Worker
+
+    return list(Worker.objects.using(using).filter(live_q(now)).only("name", "queues", "types"))
+
+
+def orphaned_q(now: datetime, using: str = "default") -> Q:
+    """Processing jobs the claim would take over: lease expired, or held by a stopped / stale worker.
+
+    The status test is the partial Processing index's own literal predicate (SQL Server matches a
+    filtered index only on a literal), so this reads that index's few rows, never the job table.
+    """
+    from .admin_filters import index_predicate
+    from .models import Worker
+
+    processing = index_predicate(using, "status", f"= {int(Status.PROCESSING)}")
+    dead_names = Worker.objects.using(using).filter(dead_q(now)).values("name")
+    return processing & (Q(lease_expires_at__lt=now) | Q(worker__in=dead_names))
+
+
+@dataclass
+class Holder:
+    """The worker named on a Processing job, as the claim sees it."""
+
+    state: str  # "alive", "stopped", "stale", "missing"
+    worker: Worker | None
+
+
+def holder_of(job: Job, now: datetime) -> Holder:
+    from .models import Worker
+
+    worker = Worker.objects.using(job._state.db).filter(name=job.worker).first() if job.worker else None
+    if worker is None:
+        return Holder("missing", None)
+    if worker.stopped_at is not None:
+        return Holder("stopped", worker)
+    if worker.last_heartbeat < now - dead_after():
+        return Holder("stale", worker)
+    return Holder("alive", worker)
+
+
+def is_orphan(job: Job, now: datetime, holder: Holder | None = None) -> bool:
+    """The claim would take this Processing job over (see :func:`orphaned_q`)."""
+    if job.status_id != Status.PROCESSING:
+        return False
+    if job.lease_expires_at is not None and job.lease_expires_at < now:
+        return True
+    holder = holder or holder_of(job, now)
+    return holder.state in ("stopped", "stale")
+
+
+@dataclass
+class Unserved:
+    """Due work of one queue and type that no live worker serves."""
+
+    queue: str
+    type_id: int
+    type_name: str
+    jobs: int
+
+
+#: Unserved (queue, type) pairs counted per call at most (each costs one or two index range scans).
+UNSERVED_PAIRS_LIMIT = 50
+
+
+def waiting_pairs(job_model: type[Job]) -> set[tuple[str, int]]:
+    """(queue, type id) pairs holding Pending, Error or Processing jobs: one GROUP BY over the
+    (status, type, queue) index, index-only, reading only those statuses' entries."""
+    from .admin_filters import index_predicate
+
+    waiting = index_predicate(job_model.objects.db, "status",
+                              f"IN ({sql_list({*CLAIMABLE, Status.PROCESSING})})")
+    return set(job_model.objects.filter(waiting).order_by().values_list("queue", "job_type_id").distinct())
+
+
+def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Worker] | None = None,
+                      *, pairs: Iterable[tuple[str, int]] | None = None,
+                      limit: int = UNSERVED_PAIRS_LIMIT) -> list[Unserved]:
+    """(queue, type) pairs with due Pending/Error jobs or orphaned Processing jobs, no live worker serving.
+
+    Nothing is read when a live worker serves every queue and type (the common setup). Otherwise the
+    pairs that hold waiting jobs (``pairs``, e.g. from the dashboard's status counts, or
+    :func:`waiting_pairs`) are matched against the live workers in Python, and only the unserved ones
+    are counted: due claimable rows and orphaned rows of that queue and type, each a range of the
+    (status, type, queue) index. Counting due rows over every queue at once would read every due row's
+    table row (the claim index holds no queue or type): 0.4 s at 150,000 due jobs. Paused types are
+    left out (nobody is meant to run them).
+    """
+    from .admin_filters import index_predicate
+    from .models import JobType
+
+    using = job_model.objects.db
+    workers = list(workers) if workers is not None else live_workers(now, using)
+    if any(not (w.queues or []) and not (w.types or []) for w in workers):
+        return []
+    types = dict(JobType.objects.using(using).filter(paused=False).values_list("pk", "name"))
+    candidates = sorted(p for p in (pairs if pairs is not None else waiting_pairs(job_model))
+                        if p[1] in types and not any(serves(w, p[0], types[p[1]]) for w in workers))
+    claimable = index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})") & Q(scheduled_for__lte=now)
+    orphaned = orphaned_q(now, using)
+    out = []
+    for queue, type_id in candidates[:limit]:
+        mine = job_model.objects.filter(queue=queue, job_type_id=type_id)
+        n = mine.filter(claimable).count() + mine.filter(orphaned).count()
+        if n:
+            out.append(Unserved(queue, type_id, types[type_id], n))
+    out.sort(key=lambda u: (-u.jobs, u.queue, u.type_name))
+    return out
+
+
+def orphans(job_model: type[Job], now: datetime) -> QuerySet:
+    return job_model.objects.filter(orphaned_q(now, job_model.objects.db))
