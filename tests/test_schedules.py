@@ -147,6 +147,7 @@ BAD_ENTRIES = {
 }
 
 
+@pytest.mark.django_db  # deciding "unknown type or task" may read the task flag of a type row
 @pytest.mark.parametrize("name", sorted(BAD_ENTRIES))
 def test_bad_entries_get_a_clear_error(name):
     entry, message = BAD_ENTRIES[name]
@@ -155,6 +156,7 @@ def test_bad_entries_get_a_clear_error(name):
     assert message in str(info.value)
 
 
+@pytest.mark.django_db  # deciding "unknown type or task" may read the task flag of a type row
 def test_system_check_names_every_bad_entry():
     good = {"ok": {"type": "test.Noop", "every": 60}, "ok-task": {"task": TASK, "cron": "0 7 * * *",
                                                                   "timezone": "Europe/Paris"}}
@@ -168,6 +170,7 @@ def test_system_check_names_every_bad_entry():
             call_command("check", tags=["compatibility"])
 
 
+@pytest.mark.django_db  # deciding "unknown type or task" may read the task flag of a type row
 def test_a_task_on_another_backend_is_refused():
     with override_settings(TASKS={"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}):
         with pytest.raises(ScheduleError, match="SqlQueueBackend"):
