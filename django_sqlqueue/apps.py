@@ -33,6 +33,7 @@ class SqlQueueConfig(AppConfig):
         from .metrics import connect_tracing
 
         connect_tracing()  # a span per job attempt when opentelemetry-api is installed; else nothing
+        post_migrate.connect(_sync_schedules, sender=self, dispatch_uid="sqlqueue-sync-schedules")
 
 
 def _register_task_checks() -> None:
@@ -72,3 +73,18 @@ def _sync_types(sender: Any, using: str = "default", verbosity: int = 1, **kwarg
         out = kwargs.get("stdout") or sys.stdout
         for line in describe_overrides(report):
             out.write(f"  django_sqlqueue: {line}\n")
+
+
+def _sync_schedules(sender: Any, using: str = "default", **kwargs: Any) -> None:
+    """SQLQUEUE["SCHEDULES"] into the Schedule table (after the job types: a schedule names one)."""
+    from django.db import DatabaseError
+
+    from .conf import get_settings
+    from .schedules import log, sync_schedules
+
+    if using != get_settings().DATABASE:
+        return
+    try:
+        sync_schedules(using)
+    except DatabaseError as exc:  # e.g. migrated back below the schedules migration: nothing to sync into
+        log.warning("schedules_not_synced error=%s", exc)

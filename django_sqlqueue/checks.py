@@ -112,3 +112,14 @@ def check_job_types_follow_code(app_configs: Any = None, databases: Any = None,
                 hint="manage.py migrate (after its checks) or a worker's start writes the code's value to the row.",
                 obj=row.name, id="sqlqueue.W011"))
     return messages
+@checks.register(checks.Tags.compatibility)
+def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Each bad ``SQLQUEUE["SCHEDULES"]`` entry, by name (no database needed): a worker skips it."""
+    from .schedules import declared_errors
+
+    try:
+        get_settings()
+    except SqlQueueConfigError:
+        return []  # reported by check_queue_database
+    return [checks.Error(f"schedule {name!r}: {message}", obj="SQLQUEUE['SCHEDULES']", id="sqlqueue.E201")
+            for name, message in declared_errors()]

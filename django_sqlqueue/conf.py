@@ -5,8 +5,9 @@ Read through :func:`get_settings` (not cached at import) so tests and ``override
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -53,6 +54,12 @@ class QueueSettings:
     #: A busy worker's claims take only due jobs; every RECLAIM_SECONDS (and whenever a claim comes back
     #: empty) a claim also takes stuck Processing jobs: expired leases, dead or stopped workers' jobs.
     RECLAIM_SECONDS: float = 1.0
+    #: Recurring schedules declared in code: ``{name: {"type" | "task": ..., "cron" | "every": ...}}``,
+    #: synced into the Schedule table at migrate and worker start (see schedules.py, docs/schedules.md).
+    #: Entries are checked by a system check; a bad one is skipped by the worker, never fatal.
+    SCHEDULES: dict[str, Any] = field(default_factory=dict)
+    #: How often each worker (its supervisor) looks for due schedule rows; 0 turns looking off.
+    SCHEDULES_CHECK_SECONDS: float = 1.0
 
 
 _NUMERIC_MINIMUMS = {
@@ -72,6 +79,7 @@ _NUMERIC_MINIMUMS = {
     "BATCH_MAX": 1,
     "BATCH_SECONDS": 0.001,
     "RECLAIM_SECONDS": 0,
+    "SCHEDULES_CHECK_SECONDS": 0,
 }
 
 
@@ -89,7 +97,7 @@ def get_settings() -> QueueSettings:
     global _cache
     user = getattr(django_settings, "SQLQUEUE", {}) or {}
     try:
-        key: tuple[Any, ...] = tuple(user.items())
+        key: tuple[Any, ...] = tuple((k, _hashable(v)) for k, v in user.items())
         hash(key)
     except TypeError:  # an unhashable value: let the validation below report it, uncached
         key = ()
@@ -101,6 +109,13 @@ def get_settings() -> QueueSettings:
     if key or not user:
         _cache = (key, result)
     return result
+
+
+def _hashable(value: Any) -> Any:
+    """A dict setting (SCHEDULES) as its JSON text, so the cache key stays hashable; others as they are."""
+    if isinstance(value, dict):
+        return ("dict", json.dumps(value, sort_keys=True, default=repr))
+    return value
 
 
 def _build(user: Any) -> QueueSettings:
@@ -121,6 +136,8 @@ def _build(user: Any) -> QueueSettings:
     if not isinstance(result.LISTEN_DATABASE, str):
         raise SqlQueueConfigError(f"SQLQUEUE['LISTEN_DATABASE'] must be a database alias (a string), "
                                   f"got {result.LISTEN_DATABASE!r}")
+    if not isinstance(result.SCHEDULES, dict):
+        raise SqlQueueConfigError(f"SQLQUEUE['SCHEDULES'] must be a dict of name -> entry, got {result.SCHEDULES!r}")
     if not isinstance(result.BATCH_MAX, int) or result.BATCH_MAX > 1000:
         raise SqlQueueConfigError(f"SQLQUEUE['BATCH_MAX'] must be an integer from 1 to 1000, got {result.BATCH_MAX!r}")
     return result

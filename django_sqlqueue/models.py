@@ -324,3 +324,95 @@ class InclusiveJobData(JobData):
 
     class Meta:
         abstract = True
+
+
+def default_schedule_timezone() -> str:
+    """A new schedule's time zone: the project's ``TIME_ZONE`` (stored on the row, so changing the
+    setting later does not move existing schedules)."""
+    from django.conf import settings
+
+    return getattr(settings, "TIME_ZONE", None) or "UTC"
+
+
+class Schedule(models.Model):
+    """A recurring job: a cron expression (in a time zone) or a fixed interval, run once per tick.
+
+    Rows come from ``SQLQUEUE["SCHEDULES"]`` (``declared``) or from the admin; both are looked at
+    the same way by every worker (see :mod:`django_sqlqueue.schedules`). ``next_run_at`` is the next
+    tick, in UTC, always computed from the database clock.
+    """
+
+    class Misfire(models.TextChoices):
+        RUN_ONCE = "run_once", _("Run once now, then move on")
+        SKIP = "skip", _("Skip missed ticks (run only if not later than the grace)")
+        RUN_ALL = "run_all", _("Run every missed tick (up to the limit)")
+
+    name = models.CharField(max_length=200, unique=True)
+    job_type = models.CharField(max_length=200, blank=True, default="",
+                                help_text=_("The job type it enqueues (or give a task instead)."))
+    task = models.CharField(max_length=200, blank=True, default="",
+                            help_text=_("The import path of a Django @task it enqueues through the TASKS backend."))
+    payload = JSONValueField(default=dict, blank=True, help_text=_(
+        "The job's payload; for a task, {\"args\": [...], \"kwargs\": {...}}."))
+    queue = models.CharField(max_length=100, default="default")
+    priority = models.SmallIntegerField(default=0, help_text=_("Higher runs first."))
+    cron = models.CharField(max_length=200, blank=True, default="",
+                            help_text=_("5-field cron expression, read in the time zone below."))
+    timezone = models.CharField(max_length=64, default=default_schedule_timezone)
+    every_seconds = models.PositiveIntegerField(null=True, blank=True,
+                                                help_text=_("Or a fixed interval in seconds (at least 1)."))
+    enabled = models.BooleanField(default=True)
+    misfire = models.CharField(max_length=16, choices=Misfire.choices, default=Misfire.RUN_ONCE)
+    misfire_limit = models.PositiveSmallIntegerField(
+        default=10, help_text=_("Run every missed tick: at most this many (the latest ones)."))
+    misfire_grace_seconds = models.PositiveIntegerField(
+        default=60, help_text=_("Skip missed ticks: a tick found later than this is skipped."))
+    expires_after_seconds = models.PositiveIntegerField(
+        null=True, blank=True, help_text=_("Cancel a tick's job still waiting this long after its tick."))
+    next_run_at = models.DateTimeField(null=True, blank=True)
+    last_run_at = models.DateTimeField(null=True, blank=True, help_text=_("The last tick that was enqueued."))
+    # No constraint: purging jobs must not touch schedules (a purged last job shows as gone).
+    last_job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
+                                 db_index=False, related_name="+")
+    last_error = models.TextField(blank=True, default="")
+    declared = models.BooleanField(default=False, editable=False,
+                                   help_text=_("Declared in SQLQUEUE['SCHEDULES']: a deploy rewrites its definition."))
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = _("schedule")
+        ordering = ["name"]
+        indexes = [
+            # The look: "any enabled schedule due?" is one seek at the start of this index.
+            models.Index(fields=["next_run_at"], name="sqlqueue_schedule_due", condition=Q(enabled=True)),
+        ]
+        permissions = [("run_schedule", "Can run schedules now")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ScheduleRun(models.Model):
+    """One tick of a schedule that was enqueued: the unique (schedule, tick) key is the exactly-once
+    backstop, and ``expires_at`` marks a job still to cancel if it has not started by then."""
+
+    # Indexed by the unique (schedule, tick_at) key, which leads with it.
+    schedule = models.ForeignKey(Schedule, on_delete=models.CASCADE, related_name="runs", db_index=False)
+    tick_at = models.DateTimeField()
+    job = models.ForeignKey(Job, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False,
+                            db_index=False, related_name="+")
+    enqueued_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("schedule run")
+        ordering = ["schedule_id", "-tick_at"]
+        constraints = [models.UniqueConstraint(fields=["schedule", "tick_at"], name="sqlqueue_schedule_tick")]
+        indexes = [
+            models.Index(fields=["expires_at"], name="sqlqueue_schedule_run_expiry",
+                         condition=Q(expires_at__isnull=False)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id}@{self.tick_at:%Y-%m-%d %H:%M:%S}"

@@ -42,7 +42,7 @@ from typing import Any
 
 from django.db import Error as DatabaseError
 
-from . import signals
+from . import schedules, signals
 from .dbthread import Call, DatabaseThread
 from .exceptions import IllegalTransition, JobNotFound, StaleJob
 from .slots import SlotChannel, slot_main
@@ -170,6 +170,7 @@ class Supervisor:
                 if now >= next_sweep and not self._stopping:
                     self._sweep()
                     next_sweep = now + SWEEP_SECONDS
+                schedules.supervisor_look(self._using, stopping=self._stopping)  # its own thread; never raises
                 if bar is not None:
                     bar.update(self._summary(0).processed - bar.n)
                 time.sleep(TICK_SECONDS)

@@ -10,6 +10,7 @@ The database comes from ``SQLQUEUE_DATABASE_URL``:
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from urllib.parse import parse_qsl, unquote, urlparse
@@ -142,6 +143,10 @@ SQLQUEUE = {
         "HEARTBEAT_SECONDS": float(os.environ.get("SQLQUEUE_TEST_HEARTBEAT", "0.2"))}
        if os.environ.get("SQLQUEUE_TEST_DEAD_AFTER") else {}),
     **({"LISTEN_DATABASE": "listen"} if "listen" in DATABASES else {}),
+    # Schedule tests: declared schedules (JSON) and how often workers look for due ones.
+    **({"SCHEDULES": json.loads(os.environ["SQLQUEUE_TEST_SCHEDULES"])} if os.environ.get("SQLQUEUE_TEST_SCHEDULES") else {}),
+    **({"SCHEDULES_CHECK_SECONDS": float(os.environ["SQLQUEUE_TEST_SCHEDULES_CHECK"])}
+       if os.environ.get("SQLQUEUE_TEST_SCHEDULES_CHECK") else {}),
 }
 
 LOGGING = {

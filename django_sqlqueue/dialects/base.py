@@ -598,3 +598,52 @@ class Dialect:
 
     def notify_sql(self) -> str | None:
         return None
+
+    # ----- recurring schedules (django_sqlqueue.schedules) -----------------------------------------
+    def schedule_tables(self) -> tuple[str, dict[str, str], str, dict[str, str]]:
+        """Quoted (schedule table, its columns by attname, run table, its columns), from model meta."""
+        from ..models import Schedule, ScheduleRun
+
+        qn = self.connection.ops.quote_name
+        return (qn(Schedule._meta.db_table), {f.attname: qn(f.column) for f in Schedule._meta.concrete_fields},
+                qn(ScheduleRun._meta.db_table), {f.attname: qn(f.column) for f in ScheduleRun._meta.concrete_fields})
+
+    def schedule_clock(self, now: Any) -> tuple[str, list[Any]]:
+        """The "now" of a schedule statement: the database clock, or (tests) a given aware datetime."""
+        if now is None:
+            return self.now(), []
+        return "%s", [self.connection.ops.adapt_datetimefield_value(now)]
+
+    def schedules_probe_sql(self, now: Any = None) -> tuple[str, list[Any]]:
+        """The look: ONE statement, two index seeks, no locks. Returns (any schedule due, any tick's job
+        past its expiry) as 1/0. Seeks the partial indexes ``sqlqueue_schedule_due`` and
+        ``sqlqueue_schedule_run_expiry`` (their predicates are repeated literally so they match)."""
+        s_table, s, r_table, r = self.schedule_tables()
+        clock, clock_params = self.schedule_clock(now)
+        sql = (
+            f"SELECT CASE WHEN EXISTS (SELECT 1 FROM {s_table} s WHERE s.{s['enabled']} = {self.true_literal} "
+            f"AND s.{s['next_run_at']} <= {clock}) THEN 1 ELSE 0 END, "
+            f"CASE WHEN EXISTS (SELECT 1 FROM {r_table} r WHERE r.{r['expires_at']} IS NOT NULL "
+            f"AND r.{r['expires_at']} <= {clock}) THEN 1 ELSE 0 END"
+        )
+        return sql, [*clock_params, *clock_params]
+
+    def schedules_due_where(self, clock: str) -> str:
+        _, s, _, _ = self.schedule_tables()
+        return f"s.{s['enabled']} = {self.true_literal} AND s.{s['next_run_at']} <= {clock}"
+
+    def claim_schedules_sql(self, limit: int, now: Any = None) -> tuple[str, list[Any]]:
+        """Due enabled schedules, oldest tick first, locked for this transaction and skipped by other
+        lookers: rows of (id, the clock). Runs inside :meth:`schedules_transaction`.
+
+        This shape (plain ``LIMIT``) is for vendors whose transaction itself serialises writers.
+        """
+        s_table, s, _, _ = self.schedule_tables()
+        clock, clock_params = self.schedule_clock(now)
+        sql = (f"SELECT s.{s['id']}, {clock} FROM {s_table} s WHERE {self.schedules_due_where(clock)} "
+               f"ORDER BY s.{s['next_run_at']}, s.{s['id']} LIMIT %s")
+        return sql, [*clock_params, *clock_params, limit]
+
+    def schedules_transaction(self) -> AbstractContextManager[Any]:
+        """The transaction a look claims and enqueues in (one per look)."""
+        return transaction.atomic(using=self.connection.alias)

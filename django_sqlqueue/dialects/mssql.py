@@ -439,5 +439,20 @@ class MssqlDialect(Dialect):
         state = _MSSQL_PYTHON_SQLSTATES.get(getattr(driver, "driver_error", None) or "")
         return state in RETRYABLE_SQLSTATES
 
+    # ----- recurring schedules ---------------------------------------------------------------------
+    def claim_schedules_sql(self, limit: int, now: Any = None) -> tuple[str, list[Any]]:
+        """UPDLOCK: the due rows stay ours to the end of the look's transaction (and the read sees the
+        current row even under READ_COMMITTED_SNAPSHOT); READPAST: rows another looker holds are skipped,
+        not waited for; ROWLOCK: other schedules stay claimable. Seeks ``sqlqueue_schedule_due``."""
+        s_table, s, _, _ = self.schedule_tables()
+        clock, clock_params = self.schedule_clock(now)
+        sql = (f"SELECT TOP (%s) s.{s['id']}, {clock} FROM {s_table} AS s{CLAIM_HINTS} "
+               f"WHERE {self.schedules_due_where(clock)} ORDER BY s.{s['next_run_at']}, s.{s['id']}")
+        return sql, [limit, *clock_params, *clock_params]
+
+    def schedule_clock(self, now: Any) -> tuple[str, list[Any]]:
+        # A bound datetime goes as UTC datetime2 (see execute), compared with the datetimeoffset columns.
+        return ("SYSUTCDATETIME()", []) if now is None else ("%s", [now])
+
 
 __all__ = ["MssqlDialect", "Batch", "batch", "CLAIM_HINTS", "LOCKED_READ_HINT", "COL"]

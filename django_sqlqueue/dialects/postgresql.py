@@ -227,3 +227,11 @@ class PostgresDialect(Dialect):
 
     def notify_sql(self) -> str | None:
         return "SELECT pg_notify(%s, %s)"
+
+    # ----- recurring schedules ---------------------------------------------------------------------
+    def claim_schedules_sql(self, limit: int, now: Any = None) -> tuple[str, list[Any]]:
+        # FOR UPDATE OF s SKIP LOCKED: a schedule another worker is enqueueing is passed over, and one it
+        # has just advanced is re-checked against its new next_run_at (READ COMMITTED re-evaluates the
+        # WHERE clause on the locked row's latest version), so each tick is claimed by one worker.
+        sql, params = super().claim_schedules_sql(limit, now)
+        return sql + " FOR UPDATE OF s SKIP LOCKED", params

@@ -119,3 +119,19 @@ class SqliteDialect(Dialect):
 
     def is_retryable_error(self, exc: BaseException) -> bool:
         return "database is locked" in str(exc)
+
+    # ----- recurring schedules ---------------------------------------------------------------------
+    @contextmanager
+    def schedules_transaction(self) -> Iterator[None]:
+        """An immediate transaction: the write lock is taken before the due rows are read, so two
+        lookers are serialised by the database and the second sees the schedule already advanced.
+
+        Django's ``atomic()`` begins ``IMMEDIATE`` only when the settings say so (``transaction_mode``);
+        a no-op UPDATE as the first statement takes the write lock either way.
+        """
+        from django.db import transaction
+
+        s_table, s, _, _ = self.schedule_tables()
+        with transaction.atomic(using=self.connection.alias), self.connection.cursor() as cursor:
+            cursor.execute(f"UPDATE {s_table} SET {s['enabled']} = {s['enabled']} WHERE 1 = 0", [])
+            yield

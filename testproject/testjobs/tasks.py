@@ -1,0 +1,10 @@
+"""Django @task functions the schedule tests enqueue through the TASKS backend."""
+
+from __future__ import annotations
+
+from django.tasks import task
+
+
+@task
+def tick(label: str = "tick") -> str:
+    return label

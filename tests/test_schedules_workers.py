@@ -1,0 +1,121 @@
+"""Recurring schedules across worker processes: each tick becomes exactly one job, whoever is alive."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+
+from django_sqlqueue import schedules
+from django_sqlqueue.models import Job, Schedule, ScheduleRun, Worker
+from django_sqlqueue.states import Status
+from tests import workerutil as wu
+
+worker_procs = wu.worker_procs
+
+TASK = "testproject.testjobs.tasks.tick"
+
+
+def _env(entries: dict) -> dict[str, str]:
+    # Looks every 0.5 s; the schedule is declared in settings, so the workers sync it at start.
+    return {"SQLQUEUE_TEST_SCHEDULES": json.dumps(entries), "SQLQUEUE_TEST_SCHEDULES_CHECK": "0.5"}
+
+
+def _run_for(procs: list[wu.WorkerProcess], seconds: float) -> tuple[Schedule, list[tuple]]:
+    """Wait for the declared schedule row, let the workers run until ``seconds`` after it was created
+    (by the database clock), stop them; return the row and its runs (tick, job)."""
+    schedule = wu.wait_until(lambda: Schedule.objects.filter(name="tick").first(), 60, what="the synced schedule")
+    created = schedule.next_run_at - timedelta(seconds=2)  # an interval's grid starts one interval after sync
+    wu.wait_until(lambda: schedules.db_clock("default") >= created + timedelta(seconds=seconds), 60,
+                  interval=0.05, what="the run time")
+    for proc in procs:
+        proc.signal(signal.SIGTERM)
+    for proc in procs:
+        assert proc.wait(60) == 0, proc.output()
+    runs = list(ScheduleRun.objects.filter(schedule__name="tick").order_by("tick_at").values_list("tick_at", "job_id"))
+    return Schedule.objects.get(name="tick"), runs
+
+
+def _assert_one_job_per_tick(schedule: Schedule, runs: list[tuple], procs: list[wu.WorkerProcess]) -> None:
+    ticks = [t for t, _ in runs]
+    job_ids = [j for _, j in runs]
+    assert len(runs) in (5, 6), runs
+    first = schedule.created_at.replace(microsecond=0)
+    # On the 2 s grid, consecutive, each tick once, each with its own job, and no other job of the task.
+    assert all((b - a) == timedelta(seconds=2) for a, b in zip(ticks, ticks[1:], strict=False)), ticks
+    assert ticks[0] >= first
+    assert len(set(job_ids)) == len(job_ids) and None not in job_ids
+    assert sorted(Job.objects.filter(job_type__name=TASK).values_list("id", flat=True)) == sorted(job_ids)
+    for proc in procs:  # the claim alone kept it exactly once: the unique-key backstop was never needed
+        assert "schedule_tick_already_enqueued" not in proc.stderr(), proc.output()
+        assert "schedule_look_failed" not in proc.stderr(), proc.output()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_for_11_seconds_make_one_job_per_tick(worker_procs):
+    # run_all: a look that comes late on this busy 2-CPU machine still enqueues each due tick (once).
+    env = _env({"tick": {"task": TASK, "every": 2, "misfire": "run_all"}})
+    procs = [worker_procs("--worker-name", f"sched{i}", env=env) for i in range(2)]
+    wu.wait_until(lambda: Worker.objects.filter(name__startswith="sched").count() == 2, 60, what="two workers")
+    schedule, runs = _run_for(procs, 11)
+    _assert_one_job_per_tick(schedule, runs, procs)
+    # The workers ran the tick jobs too (they are ordinary task jobs).
+    assert Job.objects.filter(job_type__name=TASK, status_id=Status.COMPLETED).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_worker_for_11_seconds_makes_one_job_per_tick(worker_procs):
+    env = _env({"tick": {"task": TASK, "every": 2, "misfire": "run_all"}})
+    procs = [worker_procs("--worker-name", "sched-solo", env=env)]
+    schedule, runs = _run_for(procs, 11)
+    _assert_one_job_per_tick(schedule, runs, procs)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bad_declared_schedule_does_not_stop_the_worker(worker_procs):
+    env = _env({"tick": {"task": TASK, "every": 2}, "broken": {"type": "test.Noop", "cron": "not a cron"}})
+    proc = worker_procs("--worker-name", "sched-bad", env=env)
+    wu.wait_until(lambda: ScheduleRun.objects.filter(schedule__name="tick").exists(), 60, what="a tick's job")
+    assert proc.proc.poll() is None  # still running
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+    assert "schedule_invalid name=broken" in proc.stderr()
+    assert not Schedule.objects.filter(name="broken").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.django_db(transaction=True)
+def test_a_look_waiting_on_a_lock_does_not_hold_up_the_supervisor(worker_procs):
+    """The looks run in a thread of their own: while the schedule table is locked (SQLite: another
+    writer holds the write lock; PostgreSQL: LOCK TABLE) and a schedule is due, the supervisor still
+    sees a slot die at once."""
+    import os
+
+    from django.db import connection, transaction
+
+    from bench.soak import slot_pids
+
+    Schedule.objects.create(name="due", job_type="test.Noop", every_seconds=60, timezone="UTC",
+                            next_run_at=schedules.db_clock("default") - timedelta(minutes=2))
+    proc = worker_procs("--worker-name", "sched-lock", env={"SQLQUEUE_TEST_SCHEDULES_CHECK": "0.2"})
+    wu.wait_until(lambda: ScheduleRun.objects.filter(schedule__name="due").exists(), 60, what="a first look")
+    Schedule.objects.filter(name="due").update(next_run_at=schedules.db_clock("default") - timedelta(minutes=1))
+    [slot] = wu.wait_until(lambda: slot_pids(proc.pid), 60, what="the slot")
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute(f"LOCK TABLE {Schedule._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+        else:
+            Job.objects.filter(pk=0).update(priority=0)  # takes SQLite's write lock
+        time.sleep(1.0)  # the looker is now waiting for the lock
+        os.kill(slot, signal.SIGKILL)
+        wu.wait_until(lambda: "slot_died" in proc.stderr(), 10, what="the supervisor to see the slot die")
+        # (Its restart waits for the hand-back of the dead slot's jobs, on the supervisor's database
+        # thread, which this lock holds up too: that is the database thread's business, not the looks'.)
+    # Once the lock is gone the waiting look goes on: the due tick is enqueued, once.
+    wu.wait_until(lambda: ScheduleRun.objects.filter(schedule__name="due").count() == 2, 30, what="the second tick")
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, proc.output()
