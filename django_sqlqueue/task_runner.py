@@ -157,7 +157,11 @@ def run_task_job(task: Any, job: Job) -> Any:
     """Run ``task`` with the job's arguments; return the JSON-normalised return value.
 
     ``takes_context`` tasks get a ``TaskContext`` whose ``task_result`` describes this job as it is
-    now (RUNNING, attempts counted from the history, this attempt included). ``task_started`` is sent
+    now (RUNNING, attempts counted from the history, this attempt included). The result's
+    history-derived fields (``attempts``, ``worker_ids``, ``errors``, ``started_at``,
+    ``last_attempted_at``) are read from the database only when a task or a signal receiver first asks
+    for one of them (:class:`~django_sqlqueue.tasks.LazyHistoryResult`): a task run that nothing
+    inspects costs no query beyond the worker's own. ``task_started`` is sent
     before the call and ``task_finished`` after it returns or raises, with the status that attempt
     leads to (SUCCESSFUL; READY when the job will be retried; FAILED when it will not).
     A return value that is not JSON-serialisable raises ``TypeError`` (the attempt fails, as with
@@ -172,7 +176,7 @@ def run_task_job(task: Any, job: Job) -> Any:
     payload = job.payload if isinstance(job.payload, dict) else {}
     args = list(payload.get(ARGS) or [])
     kwargs = dict(payload.get(KWARGS) or {})
-    result = build_result(task, job, backend_alias=payload.get(BACKEND) or task.backend)
+    result = build_result(task, job, backend_alias=payload.get(BACKEND) or task.backend, lazy=True)
     task_started.send(sender=SqlQueueBackend, task_result=result)
     try:
         if task.takes_context:
@@ -210,6 +214,8 @@ class TaskReturnValueError(Fail, TypeError):
 
 
 def _normalised_return_value(raw: Any) -> Any:
+    if raw is None or type(raw) in (str, int, bool):  # JSON as they are (a float may be NaN)
+        return raw
     import json
     from traceback import format_exception
 
