@@ -87,6 +87,7 @@ STATUS_MAP: dict[Status, TaskResultStatus] = {
 _KNOWN_OPTIONS = {"max_attempts"}
 _MAX_QUEUE_NAME = 100  # Job.queue max_length
 _MAX_TYPE_NAME = 200  # JobType.name max_length
+_MAX_CHECKED = 1000  # tasks a backend remembers as validated
 #: The last line of a Python traceback: ``package.module.ExceptionClass: message`` (or no message).
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 _EXITED = f"{task_runner.TaskExited.__module__}.{task_runner.TaskExited.__qualname__}"
@@ -112,6 +113,9 @@ class SqlQueueBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.max_attempts: int | None = self.options.get("max_attempts")
+        #: Tasks (without run_after) that passed validate_task and _check_importable. A Task is
+        #: immutable and a backend lives as long as its settings, so each is checked once, not per enqueue.
+        self._checked: set[Any] = set()
 
     # ----- validation -----------------------------------------------------------------------------
     def validate_task(self, task: Any) -> None:
@@ -138,6 +142,8 @@ class SqlQueueBackend(BaseTaskBackend):
     @staticmethod
     def _normalise_arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
         """JSON round-trip of the arguments, exactly as a worker will see them."""
+        if not args and not kwargs:
+            return [], {}
         try:
             norm_args = normalize_json(list(args))
             norm_kwargs = normalize_json(dict(kwargs))
@@ -159,8 +165,13 @@ class SqlQueueBackend(BaseTaskBackend):
         """
         from .models import Job
 
-        self.validate_task(task)
-        self._check_importable(task)
+        if task not in self._checked:
+            self.validate_task(task)
+            self._check_importable(task)
+            if task.run_after is None:  # run_after varies per enqueue: such tasks are not kept
+                if len(self._checked) >= _MAX_CHECKED:
+                    self._checked.clear()
+                self._checked.add(task)
         norm_args, norm_kwargs = self._normalise_arguments(args, kwargs)
         payload = {
             task_runner.ARGS: norm_args,

@@ -148,3 +148,20 @@ def test_a_lazy_result_behaves_as_a_task_result() -> None:
     started.refresh()  # what the framework's refresh() writes goes through too
     assert started.status == TaskResultStatus.SUCCESSFUL and started.worker_ids == ["w1", "w2"]
     assert started.return_value == {"v": 3}
+
+
+def test_a_task_checked_once_is_checked_again_under_new_settings(settings) -> None:
+    defs.noop_task.enqueue()
+    defs.noop_task.enqueue()  # remembered as valid by this backend: not validated again
+    settings.TASKS = {"default": {"BACKEND": BACKEND, "QUEUES": ["queue_1"]}}  # a new backend instance
+    from django.tasks.exceptions import InvalidTask
+
+    with pytest.raises(InvalidTask, match="Queue 'default' is not valid"):
+        defs.noop_task.enqueue()
+
+
+def test_arguments_still_round_trip_with_and_without_any() -> None:
+    empty = defs.echo.enqueue()
+    some = defs.echo.enqueue((1, 2), when={3: "x"})
+    assert (empty.args, empty.kwargs) == ([], {})
+    assert (some.args, some.kwargs) == ([[1, 2]], {"when": {"3": "x"}})  # as a worker sees them (JSON)
