@@ -445,6 +445,10 @@ def inner(args: argparse.Namespace) -> dict[str, Any]:
         system.enqueue_one()
     out["enqueue_tx_per_s"] = n / (time.perf_counter() - t)
     out["drain_after_tx"] = system.drain(n + 1, n + 1, "drain-tx")
+    if args.skip_bulk:
+        out["drain_per_s"] = out["drain_after_tx"]["jobs_per_s"]
+        out["peak_rss_mb"] = out["drain_after_tx"]["peak_rss_mb"]
+        return out
     t = time.perf_counter()
     system.enqueue_bulk(n)
     out["enqueue_bulk_per_s"] = n / (time.perf_counter() - t)
@@ -573,7 +577,7 @@ def run_inner(db: Database, system: str, slots: int, args: argparse.Namespace, m
            "--gap-max", str(args.gap_max), "--peer-interval", str(args.peer_interval),
            "--target-jobs", str(args.target_jobs),
            "--target-batch", str(args.target_batch), "--rounds", str(args.rounds),
-           "--round-jobs", str(args.round_jobs)]
+           "--round-jobs", str(args.round_jobs), *(["--skip-bulk"] if args.skip_bulk else [])]
     print(f"  {db.kind:8} slots={slots} {system:28} ...", end="", flush=True, file=sys.stderr)
     t = time.perf_counter()
     try:
@@ -785,6 +789,10 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=1,
                    help="measure every system N times, interleaved (the order rotating), and report medians and "
                         "ranges (default 1)")
+    p.add_argument("--skip-bulk", action="store_true",
+                   help="only the one-per-transaction enqueue and its drain (no bulk enqueue, no second drain)")
+    p.add_argument("--baseline-tasks-only", action="store_true",
+                   help="with --baseline and --tasks: run only the @task system from the baseline tree")
     p.add_argument("--output", help="JSON file (default bench/results/compare-<time>.json)")
     # inner (one measurement, in its own process)
     p.add_argument("--inner-url", help=argparse.SUPPRESS)
@@ -804,9 +812,15 @@ def main() -> int:
         ours.append(OURS_TASK)
     if args.baseline:
         args.baseline = str(Path(args.baseline).resolve())
-        ours = [x for o in ours for x in (o + "@baseline", o)]
+        ours = [x for o in ours for x in (
+            (o + "@baseline", o) if o == OURS_TASK or not (args.tasks and args.baseline_tasks_only) else (o,))]
     only = set(filter(None, args.systems.split(",")))
     _site_dir()  # before any process starts: PYTHONPATH, not an editable install, picks the code
+    # Bytecode cached as an installed package has it (pip compiles at install): without this, a
+    # PYTHONDONTWRITEBYTECODE environment recompiles the source trees in every process start, which
+    # costs a two-process worker twice and a package loaded from a source tree more than an installed one.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", tempfile.mkdtemp(prefix="bench-pycache-"))
     info = machine()
     print(f"machine: {info['cpu']} x{info['cpus']}, {info['memory']}, Linux {info['kernel']}", file=sys.stderr)
     print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()), file=sys.stderr)
