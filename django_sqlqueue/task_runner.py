@@ -176,7 +176,8 @@ def run_task_job(task: Any, job: Job) -> Any:
     payload = job.payload if isinstance(job.payload, dict) else {}
     args = list(payload.get(ARGS) or [])
     kwargs = dict(payload.get(KWARGS) or {})
-    result = build_result(task, job, backend_alias=payload.get(BACKEND) or task.backend, lazy=True)
+    lazy = not _history_read_in_an_event_loop(task)
+    result = build_result(task, job, backend_alias=payload.get(BACKEND) or task.backend, lazy=lazy)
     task_started.send(sender=SqlQueueBackend, task_result=result)
     try:
         if task.takes_context:
@@ -198,6 +199,30 @@ def run_task_job(task: Any, job: Job) -> Any:
     _finish(result, TaskResultStatus.SUCCESSFUL, value)
     task_finished.send(sender=SqlQueueBackend, task_result=result)
     return value
+
+
+def _history_read_in_an_event_loop(task: Any) -> bool:
+    """Whether the result's history may be first read inside an event loop, where the ORM refuses to run.
+
+    An async ``takes_context`` task reads its context in the loop ``async_to_sync`` runs it in, and async
+    receivers of ``task_started`` / ``task_finished`` run in one too: for those runs the history is read
+    up front (one query, as before lazy results), so ``context.attempt`` works there as well.
+    """
+    from inspect import iscoroutinefunction
+
+    from django.tasks.signals import task_finished, task_started
+
+    from .tasks import SqlQueueBackend
+
+    if task.takes_context and iscoroutinefunction(task.func):
+        return True
+    for sig in (task_started, task_finished):
+        try:
+            if sig._live_receivers(SqlQueueBackend)[1]:  # (sync, async) receivers
+                return True
+        except Exception:  # a Django whose Signal is shaped otherwise: read up front, always correct
+            return True
+    return False
 
 
 class TaskExited(Exception):

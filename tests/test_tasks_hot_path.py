@@ -165,3 +165,27 @@ def test_arguments_still_round_trip_with_and_without_any() -> None:
     some = defs.echo.enqueue((1, 2), when={3: "x"})
     assert (empty.args, empty.kwargs) == ([], {})
     assert (some.args, some.kwargs) == ([[1, 2]], {"when": {"3": "x"}})  # as a worker sees them (JSON)
+
+
+def test_an_async_context_task_still_sees_its_attempts() -> None:
+    # It reads its context inside the event loop async_to_sync runs it in, where the ORM may not query.
+    result = defs.context_info_async.enqueue()
+    assert len(_run_capturing("w1")) == 1  # read up front for such a task
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL, result.errors
+    assert result.return_value == {"attempt": 1, "workers": ["w1"], "errors": 0}
+
+
+def test_an_async_receiver_still_gets_the_history() -> None:
+    seen = []
+
+    async def on_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        seen.append((task_result.status, task_result.worker_ids, task_result.attempts))
+
+    defs.calculate_meaning_of_life.enqueue()
+    task_finished.connect(on_finished)
+    try:
+        run_one("w1")
+    finally:
+        task_finished.disconnect(on_finished)
+    assert seen == [(TaskResultStatus.SUCCESSFUL, ["w1"], 1)]
