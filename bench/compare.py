@@ -63,6 +63,11 @@ sys.path.append(str(ROOT))  # tests.pgcluster, bench.peers (last: PYTHONPATH pic
 RESULTS = ROOT / "bench" / "results"
 SETTINGS = "bench.peers.settings"
 OURS = "django-sqlqueue"
+#: Our Tasks-API system: the same no-op ``@task`` django-tasks-db runs (bench/peers/tasks.py), enqueued
+#: with ``task.enqueue()`` through django_sqlqueue.tasks.SqlQueueBackend and drained by run_queue_worker.
+OURS_TASK = "django-sqlqueue-task"
+OURS_TASK_NAME = "django-sqlqueue @task"
+TASKS_PEER = "django-tasks-db"
 PEERS_ON = {"sqlite": ["django-tasks-db"], "postgres": ["django-tasks-db", "procrastinate"]}
 
 
@@ -283,6 +288,33 @@ class Ours(System):
         return [cmd + (["--burst"] if burst else [])]
 
 
+class OursTask(Ours):
+    """The Tasks API on our queue: ``noop.using(backend="sqlqueue").enqueue()``, drained by run_queue_worker."""
+
+    name = OURS_TASK_NAME
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        from bench.peers import tasks
+
+        # Built once, like a module-level @task(backend=...) would be: the enqueue itself is timed.
+        self.noop = tasks.noop.using(backend="sqlqueue")
+        self.latency_task = tasks.latency.using(backend="sqlqueue")
+
+    def enqueue_one(self) -> None:
+        self.noop.enqueue()
+
+    def enqueue_bulk(self, n: int) -> None:
+        from django.db import transaction
+
+        with transaction.atomic():  # the Tasks API has no bulk call: as for django-tasks-db, one transaction
+            for _ in range(n):
+                self.noop.enqueue()
+
+    def enqueue_latency(self, t: float) -> None:
+        self.latency_task.enqueue(t)
+
+
 class TasksDb(System):
     name = "django-tasks-db"
 
@@ -350,6 +382,11 @@ class Procrastinate(System):
 
 
 def make_system(spec: str, url: str, slots: int, args: argparse.Namespace, logdir: Path) -> System:
+    if spec == OURS_TASK:
+        task_system = OursTask(url, slots, args, logdir)
+        if os.environ.get("BENCH_CODE"):
+            task_system.name = f"{OURS_TASK_NAME} (baseline)"
+        return task_system
     if spec.startswith(OURS):
         batch = spec.split(":")[1] if ":" in spec else (args.target_batch if args.mode == "targets" else "auto")
         ours = Ours(url, slots, args, logdir, batch=batch)
@@ -408,6 +445,10 @@ def inner(args: argparse.Namespace) -> dict[str, Any]:
         system.enqueue_one()
     out["enqueue_tx_per_s"] = n / (time.perf_counter() - t)
     out["drain_after_tx"] = system.drain(n + 1, n + 1, "drain-tx")
+    if args.skip_bulk:
+        out["drain_per_s"] = out["drain_after_tx"]["jobs_per_s"]
+        out["peak_rss_mb"] = out["drain_after_tx"]["peak_rss_mb"]
+        return out
     t = time.perf_counter()
     system.enqueue_bulk(n)
     out["enqueue_bulk_per_s"] = n / (time.perf_counter() - t)
@@ -455,11 +496,20 @@ def interleaved(args: argparse.Namespace) -> dict[str, Any]:
             rates[s.name] = args.round_jobs / (time.perf_counter() - t)
         rounds.append(rates)
     ours = systems[0].name
-    ratios = [rates[ours] / max(v for k, v in rates.items() if k != ours) for rates in rounds]
+    peers = [s.name for s in systems if not s.name.startswith(OURS)]
+    ratios = [rates[ours] / max(rates[p] for p in peers) for rates in rounds]
+    # Each of our systems against its own kind of peer: the Tasks API against django-tasks-db.
+    by_system = {}
+    for s in systems:
+        if s.name.startswith(OURS):
+            against = [TASKS_PEER] if s.name.startswith(OURS_TASK_NAME) and TASKS_PEER in peers else peers
+            per_round = [rates[s.name] / max(rates[p] for p in against) for rates in rounds]
+            by_system[s.name] = {"against": against, "per_round": per_round,
+                                 "median": statistics.median(per_round)}
     return {"interleaved": {
         "round_jobs": args.round_jobs, "rounds": rounds,
         "median_per_s": {s.name: statistics.median(r[s.name] for r in rounds) for s in systems},
-        "ratio_per_round": ratios, "ratio_median": statistics.median(ratios),
+        "ratio_per_round": ratios, "ratio_median": statistics.median(ratios), "ratios": by_system,
     }}
 
 
@@ -527,7 +577,7 @@ def run_inner(db: Database, system: str, slots: int, args: argparse.Namespace, m
            "--gap-max", str(args.gap_max), "--peer-interval", str(args.peer_interval),
            "--target-jobs", str(args.target_jobs),
            "--target-batch", str(args.target_batch), "--rounds", str(args.rounds),
-           "--round-jobs", str(args.round_jobs)]
+           "--round-jobs", str(args.round_jobs), *(["--skip-bulk"] if args.skip_bulk else [])]
     print(f"  {db.kind:8} slots={slots} {system:28} ...", end="", flush=True, file=sys.stderr)
     t = time.perf_counter()
     try:
@@ -601,6 +651,88 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def merge_repeats(rows: list[dict]) -> list[dict]:
+    """One row per (database, slots, system): the median of each column over its repeats (``runs``: all)."""
+    groups: dict[tuple[str, int, str], list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["database"], r["slots"], r["system"]), []).append(r)
+    merged = []
+    for (dbk, slots, system), runs in groups.items():
+        row: dict[str, Any] = {"database": dbk, "slots": slots, "system": system, "runs": runs,
+                               "order": runs[0].get("order", 0)}
+        for _, key, _ in COLUMNS:
+            values = [v for v in (_value(r, key) for r in runs) if v is not None]
+            if values:
+                if key in ("p50_ms", "p99_ms"):
+                    row.setdefault("latency", {})[key] = statistics.median(values)
+                else:
+                    row[key] = statistics.median(values)
+        merged.append(row)
+    merged.sort(key=lambda r: (r["database"], r["slots"], r["order"]))
+    return merged
+
+
+def ranges(rows: list[dict]) -> str:
+    """The spread behind each median of the table (min-max over the repeats)."""
+    lines = ["ranges over the repeats (min-max):"]
+    for r in rows:
+        cells = []
+        for label, key, _ in COLUMNS[:3]:
+            values = sorted(v for v in (_value(x, key) for x in r["runs"]) if v is not None)
+            if values:
+                cells.append(f"{label} {_fmt(values[0])}-{_fmt(values[-1])}")
+        lines.append(f"  {r['database']:9}{r['slots']:>2}  {r['system']:40} " + "; ".join(cells))
+    return "\n".join(lines)
+
+
+def per_job_us(r: dict) -> float | None:
+    """Drain time per job without the process start-up (launch to exit on an empty queue, same run)."""
+    spans = [(d["seconds"] - r.get("startup_s", 0.0)) / d["jobs"] for d in (r.get("drain_after_tx"), r.get("drain_after_bulk"))
+             if d and d.get("jobs")]
+    return 1e6 * statistics.fmean(spans) if spans else None
+
+
+def tasks_summary(results: list[dict]) -> str:
+    """The issue's Tasks-API targets, per database: ratios taken within each repeat, then median and range.
+
+    - drain via @task / django-tasks-db (launch to exit, start-up included; target >= 6x, goal 10x);
+    - per-job cost of @task / native handler (drain time minus start-up, per job; target <= 1.15);
+    - enqueue via task.enqueue() / django-tasks-db (the interleaved rounds are the fairer number).
+    """
+    lines = ["Tasks API (ratios within each repeat; median and range over the repeats):"]
+    plain = [r for r in results if not r.get("target") and not r.get("interleaved_run")]
+    keys = sorted({(r["database"], r["slots"]) for r in plain})
+    for dbk, slots in keys:
+        rows = [r for r in plain if (r["database"], r["slots"]) == (dbk, slots)]
+        reps = sorted({r.get("repeat", 0) for r in rows})
+        for suffix in ("", " (baseline)"):
+            task_name, native_name = OURS_TASK_NAME + suffix, OURS + suffix
+            if not any(r["system"] == task_name for r in rows):
+                continue
+            drain, cost, enq, start = [], [], [], []
+            for rep in reps:
+                at = {r["system"]: r for r in rows if r.get("repeat", 0) == rep}
+                mine, peer, native = at.get(task_name), at.get(TASKS_PEER), at.get(native_name)
+                if mine is None:
+                    continue
+                start.append(mine.get("startup_s", 0.0))
+                if peer:
+                    drain.append(mine["drain_per_s"] / peer["drain_per_s"])
+                    enq.append(mine["enqueue_tx_per_s"] / peer["enqueue_tx_per_s"])
+                if native and per_job_us(native) and per_job_us(mine):
+                    cost.append(per_job_us(mine) / per_job_us(native))
+
+            def show(values: list[float], unit: str = "x") -> str:
+                if not values:
+                    return "-"
+                v = sorted(values)
+                return f"{statistics.median(v):.2f}{unit} ({v[0]:.2f}-{v[-1]:.2f})"
+
+            lines.append(f"  {dbk:9}{slots:>2}  {task_name:32} drain / {TASKS_PEER} {show(drain)}; per-job cost / "
+                         f"native {show(cost)}; enqueue 1/tx / {TASKS_PEER} {show(enq)}; start-up {show(start, ' s')}")
+    return "\n".join(lines)
+
+
 def machine() -> dict[str, Any]:
     cpu = ""
     try:
@@ -651,6 +783,16 @@ def main() -> int:
     p.add_argument("--baseline", metavar="TREE",
                    help="also run django-sqlqueue from this source tree (e.g. `git archive` of an older "
                         "commit), side by side with the working tree's")
+    p.add_argument("--tasks", action="store_true",
+                   help="also run the Tasks API: our @task backend (django-sqlqueue @task) on the same no-op @task "
+                        "django-tasks-db runs; adds its rows, the Tasks summary and its interleaved enqueue")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="measure every system N times, interleaved (the order rotating), and report medians and "
+                        "ranges (default 1)")
+    p.add_argument("--skip-bulk", action="store_true",
+                   help="only the one-per-transaction enqueue and its drain (no bulk enqueue, no second drain)")
+    p.add_argument("--baseline-tasks-only", action="store_true",
+                   help="with --baseline and --tasks: run only the @task system from the baseline tree")
     p.add_argument("--output", help="JSON file (default bench/results/compare-<time>.json)")
     # inner (one measurement, in its own process)
     p.add_argument("--inner-url", help=argparse.SUPPRESS)
@@ -666,11 +808,19 @@ def main() -> int:
     dbs = ["sqlite", "postgres"] if args.db == "both" else [args.db]
     slots_list = [int(s) for s in args.slots.split(",")]
     ours = [OURS if b == "auto" else f"{OURS}:{b}" for b in args.ours.split(",")]
+    if args.tasks:
+        ours.append(OURS_TASK)
     if args.baseline:
         args.baseline = str(Path(args.baseline).resolve())
-        ours = [x for o in ours for x in (o + "@baseline", o)]
+        ours = [x for o in ours for x in (
+            (o + "@baseline", o) if o == OURS_TASK or not (args.tasks and args.baseline_tasks_only) else (o,))]
     only = set(filter(None, args.systems.split(",")))
     _site_dir()  # before any process starts: PYTHONPATH, not an editable install, picks the code
+    # Bytecode cached as an installed package has it (pip compiles at install): without this, a
+    # PYTHONDONTWRITEBYTECODE environment recompiles the source trees in every process start, which
+    # costs a two-process worker twice and a package loaded from a source tree more than an installed one.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    os.environ.setdefault("PYTHONPYCACHEPREFIX", tempfile.mkdtemp(prefix="bench-pycache-"))
     info = machine()
     print(f"machine: {info['cpu']} x{info['cpus']}, {info['memory']}, Linux {info['kernel']}", file=sys.stderr)
     print("versions: " + ", ".join(f"{k} {v}" for k, v in info["versions"].items()), file=sys.stderr)
@@ -683,15 +833,18 @@ def main() -> int:
             try:
                 for slots in ([] if args.interleaved_only else slots_list):
                     systems = ours + PEERS_ON[kind] + (["procrastinate-procs"] if kind == "postgres" and slots > 1 else [])
-                    for name in systems:
-                        if only and name.split(":")[0].split("@")[0] not in only and name not in only:
-                            continue
-                        r = run_inner(db, name, slots, args)
-                        durable[kind] = r.pop("durability")
-                        results.append(r)
+                    systems = [n for n in systems
+                               if not only or n.split(":")[0].split("@")[0] in only or n in only]
+                    for rep in range(args.repeat):  # rotating order: each system early and late in turn
+                        k = rep % len(systems)
+                        for name in systems[k:] + systems[:k]:
+                            r = run_inner(db, name, slots, args)
+                            durable[kind] = r.pop("durability")
+                            results.append({**r, "repeat": rep, "order": systems.index(name)})
                 peers = [n for n in PEERS_ON[kind] if not only or n in only]
                 if args.rounds and peers and (not only or OURS in only):
-                    r = run_inner(db, ",".join([OURS, *peers]), 1, args, mode="interleaved")
+                    mine = [OURS, *([OURS_TASK] if args.tasks else [])]
+                    r = run_inner(db, ",".join([*mine, *peers]), 1, args, mode="interleaved")
                     r.pop("durability", None)
                     results.append({**r, "interleaved_run": True})
                 if args.targets and (not only or OURS in only):
@@ -700,8 +853,12 @@ def main() -> int:
                     results.append({**tgt, "target": True})
             finally:
                 db.teardown()
-    compare_rows = [r for r in results if not r.get("target") and not r.get("interleaved_run")]
+    compare_rows = merge_repeats([r for r in results if not r.get("target") and not r.get("interleaved_run")])
     text = table(compare_rows)
+    if args.repeat > 1:
+        text += "\n" + ranges(compare_rows)
+    if args.tasks:
+        text += "\n" + tasks_summary(results)
     print()
     print(text)
     for kind, d in durable.items():
@@ -718,6 +875,11 @@ def main() -> int:
             print(f"interleaved enqueue 1/tx ({r['database']}, {len(ratios)} rounds of {iv['round_jobs']} per system, "
                   f"one process): median {rates}; ours / best peer per round: median {iv['ratio_median']:.2f}x "
                   f"(range {ratios[0]:.2f}-{ratios[-1]:.2f}x)")
+            for name, x in iv.get("ratios", {}).items():
+                if name.startswith(OURS_TASK_NAME):
+                    per = sorted(x["per_round"])
+                    print(f"  {name} / {', '.join(x['against'])} per round: median {x['median']:.2f}x "
+                          f"(range {per[0]:.2f}-{per[-1]:.2f}x)")
     for r in results:
         if r.get("target"):
             print(f"targets ({r['database']}): bulk enqueue of {r['target_jobs']:,} jobs: "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
-import unicodedata
+import re
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -82,17 +82,18 @@ def retry_at_seconds(at: datetime) -> float:
 
 
 # ----- job type settings ------------------------------------------------------------------------------
+#: Unicode categories Cc (U+0000-U+001F, U+007F-U+009F), Zl (U+2028) and Zp (U+2029), exactly.
+_LINE_BREAKERS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
 def unsafe_text(text: str) -> str | None:
     """Why ``text`` may not name a job type (or appear in one log line), or None.
 
     Control characters (newline, carriage return, escape, NUL, ...) and the Unicode line and paragraph
     separators would let a name start a new line in the worker's log and forge entries there.
     """
-    for char in text:
-        category = unicodedata.category(char)
-        if category == "Cc" or category in ("Zl", "Zp"):
-            return f"it contains the control character {char!r}"
-    return None
+    found = _LINE_BREAKERS.search(text)  # checked on every enqueue: one regex scan, not a loop in Python
+    return f"it contains the control character {found.group()!r}" if found else None
 
 
 def check_type_name(name: str) -> str:

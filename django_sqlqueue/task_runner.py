@@ -157,7 +157,11 @@ def run_task_job(task: Any, job: Job) -> Any:
     """Run ``task`` with the job's arguments; return the JSON-normalised return value.
 
     ``takes_context`` tasks get a ``TaskContext`` whose ``task_result`` describes this job as it is
-    now (RUNNING, attempts counted from the history, this attempt included). ``task_started`` is sent
+    now (RUNNING, attempts counted from the history, this attempt included). The result's
+    history-derived fields (``attempts``, ``worker_ids``, ``errors``, ``started_at``,
+    ``last_attempted_at``) are read from the database only when a task or a signal receiver first asks
+    for one of them (:class:`~django_sqlqueue.tasks.LazyHistoryResult`): a task run that nothing
+    inspects costs no query beyond the worker's own. ``task_started`` is sent
     before the call and ``task_finished`` after it returns or raises, with the status that attempt
     leads to (SUCCESSFUL; READY when the job will be retried; FAILED when it will not).
     A return value that is not JSON-serialisable raises ``TypeError`` (the attempt fails, as with
@@ -172,7 +176,8 @@ def run_task_job(task: Any, job: Job) -> Any:
     payload = job.payload if isinstance(job.payload, dict) else {}
     args = list(payload.get(ARGS) or [])
     kwargs = dict(payload.get(KWARGS) or {})
-    result = build_result(task, job, backend_alias=payload.get(BACKEND) or task.backend)
+    lazy = not _history_read_in_an_event_loop(task)
+    result = build_result(task, job, backend_alias=payload.get(BACKEND) or task.backend, lazy=lazy)
     task_started.send(sender=SqlQueueBackend, task_result=result)
     try:
         if task.takes_context:
@@ -196,6 +201,30 @@ def run_task_job(task: Any, job: Job) -> Any:
     return value
 
 
+def _history_read_in_an_event_loop(task: Any) -> bool:
+    """Whether the result's history may be first read inside an event loop, where the ORM refuses to run.
+
+    An async ``takes_context`` task reads its context in the loop ``async_to_sync`` runs it in, and async
+    receivers of ``task_started`` / ``task_finished`` run in one too: for those runs the history is read
+    up front (one query, as before lazy results), so ``context.attempt`` works there as well.
+    """
+    from inspect import iscoroutinefunction
+
+    from django.tasks.signals import task_finished, task_started
+
+    from .tasks import SqlQueueBackend
+
+    if task.takes_context and iscoroutinefunction(task.func):
+        return True
+    for sig in (task_started, task_finished):
+        try:
+            if sig._live_receivers(SqlQueueBackend)[1]:  # (sync, async) receivers
+                return True
+        except Exception:  # a Django whose Signal is shaped otherwise: read up front, always correct
+            return True
+    return False
+
+
 class TaskExited(Exception):
     """The task raised SystemExit (or another BaseException that is not an Exception)."""
 
@@ -210,6 +239,8 @@ class TaskReturnValueError(Fail, TypeError):
 
 
 def _normalised_return_value(raw: Any) -> Any:
+    if raw is None or type(raw) in (str, int, bool):  # JSON as they are (a float may be NaN)
+        return raw
     import json
     from traceback import format_exception
 

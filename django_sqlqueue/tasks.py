@@ -50,6 +50,7 @@ OPTIONS (all optional):
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -68,7 +69,7 @@ from .conf import get_settings
 from .exceptions import InvalidPayload
 from .states import Status
 
-__all__ = ["STATUS_MAP", "SqlQueueBackend", "TaskArgumentsError", "build_result"]
+__all__ = ["STATUS_MAP", "LazyHistoryResult", "SqlQueueBackend", "TaskArgumentsError", "build_result"]
 
 #: Queue status -> framework status. Documented in the module docstring and docs/tasks.md.
 STATUS_MAP: dict[Status, TaskResultStatus] = {
@@ -86,6 +87,7 @@ STATUS_MAP: dict[Status, TaskResultStatus] = {
 _KNOWN_OPTIONS = {"max_attempts"}
 _MAX_QUEUE_NAME = 100  # Job.queue max_length
 _MAX_TYPE_NAME = 200  # JobType.name max_length
+_MAX_CHECKED = 1000  # tasks a backend remembers as validated
 #: The last line of a Python traceback: ``package.module.ExceptionClass: message`` (or no message).
 _EXC_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 _EXITED = f"{task_runner.TaskExited.__module__}.{task_runner.TaskExited.__qualname__}"
@@ -111,6 +113,9 @@ class SqlQueueBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
         self.max_attempts: int | None = self.options.get("max_attempts")
+        #: Tasks (without run_after) that passed validate_task and _check_importable. A Task is
+        #: immutable and a backend lives as long as its settings, so each is checked once, not per enqueue.
+        self._checked: set[Any] = set()
 
     # ----- validation -----------------------------------------------------------------------------
     def validate_task(self, task: Any) -> None:
@@ -137,6 +142,8 @@ class SqlQueueBackend(BaseTaskBackend):
     @staticmethod
     def _normalise_arguments(args: Any, kwargs: Any) -> tuple[list[Any], dict[str, Any]]:
         """JSON round-trip of the arguments, exactly as a worker will see them."""
+        if not args and not kwargs:
+            return [], {}
         try:
             norm_args = normalize_json(list(args))
             norm_kwargs = normalize_json(dict(kwargs))
@@ -158,8 +165,13 @@ class SqlQueueBackend(BaseTaskBackend):
         """
         from .models import Job
 
-        self.validate_task(task)
-        self._check_importable(task)
+        if task not in self._checked:
+            self.validate_task(task)
+            self._check_importable(task)
+            if task.run_after is None:  # run_after varies per enqueue: such tasks are not kept
+                if len(self._checked) >= _MAX_CHECKED:
+                    self._checked.clear()
+                self._checked.add(task)
         norm_args, norm_kwargs = self._normalise_arguments(args, kwargs)
         payload = {
             task_runner.ARGS: norm_args,
@@ -250,44 +262,121 @@ def _offending_argument(args: Any, kwargs: Any) -> str:
 
 
 # ----- building results --------------------------------------------------------------------------------
-def build_result(task: Any, job: Any, *, backend_alias: str, history: list[Any] | None = None) -> TaskResult:
-    """A ``TaskResult`` describing ``job`` now. ``history``: its JobAttempt rows (read when None)."""
+#: The result fields derived from the job's attempt history (read from the database).
+HISTORY_FIELDS = ("started_at", "last_attempted_at", "errors", "worker_ids")
+_UNREAD: Any = object()  # stands for a history field a LazyHistoryResult has not read yet
+
+
+def _history_field(name: str) -> property:
+    slot = TaskResult.__dict__[name]  # the dataclass's own storage of the field (a slot)
+
+    def get(self: LazyHistoryResult) -> Any:
+        value = slot.__get__(self, type(self))
+        if value is _UNREAD:
+            self._read_history()
+            value = slot.__get__(self, type(self))
+        return value
+
+    def put(self: LazyHistoryResult, value: Any) -> None:  # the dataclass __init__, refresh(), unpickling
+        slot.__set__(self, value)
+
+    return property(get, put, doc=f"``{name}``, read from the attempt history on first access.")
+
+
+class LazyHistoryResult(TaskResult):
+    """A ``TaskResult`` that reads the job's attempt history only when one of its fields is asked for.
+
+    Why: a worker builds a result for every task it runs (for ``task_started`` / ``task_finished`` and a
+    ``takes_context`` task's context), and most tasks and receivers (Django's own log receivers among
+    them) never look at ``started_at``, ``last_attempted_at``, ``errors``, ``worker_ids`` or
+    ``attempts``. Reading the history eagerly cost one SELECT per task run. The first access to any of
+    them reads the history once (as it is then) and fills all four; everything else is as usual.
+    """
+
+    __slots__ = ("_history_of",)
+
+    started_at = _history_field("started_at")
+    last_attempted_at = _history_field("last_attempted_at")
+    errors = _history_field("errors")
+    worker_ids = _history_field("worker_ids")
+
+    def _read_history(self) -> None:
+        job = self._history_of
+        history = _read_history(job)
+        for name, value in _history_values(job, history).items():
+            object.__setattr__(self, name, value)
+
+
+def _read_history(job: Any) -> list[Any]:
     from .models import JobAttempt
 
-    if history is None:
-        history = list(
-            JobAttempt.objects.using(job._state.db or get_settings().DATABASE)
-            .filter(job_id=job.pk)
-            .order_by("attempt_num", "id")
-        )
+    return list(
+        JobAttempt.objects.using(job._state.db or get_settings().DATABASE)
+        .filter(job_id=job.pk)
+        .order_by("attempt_num", "id")
+    )
+
+
+def _history_values(job: Any, history: list[Any]) -> dict[str, Any]:
+    first, last = (history[0], history[-1]) if history else (None, None)
+    return {
+        "started_at": first.claimed_at if first else job.started_at,
+        "last_attempted_at": last.claimed_at if last else job.started_at,
+        "errors": _errors(job, history),
+        "worker_ids": [a.worker for a in history],
+    }
+
+
+def build_result(task: Any, job: Any, *, backend_alias: str, history: list[Any] | None = None,
+                 lazy: bool = False) -> TaskResult:
+    """A ``TaskResult`` describing ``job`` now.
+
+    ``history``: its JobAttempt rows; when None they are read now, or (``lazy``) on the first access to a
+    field derived from them (a :class:`LazyHistoryResult`; the worker's results are built that way).
+    """
     status = STATUS_MAP[Status(job.status_id)]
     payload = job.payload if isinstance(job.payload, dict) else {}
-    result_task = _task_as_enqueued(task, job, payload, backend_alias)
-    first, last = (history[0], history[-1]) if history else (None, None)
     finished = status in (TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
-    result = TaskResult(
-        task=result_task,
-        id=str(job.pk),
-        status=status,
-        enqueued_at=job.enqueued_at,
-        started_at=first.claimed_at if first else job.started_at,
-        finished_at=(job.finished_at or job.updated_at) if finished else None,
-        last_attempted_at=last.claimed_at if last else job.started_at,
-        args=list(payload.get(task_runner.ARGS) or []),
-        kwargs=dict(payload.get(task_runner.KWARGS) or {}),
-        backend=backend_alias,
-        errors=_errors(job, history),
-        worker_ids=[a.worker for a in history],
-    )
+    fields = {
+        "task": _task_as_enqueued(task, job, payload, backend_alias),
+        "id": str(job.pk),
+        "status": status,
+        "enqueued_at": job.enqueued_at,
+        "finished_at": (job.finished_at or job.updated_at) if finished else None,
+        "args": list(payload.get(task_runner.ARGS) or []),
+        "kwargs": dict(payload.get(task_runner.KWARGS) or {}),
+        "backend": backend_alias,
+    }
+    if history is None and lazy:
+        result: TaskResult = LazyHistoryResult(**fields, **dict.fromkeys(HISTORY_FIELDS, _UNREAD))
+        object.__setattr__(result, "_history_of", job)
+    else:
+        if history is None:
+            history = _read_history(job)
+        result = TaskResult(**fields, **_history_values(job, history))
     if status == TaskResultStatus.SUCCESSFUL:
         object.__setattr__(result, "_return_value", job.response)
     return result
 
 
 def _task_as_enqueued(task: Any, job: Any, payload: dict[str, Any], backend_alias: str) -> Any:
-    """The task with the priority, queue, run_after and backend this job was enqueued with."""
+    """The task with the priority, queue, run_after and backend this job was enqueued with.
+
+    The task itself when they are its own (the usual case: no new ``Task`` is built and validated).
+    """
     run_after = task_runner.parse_run_after(payload.get(task_runner.RUN_AFTER))
-    changes: dict[str, Any] = {"priority": job.priority, "queue_name": job.queue, "backend": backend_alias}
+    if run_after is None:
+        if (job.priority, job.queue, backend_alias) == (task.priority, task.queue_name, task.backend) \
+                and task.run_after is None:
+            return task
+        return _variant(task, job.priority, job.queue, backend_alias)
+    return _variant(task, job.priority, job.queue, backend_alias, run_after)
+
+
+@functools.lru_cache(maxsize=256)
+def _variant(task: Any, priority: int, queue_name: str, backend: str, run_after: Any = None) -> Any:
+    """``task.using(...)``, built once per distinct set of options (tasks are immutable and hashable)."""
+    changes: dict[str, Any] = {"priority": priority, "queue_name": queue_name, "backend": backend}
     if run_after is not None:
         changes["run_after"] = run_after
     try:

@@ -76,6 +76,12 @@ def context_info(context: TaskContext, attempt: int) -> dict[str, Any]:
 
 
 @task(takes_context=True)
+async def context_info_async(context: TaskContext) -> dict[str, Any]:
+    r = context.task_result
+    return {"attempt": context.attempt, "workers": r.worker_ids, "errors": len(r.errors)}
+
+
+@task(takes_context=True)
 def fail_first_attempt(context: TaskContext, value: Any) -> Any:
     if context.attempt == 1:
         raise ConnectionError("transient failure on the first attempt")

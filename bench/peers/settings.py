@@ -31,8 +31,12 @@ INSTALLED_APPS = [
 if IS_POSTGRES:
     INSTALLED_APPS.insert(0, "procrastinate.contrib.django")
 
-# django-tasks' database backend, as its README configures it.
-TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default"]}}
+# django-tasks' database backend, as its README configures it; django-sqlqueue's Tasks backend next to
+# it, so that the same @task runs through either (bench/peers/tasks.py: ``noop.using(backend="sqlqueue")``).
+TASKS = {
+    "default": {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default"]},
+    "sqlqueue": {"BACKEND": "django_sqlqueue.tasks.SqlQueueBackend", "QUEUES": ["default"]},
+}
 
 # procrastinate: tasks of this module only (the default autodiscovery of "tasks" modules stays on).
 PROCRASTINATE_IMPORT_PATHS = ["bench.peers.pro_tasks"] if IS_POSTGRES else []
