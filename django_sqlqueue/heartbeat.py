@@ -148,6 +148,9 @@ def sweep_gone_workers(using: str) -> list[str]:
     return gone
 
 
+_UNSET: Any = object()
+
+
 class Heartbeat:
     """Jobs a slot holds (id -> lease seconds), the thread that renews them, and the slot's standing.
 
@@ -182,6 +185,9 @@ class Heartbeat:
         self.lost: set[int] = set()
         self._failing = False
         self._on_beat = on_beat
+        #: Why this process must stop although its row is its own (the database was swapped under it).
+        self.fatal: str | None = None
+        self._identity: Any = _UNSET
 
     # ----- called by the worker's main thread ----------------------------------------------------
     def hold(self, leases: dict[int, float], claimed_at: float | None = None) -> None:
@@ -318,7 +324,8 @@ class Heartbeat:
             if self._failing and self.ok_at is not None:
                 log.warning("heartbeat_back worker=%s after=%.1fs", self.name, sent - self.ok_at)
             self._failing = False
-            if not self.replaced:
+            self._check_identity()
+            if not self.replaced and not self.fatal:
                 self.ok_at = sent
         self._publish()
 
@@ -350,6 +357,18 @@ class Heartbeat:
             log.error("worker_replaced worker=%s incarnation=%s: the worker row belongs to another process now, "
                       "or was stamped stopped (this one was paused or cut off past WORKER_DEAD_AFTER_SECONDS, or "
                       "judged gone); stopping without touching its jobs", self.name, self.incarnation)
+
+    def _check_identity(self) -> None:
+        """SQLite: the database file deleted or replaced while this process runs (its connection would go
+        on writing to the old file: results lost without a word). Stop instead, saying so."""
+        identity = get_dialect(connections[self.using]).database_identity()
+        if self._identity is _UNSET:
+            self._identity = identity
+        elif identity != self._identity and self.fatal is None:
+            name = connections[self.using].settings_dict.get("NAME")
+            self.fatal = f"the database file {name} was deleted or replaced under this worker"
+            log.error("database_file_gone worker=%s path=%s: its open connection would write to a file nobody "
+                      "reads; stopping", self.name, name)
 
     def _find_taken(self, ids: list[int]) -> None:
         """Some renewals found nothing: which of these jobs another worker or incarnation holds now.

@@ -141,7 +141,9 @@ class Worker:
             self._loop()
         finally:
             self._shutdown()
-        return EXIT_REPLACED if self.heartbeat.replaced else self._exit_code
+        if self.heartbeat.replaced:
+            return EXIT_REPLACED
+        return EXIT_FATAL if self.heartbeat.fatal else self._exit_code
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Only set flags here: logging or database work inside a signal handler can deadlock.
@@ -150,7 +152,7 @@ class Worker:
             os._exit(EXIT_FORCED)  # second signal: stop at once; running work is reclaimed by lease
 
     def stop_requested(self) -> bool:
-        return (self._signals > 0 or self.heartbeat.replaced
+        return (self._signals > 0 or self.heartbeat.replaced or self.heartbeat.fatal is not None
                 or (self.channel is not None and self.channel.stop.is_set()))
 
     def _on_beat(self, heartbeat: Heartbeat) -> None:
@@ -208,6 +210,8 @@ class Worker:
             tidy_connections()
         if self.heartbeat.replaced:
             log.error("worker_stopping worker=%s reason=replaced", self.name)
+        elif self.heartbeat.fatal:
+            log.error("worker_stopping worker=%s reason=fatal error=%s", self.name, self.heartbeat.fatal)
         else:
             log.info("worker_stopping worker=%s reason=signal", self.name)
 

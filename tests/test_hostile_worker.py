@@ -283,3 +283,25 @@ def test_an_outcome_that_cannot_be_stored_fails_the_job_with_the_reason() -> Non
     job.refresh_from_db()
     assert job.status_id == Status.FAILED, (job.status_id, job.error)
     assert "could not be stored" in job.error and "run_in" in job.error
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_whose_sqlite_file_is_deleted_stops_and_says_so(worker_procs, tmp_path) -> None:
+    """Finding 21.12: a deleted SQLite file was written to without a word (its results lost)."""
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite: a database file to delete")
+    import subprocess
+    import sys
+
+    from tests.procutil import test_db_env
+
+    path = tmp_path / "doomed.sqlite3"
+    env = {**test_db_env(), "SQLQUEUE_DATABASE_URL": f"sqlite:///{path}"}
+    subprocess.run([sys.executable, str(wu.REPO / "manage.py"), "migrate", "-v0"], cwd=wu.REPO, env=env, check=True,
+                   timeout=120)
+    w = worker_procs("--worker-name", "doomed", "--concurrency", "1", env={**FAST, "SQLQUEUE_DATABASE_URL": f"sqlite:///{path}"})
+    wu.wait_until(lambda: "worker_started" in w.stderr(), what="the worker to start")
+    path.unlink()
+    assert w.wait(timeout=60) == 1, w.output()
+    assert "database_file_gone worker=doomed/0" in w.stderr() and str(path) in w.stderr(), w.output()
+    assert "reason=fatal-error" in w.stderr()

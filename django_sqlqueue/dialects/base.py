@@ -579,6 +579,12 @@ class Dialect:
         """Rows per bulk INSERT statement, for rows of ``per_row`` parameters."""
         return max(1, min(1000, self.max_params // per_row))
 
+    def database_identity(self) -> Any:
+        """What changes when the database this alias names is swapped under a live connection (SQLite:
+        its file deleted or replaced, while the open connection goes on writing to the old one); None
+        where that cannot happen. The heartbeat compares it at every beat."""
+        return None
+
     def is_retryable_error(self, exc: BaseException) -> bool:
         """True for transient conflicts the caller should simply retry (deadlock victim, lock timeout)."""
         return False

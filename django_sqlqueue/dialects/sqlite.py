@@ -7,6 +7,7 @@ reads, so two claimers are serialised by the database (the second waits up to th
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -116,6 +117,18 @@ class SqliteDialect(Dialect):
         return rows
 
     max_params = 30000  # SQLite >= 3.32 allows 32766 host parameters
+
+    def database_identity(self) -> Any:
+        name = str(self.connection.settings_dict.get("NAME") or "")
+        if not name or name == ":memory:" or name.startswith("file:"):
+            return None
+        try:
+            st = os.stat(name)
+        except FileNotFoundError:
+            return "missing"
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
 
     def is_retryable_error(self, exc: BaseException) -> bool:
         return "database is locked" in str(exc)
