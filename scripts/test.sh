@@ -57,12 +57,44 @@ run_stage() {
 
 run_stage ruff "$VENV/bin/ruff" check .
 run_stage migrations env SQLQUEUE_TEST_DB=sqlite "$PY" manage.py makemigrations --check --dry-run
-run_stage pytest-sqlite env SQLQUEUE_TEST_DB=sqlite "$PY" -m pytest "$@"
-run_stage pytest-postgres env SQLQUEUE_TEST_DB=postgres "$PY" -m pytest "$@"
+# The three database stages run at the same time (each its own database server or file, its own log):
+# most of their time is spent waiting on worker processes, so together they take about as long as the
+# longest alone. Their logs are printed one after the other when all are done.
+logdir="$(mktemp -d)"
+trap 'rm -rf "$logdir"' EXIT
+
+bg_stage() {
+    # bg_stage NAME CMD...: run in the background; output to $logdir/NAME.log, "rc seconds" to NAME.rc
+    local name=$1
+    shift
+    ( start=$SECONDS; { echo "=== [$name] $*"; "$@"; } >"$logdir/$name.log" 2>&1; echo "$? $((SECONDS - start))" >"$logdir/$name.rc" ) &
+}
+
+collect() {
+    # collect NAME: print a background stage's log and record its result
+    local name=$1 rc secs note
+    echo
+    cat "$logdir/$name.log"
+    read -r rc secs <"$logdir/$name.rc"
+    if [ "$rc" -eq 0 ]; then
+        note="ok"
+    else
+        overall=1
+        note="FAILED (exit $rc)"
+        [ "$rc" -eq 5 ] && [[ "$name" == pytest* ]] && note="FAILED (exit 5: no tests collected)"
+    fi
+    names+=("$name")
+    results+=("$(printf '%-16s %-36s %4ss' "$name" "$note" "$secs")")
+}
+
+stages=(pytest-sqlite pytest-postgres)
+bg_stage pytest-sqlite env SQLQUEUE_TEST_DB=sqlite "$PY" -m pytest "$@"
+bg_stage pytest-postgres env SQLQUEUE_TEST_DB=postgres "$PY" -m pytest "$@"
 if [ $# -eq 0 ]; then
     # The raw SQL once more under psycopg's server-side binding (Django's OPTIONS["server_side_binding"]):
     # parameters are typed by the driver there, not spliced into the text.
-    run_stage pg-server-binding env SQLQUEUE_TEST_DB=postgres SQLQUEUE_PG_OPTIONS=server_side_binding=true \
+    stages+=(pg-server-binding)
+    bg_stage pg-server-binding env SQLQUEUE_TEST_DB=postgres SQLQUEUE_PG_OPTIONS=server_side_binding=true \
         "$PY" -m pytest -q tests/test_enqueue.py tests/test_enqueue_bulk.py tests/test_claim.py tests/test_modify.py \
         tests/test_complete_many.py tests/test_batching.py tests/test_worker_run.py tests/test_tasks_backend.py \
         tests/test_admin_actions.py tests/test_purge.py
@@ -70,10 +102,18 @@ fi
 
 # SQL Server over TDS: Babelfish from ../shared/babelfish (or SQLQUEUE_BABELFISH_KIT). Absent on a
 # user's machine: one line says so and the stage is skipped, like the live SQL Server suite.
+tds=0
 if "$PY" -c 'import sys; from tests.babelfish import kit; sys.exit(0 if kit() else 1)'; then
-    run_stage pytest-tds env SQLQUEUE_TEST_DB=tds "$PY" -m pytest "$@"
-    "$PY" -m tests.babelfish stop || true
-else
+    tds=1
+    stages+=(pytest-tds)
+    bg_stage pytest-tds env SQLQUEUE_TEST_DB=tds "$PY" -m pytest "$@"
+fi
+wait
+[ "$tds" -eq 1 ] && { "$PY" -m tests.babelfish stop || true; }
+for name in "${stages[@]}"; do
+    collect "$name"
+done
+if [ "$tds" -eq 0 ]; then
     echo
     echo "=== [pytest-tds] skipped: no Babelfish kit (../shared/babelfish/start.sh); the SQL Server path ran only as parsed T-SQL"
 fi

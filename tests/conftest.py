@@ -28,14 +28,11 @@ TDS_SKIPS = {
     "tests/test_type_cache.py": _BUDGET,
     "tests/test_admin_operator.py": _BUDGET,
     "tests/test_hostile_admin.py": _BUDGET,
+    "tests/test_worker_process.py": _BUDGET,
+    "tests/test_schedules_workers.py": _BUDGET,
     "tests/test_concurrency.py": _NEEDS_LOCKING,
     "tests/test_soak.py": _NEEDS_LOCKING + "; a chaos soak of several workers",
     "tests/test_enqueue.py::test_dedupe_under_a_race_of_two_processes": _NEEDS_LOCKING,
-    # two worker slots claim at the same time (their single-slot counterparts run on tds)
-    "tests/test_worker_process.py::test_burst_drains_and_exits_0": _NEEDS_LOCKING,
-    "tests/test_worker_process.py::test_max_jobs_and_max_seconds": _NEEDS_LOCKING,
-    # two workers look for due schedules at the same time (the one-worker variant runs on tds)
-    "tests/test_schedules_workers.py::test_two_workers_for_11_seconds_make_one_job_per_tick": _NEEDS_LOCKING,
     "tests/test_admin_dashboard.py::test_job_type_settings_are_editable": _FK_BUG,
     "tests/test_metrics.py::test_metrics_need_a_token_or_a_staff_viewer": _FK_BUG,
     "tests/test_admin_dashboard.py::test_pause_and_resume_job_types": _FK_BUG,
