@@ -41,13 +41,27 @@ TDS_SKIPS = {
 }
 
 
+_ON_SQLITE = ("CI time budget (the stages run at once in 20 min): vendor-independent worker-process and browser "
+              "logic, run in the sqlite stage; this stage keeps the tests of PostgreSQL's own behaviour")
+#: The postgres stage: vendor-independent process-level and browser tests that the sqlite stage runs.
+PG_SKIPS = {
+    "tests/test_hostile_worker.py::test_a_paused_worker": _ON_SQLITE,
+    "tests/test_hostile_worker.py::test_a_slot_paused": _ON_SQLITE,
+    "tests/test_hostile_worker.py::test_a_handler_": _ON_SQLITE,
+    "tests/test_recovery.py::test_a_worker_killed": _ON_SQLITE,
+    "tests/test_browser_admin.py": _ON_SQLITE,
+    "tests/test_browser_operator.py": _ON_SQLITE,
+    "tests/test_demo_hint.py": _ON_SQLITE,
+}
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    if VENDOR_DB != "tds":
-        return
+    skips, label = {"tds": (TDS_SKIPS, "tds stage (Babelfish)"), "postgres": (PG_SKIPS, "postgres stage")}.get(
+        VENDOR_DB, ({}, ""))
     for item in items:
-        reason = next((why for prefix, why in TDS_SKIPS.items() if item.nodeid.startswith(prefix)), None)
+        reason = next((why for prefix, why in skips.items() if item.nodeid.startswith(prefix)), None)
         if reason:
-            item.add_marker(pytest.mark.skip(reason=f"tds stage (Babelfish): {reason}"))
+            item.add_marker(pytest.mark.skip(reason=f"{label}: {reason}"))
 
 
 @pytest.fixture
