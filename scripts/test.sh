@@ -8,9 +8,10 @@
 #
 #   scripts/test.sh [extra pytest args]     e.g. scripts/test.sh -x -k claim
 #
-# Every stage runs even if an earlier one failed; a summary is printed at the
-# end and the exit status is non-zero if any stage failed.  Extra arguments go
-# to both full pytest runs.  Pytest exit code 5 (no tests collected) is a failure.
+# Every stage runs even if another one failed; the database stages run at the same time (their logs
+# are printed one after another); a summary is printed at the end and the exit status is non-zero if
+# any stage failed.  Extra arguments go to every full pytest run.  Pytest exit code 5 (no tests
+# collected) is a failure.
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
