@@ -47,7 +47,7 @@ from .dbthread import Call, DatabaseThread
 from .exceptions import IllegalTransition, JobNotFound, StaleJob
 from .slots import SlotChannel, slot_main
 from .states import Status
-from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line, send
+from .support import DB_DOWN_ERRORS, close_connection, one_line, send
 from .worker import (
     CANCELLED,
     EXIT_FATAL,
@@ -224,7 +224,7 @@ class Supervisor:
                 continue
             running = self._kill(slot)
             log.warning("slot_killed worker=%s reason=grace-expired job=%s", slot.name, running or "-")
-            self._after_death(slot, running, stopped=True)
+            self._after_death(slot, running)
             slot.done = True
 
     # ----- slots -----------------------------------------------------------------------------------
@@ -363,7 +363,7 @@ class Supervisor:
             self._extra[FAILED] += 1
             send(signals.job_failed, job=new, worker=name, error=new.error, duration=timeout)
 
-    def _after_death(self, slot: Slot, running: int, *, stopped: bool = True) -> Call:
+    def _after_death(self, slot: Slot, running: int) -> Call:
         """A slot died: hand back its claimed-but-unstarted jobs and mark its row stopped, so that its
         running job is free at once for any worker (its restart, or another one if the restart waits).
 
@@ -373,14 +373,12 @@ class Supervisor:
         # started: they stay Processing and are reclaimed as a new attempt, not handed back.
         started = [running, *(slot.channel.unrecorded_ids() if slot.channel is not None else [])]
         slot.cleanup = self._db.submit(f"after_death:{slot.name}", self._after_death_now, slot.name,
-                                       slot.incarnation, started, stopped)
+                                       slot.incarnation, started)
         return slot.cleanup
 
-    def _after_death_now(self, name: str, incarnation: str, started: list[int], stopped: bool) -> None:
-        from django.db.models.expressions import RawSQL
-
+    def _after_death_now(self, name: str, incarnation: str, started: list[int]) -> None:
+        from .heartbeat import mark_stopped
         from .models import Job
-        from .models import Worker as WorkerRow
 
         using = self._using
         try:
@@ -394,9 +392,7 @@ class Supervisor:
                     Job.objects.release(job, using=using)
                 except (StaleJob, IllegalTransition, JobNotFound):
                     pass
-            if stopped:
-                now: RawSQL = db_now(using)
-                WorkerRow.objects.using(using).filter(name=name, incarnation=incarnation).update(stopped_at=now)
+            mark_stopped(name, using, incarnation=incarnation)  # its running job is free for anyone at once
         except DatabaseError as exc:
             self._db_failed("slot_cleanup_skipped", exc, worker=name)
 

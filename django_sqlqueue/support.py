@@ -85,11 +85,8 @@ def pid_alive(pid: int | None) -> bool:
         return False
     except PermissionError:
         return True  # another user's process: alive
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(") ", 1)[-1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
+    got = _stat(pid)
+    return got is None or got[0] != "Z"  # unreadable /proc: alive for all we know
 
 
 # ----- process identity: is a worker of this host gone? ---------------------------------------------------
@@ -155,16 +152,7 @@ def process_gone(key: str) -> bool:
         pid = int(pid_text)
     except ValueError:
         return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True  # no such process
-    except PermissionError:
-        pass  # another user's: it exists; its start time may still show a reused pid
-    except OSError:
-        return False
+    if not pid_alive(pid):
+        return True  # no such process, or a zombie
     got = _stat(pid)
-    if got is None:
-        return False  # exists, but /proc/<pid>/stat is unreadable (hidepid, a sandbox): alive for all we know
-    state, ticks = got
-    return state == "Z" or ticks != start  # a zombie has exited; other start ticks: the pid was reused
+    return got is not None and got[1] != start  # other start ticks: the pid was reused

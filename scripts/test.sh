@@ -35,25 +35,27 @@ names=()
 results=()
 overall=0
 
-run_stage() {
-    # run_stage NAME CMD...
-    local name=$1 rc start note=""
-    shift
-    echo
-    echo "=== [$name] $*"
-    start=$SECONDS
-    "$@"
-    rc=$?
-    if [ "$rc" -eq 0 ]; then
-        note="ok"
-    else
+record() {
+    # record NAME RC SECONDS: one line of the summary
+    local name=$1 rc=$2 note="ok"
+    if [ "$rc" -ne 0 ]; then
         overall=1
         note="FAILED (exit $rc)"
         [ "$rc" -eq 5 ] && [[ "$name" == pytest* ]] && note="FAILED (exit 5: no tests collected)"
     fi
     names+=("$name")
-    results+=("$(printf '%-16s %-36s %4ss' "$name" "$note" "$((SECONDS - start))")")
-    return 0
+    results+=("$(printf '%-16s %-36s %4ss' "$name" "$note" "$3")")
+}
+
+run_stage() {
+    # run_stage NAME CMD...
+    local name=$1 start
+    shift
+    echo
+    echo "=== [$name] $*"
+    start=$SECONDS
+    "$@"
+    record "$name" "$?" "$((SECONDS - start))"
 }
 
 run_stage ruff "$VENV/bin/ruff" check .
@@ -73,19 +75,11 @@ bg_stage() {
 
 collect() {
     # collect NAME: print a background stage's log and record its result
-    local name=$1 rc secs note
+    local name=$1 rc secs
     echo
     cat "$logdir/$name.log"
     read -r rc secs <"$logdir/$name.rc"
-    if [ "$rc" -eq 0 ]; then
-        note="ok"
-    else
-        overall=1
-        note="FAILED (exit $rc)"
-        [ "$rc" -eq 5 ] && [[ "$name" == pytest* ]] && note="FAILED (exit 5: no tests collected)"
-    fi
-    names+=("$name")
-    results+=("$(printf '%-16s %-36s %4ss' "$name" "$note" "$secs")")
+    record "$name" "$rc" "$secs"
 }
 
 stages=(pytest-sqlite pytest-postgres)

@@ -19,6 +19,7 @@ from tests.test_admin_support import (  # noqa: F401  (fixtures)
     changelist_url,
     fast_password_hasher,
     fresh_admin_caches,
+    ids_in,
     make_job,
     make_worker,
 )
@@ -26,10 +27,6 @@ from tests.test_admin_support import (  # noqa: F401  (fixtures)
 pytestmark = pytest.mark.django_db
 
 XSS = "<script>alert('x')</script>"
-
-
-def ids_in(response) -> list[int]:
-    return [obj.pk for obj in response.context["cl"].result_list]
 
 
 def test_list_columns_and_newest_first(admin_client) -> None:

@@ -34,6 +34,11 @@ def changelist_url(**params: Any) -> str:
     return f"{url}?{urlencode(params)}" if params else url
 
 
+def ids_in(response: Any) -> list[int]:
+    """The ids of the jobs a changelist response lists, in its order."""
+    return [obj.pk for obj in response.context["cl"].result_list]
+
+
 def change_url(job: Job) -> str:
     return reverse("admin:django_sqlqueue_job_change", args=[job.pk])
 

@@ -19,6 +19,7 @@ from tests.test_admin_support import (  # noqa: F401  (fixtures)
     changelist_url,
     fast_password_hasher,
     fresh_admin_caches,
+    ids_in,
     make_job,
     make_worker,
     messages_of,
@@ -29,10 +30,6 @@ from tests.test_admin_support import (  # noqa: F401  (fixtures)
 pytestmark = pytest.mark.django_db
 
 ERROR_REDIRECT = "?e=1"
-
-
-def ids_in(response) -> list[int]:
-    return [j.pk for j in response.context["cl"].result_list]
 
 
 # ----- finding 8: a value no choice could hold is refused, not ignored ---------------------------------------
