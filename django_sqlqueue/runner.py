@@ -164,7 +164,10 @@ class JobContext:
         return next((r for r in self.subtypes if isinstance(r, model)), None)
 
     def should_stop(self) -> bool:
-        """True once the worker is shutting down: a long handler may stop early (and Retry)."""
+        """True once this run should end: the worker is shutting down, or this job's lease is at risk
+        (the slot's heartbeat has not been written for most of the lease, or a renewal found the job
+        taken over), so another worker may soon run it. A long handler checks it between units of work
+        and stops early (and Retry); the supervisor kills a slot whose lease is lost anyway."""
         return self._stop_requested is not None and self._stop_requested()
 
     def retry(self, reason: str = "", *, delay: float | timedelta | None = None,
