@@ -706,14 +706,15 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                        note: str = "") -> None:
         if released and note:
             dialect.execute(cursor, dialect.close_attempt_sql(),
-                            [int(Status.PENDING), storable_error(note), None, before.pk, before.attempt_num])
+                            [int(Status.PENDING), storable_error(note), None, before.step, before.pk,
+                             before.attempt_num])
             return
         if released:
             dialect.execute(cursor, dialect.delete_attempt_sql(), [before.pk, before.attempt_num])
             return
         error = after.error if after.status_id in (Status.ERROR, Status.FAILED) else ""
         dialect.execute(cursor, dialect.close_attempt_sql(),
-                       [after.status_id, error, after.duration_ms, before.pk, before.attempt_num])
+                       [after.status_id, error, after.duration_ms, after.step, before.pk, before.attempt_num])
 
     # ----- conveniences over modify ---------------------------------------------------------------
     def complete(self, job: Job, response: Any = None, *, duration: float | None = None,

@@ -255,6 +255,10 @@ class JobAttempt(models.Model):
     )
     error = models.TextField(blank=True, default="")
     duration_ms = models.BigIntegerField(null=True, blank=True)
+    #: The job's step when the attempt was claimed (where a multi-step job resumes), then, once an
+    #: operator or the worker ends the attempt other than by a batched success, the step it ended at:
+    #: for an error, the step that failed. Empty for jobs without steps.
+    step = models.CharField(max_length=100, blank=True, default="", db_default="")
 
     class Meta:
         verbose_name = _("job attempt")
