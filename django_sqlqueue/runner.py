@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.utils import timezone
 
+from . import tracing
 from .exceptions import InvalidPayload, SqlQueueError
 
 if TYPE_CHECKING:
@@ -239,7 +240,19 @@ def _close_abandoned_atomics(before: dict[str, int]) -> list[str]:
 
 
 def run(ctx: JobContext) -> Outcome:
-    """Call the handler (once, or once per remaining step) and classify what happened."""
+    """Call the handler (once, or once per remaining step) and classify what happened.
+
+    With OpenTelemetry installed, inside a run span that is current while the handler runs (tracing.py).
+    """
+    if not tracing.enabled():
+        return _run(ctx)
+    with tracing.run_span(ctx.job, ctx.handler.name, ctx.worker) as span:
+        outcome = _run(ctx)
+        tracing.end_run(span, outcome.kind.value, outcome.error or "")
+    return outcome
+
+
+def _run(ctx: JobContext) -> Outcome:
     from .models import Job
 
     started = time.monotonic()

@@ -45,6 +45,7 @@ JOB_COLUMNS: tuple[str, ...] = (
     "worker",
     "lease_expires_at",
     "dedupe_key",
+    "trace_context",
 )
 #: The partial indexes the claim's two branches walk (names from Job.Meta.indexes).
 CLAIM_INDEX = "sqlqueue_job_claim"
