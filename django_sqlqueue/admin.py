@@ -166,7 +166,7 @@ class JobAttemptInline(ReadOnlyJobInline, admin.TabularInline):
     max_num = 0
     can_delete = False
     ordering = ("attempt_num",)
-    fields = ("attempt_no", "worker", "claimed", "finished", "outcome_badge", "duration", "error_text")
+    fields = ("attempt_no", "step_at", "worker", "claimed", "finished", "outcome_badge", "duration", "error_text")
     readonly_fields = fields
     verbose_name_plural = _("attempt history")
     classes = ["sqlqueue-attempts"]
@@ -178,6 +178,11 @@ class JobAttemptInline(ReadOnlyJobInline, admin.TabularInline):
     @admin.display(description=_("attempt"))
     def attempt_no(self, obj: JobAttempt) -> str:
         return f"#{obj.attempt_num}"
+
+    @admin.display(description=_("step"))
+    def step_at(self, obj: JobAttempt) -> str:
+        """The step the attempt began at, or, for an attempt that ended in an error, failed at."""
+        return obj.step or "—"
 
     @admin.display(description=_("finished"))
     def finished(self, obj: JobAttempt) -> str:

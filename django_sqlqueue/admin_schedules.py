@@ -23,6 +23,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from . import schedules
+from .admin_filters import DeclaredFiltersOnly
 from .admin_types import status_badge
 from .conf import get_settings
 from .models import Job, JobType, Schedule, ScheduleRun
@@ -116,7 +117,7 @@ def _log(request: HttpRequest, objects: list[Schedule], what: str) -> None:
                                      change_message=what, single_object=len(objects) == 1)
 
 
-class ScheduleAdmin(admin.ModelAdmin):
+class ScheduleAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
     form = ScheduleForm
     list_display = ["name", "enabled", "target", "timing", "next_run_at", "last_run_at", "last_job_link", "declared"]
     list_filter = ["enabled", "declared", "misfire"]

@@ -30,9 +30,6 @@ class SqlQueueConfig(AppConfig):
         post_delete.connect(clear_cache, sender=JobType, dispatch_uid="sqlqueue-type-cache-delete")
         post_migrate.connect(_sync_types, sender=self, dispatch_uid="sqlqueue-sync-types")
         _register_task_checks()
-        from .metrics import connect_tracing
-
-        connect_tracing()  # a span per job attempt when opentelemetry-api is installed; else nothing
         post_migrate.connect(_sync_schedules, sender=self, dispatch_uid="sqlqueue-sync-schedules")
 
 

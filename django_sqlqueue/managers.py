@@ -21,7 +21,7 @@ from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
-from . import jobtypes, limits
+from . import jobtypes, limits, tracing
 from .conf import get_settings
 from .dialects import JOB_COLUMNS, ClaimRequest, get_dialect
 from .exceptions import (
@@ -48,7 +48,7 @@ CLAIM_RETRIES = 5
 #: builds); ``enqueued_at`` and ``updated_at`` are stamped by the database clock.
 INSERT_COLUMNS: list[str] = ["queue", "job_type_id", "status_id", "step", "priority", "attempt_num", "max_attempts",
                              "payload", "error", "enqueued_at", "scheduled_for", "version", "updated_at", "worker",
-                             "dedupe_key"]
+                             "trace_context", "dedupe_key"]
 #: What a new job's remaining columns hold.
 _NOT_YET: dict[str, Any] = dict.fromkeys(("response", "started_at", "finished_at", "duration_ms", "lease_expires_at"))
 
@@ -333,16 +333,26 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         return self.enqueue_many([spec], using=using)[0]
 
     def enqueue_many(self, specs: Iterable[JobSpec], *, using: str | None = None) -> list[Job]:
-        """Insert many jobs in one transaction, in multi-row INSERTs; return them in input order."""
+        """Insert many jobs in one transaction, in multi-row INSERTs; return them in input order.
+
+        With OpenTelemetry installed, inside an enqueue span whose context each job carries (tracing.py).
+        """
+        specs = list(specs)
+        if not specs:  # nothing to insert, nobody to wake (an INSERT of no rows is a syntax error)
+            return []
+        if not tracing.enabled():
+            return self._enqueue_many(specs, using, None)
+        with tracing.enqueue_span([s.job_type for s in specs if isinstance(s.job_type, str)], len(specs),
+                                  [s.queue for s in specs if isinstance(s.queue, str)]) as carrier:
+            return self._enqueue_many(specs, using, carrier)
+
+    def _enqueue_many(self, specs: list[JobSpec], using: str | None, carrier: str | None) -> list[Job]:
         from .handlers import registry
 
         alias = self._alias(using)
         connection = connections[alias]
         dialect = get_dialect(connection)
         settings = get_settings()
-        specs = list(specs)
-        if not specs:  # nothing to insert, nobody to wake (an INSERT of no rows is a syntax error)
-            return []
         rows: list[list[Any]] = []
         infos: dict[Any, jobtypes.TypeInfo] = {}  # one lookup per type name, not per job
         for spec in specs:
@@ -351,7 +361,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 limits.check_type_name(spec.job_type)
                 info = jobtypes.get_type(spec.job_type, using=alias, create=registry.is_registered(spec.job_type))
                 infos[spec.job_type] = info
-            rows.append(self._validated_row(spec, info, settings.MAX_PAYLOAD_BYTES, alias, dialect))
+            rows.append(self._validated_row(spec, info, settings.MAX_PAYLOAD_BYTES, alias, dialect, carrier))
         channel = settings.NOTIFY_CHANNEL if dialect.notify_sql() else ""
         if (len(rows) <= 3 and not connection.in_atomic_block and all(r[-1] is None for r in rows)
                 and not any(s.subtypes for s in specs)):
@@ -386,7 +396,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         return jobs  # type: ignore[return-value]
 
     def _validated_row(self, spec: JobSpec, info: jobtypes.TypeInfo, limit: int, alias: str,
-                       dialect: Any) -> list[Any]:
+                       dialect: Any, carrier: str | None = None) -> list[Any]:
         if not isinstance(spec.queue, str) or not spec.queue or len(spec.queue) > 100:
             raise InvalidArgument(f"queue must be a non-empty string of at most 100 characters, got {spec.queue!r}")
         _storable_key(spec.queue, "queue name")
@@ -410,7 +420,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             "{}" if spec.payload is None else _encode_json(spec.payload, "payload", limit))
         return [
             spec.queue, info.id, int(Status.PENDING), "", spec.priority, 0, spec.max_attempts, payload, "", None,
-            None if when is None else self._prep("scheduled_for", when, alias), 1, None, "", spec.dedupe_key,
+            None if when is None else self._prep("scheduled_for", when, alias), 1, None, "", carrier,
+            spec.dedupe_key,
         ]
 
     def _match_inserted(self, specs: list[JobSpec], jobs: list[Job | None], start: int, part: list[list[Any]],
@@ -706,14 +717,15 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                        note: str = "") -> None:
         if released and note:
             dialect.execute(cursor, dialect.close_attempt_sql(),
-                            [int(Status.PENDING), storable_error(note), None, before.pk, before.attempt_num])
+                            [int(Status.PENDING), storable_error(note), None, before.step, before.pk,
+                             before.attempt_num])
             return
         if released:
             dialect.execute(cursor, dialect.delete_attempt_sql(), [before.pk, before.attempt_num])
             return
         error = after.error if after.status_id in (Status.ERROR, Status.FAILED) else ""
         dialect.execute(cursor, dialect.close_attempt_sql(),
-                       [after.status_id, error, after.duration_ms, before.pk, before.attempt_num])
+                       [after.status_id, error, after.duration_ms, after.step, before.pk, before.attempt_num])
 
     # ----- conveniences over modify ---------------------------------------------------------------
     def complete(self, job: Job, response: Any = None, *, duration: float | None = None,

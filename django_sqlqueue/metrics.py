@@ -1,6 +1,6 @@
 """Prometheus metrics for the queue, read from the queue tables at scrape time (``pip install
-django-sqlqueue[metrics]``), and OpenTelemetry spans for job runs (when ``opentelemetry-api`` is
-installed). See docs/metrics.md for the metric names and Grafana-ready queries.
+django-sqlqueue[metrics]``). See docs/metrics.md for the metric names and Grafana-ready queries;
+OpenTelemetry spans are tracing.py's.
 
 Mount the view in the project's urls.py::
 
@@ -168,49 +168,3 @@ class QueueCollector:
         took = GaugeMetricFamily("sqlqueue_scrape_seconds", "Time this scrape's queries took")
         took.add_metric([], time.perf_counter() - started)
         yield took
-
-
-# ----- OpenTelemetry ------------------------------------------------------------------------------
-def _tracer() -> Any:
-    try:
-        from opentelemetry import trace
-    except ImportError:
-        return None
-    return trace.get_tracer("django_sqlqueue")
-
-
-def _record_run(signal_name: str, job: Any, worker: str, duration: float | None = None, **_: Any) -> None:
-    """One span per job attempt, written when the attempt ends (start = end - its duration)."""
-    tracer = _tracer()
-    if tracer is None:
-        return
-    from opentelemetry.trace import Status as SpanStatus
-    from opentelemetry.trace import StatusCode
-
-    end_ns = time.time_ns()
-    start_ns = end_ns - int((duration or 0.0) * 1e9)
-    span = tracer.start_span(f"sqlqueue.run {getattr(job.job_type, 'name', job.job_type_id)}", start_time=start_ns,
-                             attributes={"sqlqueue.job.id": job.pk, "sqlqueue.queue": job.queue,
-                                         "sqlqueue.attempt": job.attempt_num, "sqlqueue.worker": worker,
-                                         "sqlqueue.outcome": signal_name})
-    if signal_name in ("job_failed", "job_retried"):
-        span.set_status(SpanStatus(StatusCode.ERROR, (job.error or "")[-200:]))
-    span.end(end_time=end_ns)
-
-
-def connect_tracing() -> bool:
-    """Record a span per job attempt through the worker's signals; False when OpenTelemetry is absent."""
-    if _tracer() is None:
-        return False
-    from . import signals
-
-    for name in ("job_succeeded", "job_retried", "job_failed", "job_cancelled"):
-        getattr(signals, name).connect(_receiver(name), dispatch_uid=f"sqlqueue-otel-{name}", weak=False)
-    return True
-
-
-def _receiver(name: str) -> Any:
-    def receive(sender: Any, **kwargs: Any) -> None:
-        _record_run(name, **kwargs)
-
-    return receive

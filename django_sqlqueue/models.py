@@ -158,6 +158,10 @@ class Job(models.Model):
     incarnation = models.CharField(max_length=32, blank=True, default="", db_default="", editable=False)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     dedupe_key = models.CharField(max_length=200, null=True, blank=True)
+    #: The enqueuing trace's context (OpenTelemetry's propagator carrier as JSON, see tracing.py), so
+    #: that the job's run span is a child of the request that enqueued it. NULL when not tracing.
+    #: Nullable so that adding it is a plain ADD COLUMN on every vendor (no SQLite table rebuild).
+    trace_context = models.CharField(max_length=2000, null=True, blank=True, editable=False)
 
     objects: ClassVar[JobManager] = JobManager()
 
@@ -255,6 +259,11 @@ class JobAttempt(models.Model):
     )
     error = models.TextField(blank=True, default="")
     duration_ms = models.BigIntegerField(null=True, blank=True)
+    #: The job's step when the attempt was claimed (where a multi-step job resumes), then, once an
+    #: operator or the worker ends the attempt other than by a batched success, the step it ended at:
+    #: for an error, the step that failed. Empty for jobs without steps; NULL for attempts recorded
+    #: before migration 0010 (nullable so that adding it is a plain ADD COLUMN on every vendor, SQLite too).
+    step = models.CharField(max_length=100, null=True, blank=True)
 
     class Meta:
         verbose_name = _("job attempt")

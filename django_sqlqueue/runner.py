@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.utils import timezone
 
+from . import tracing
 from .exceptions import InvalidPayload, SqlQueueError
 
 if TYPE_CHECKING:
@@ -164,7 +165,10 @@ class JobContext:
         return next((r for r in self.subtypes if isinstance(r, model)), None)
 
     def should_stop(self) -> bool:
-        """True once the worker is shutting down: a long handler may stop early (and Retry)."""
+        """True once this run should end: the worker is shutting down, or this job's lease is at risk
+        (the slot's heartbeat has not been written for most of the lease, or a renewal found the job
+        taken over), so another worker may soon run it. A long handler checks it between units of work
+        and stops early (and Retry); the supervisor kills a slot whose lease is lost anyway."""
         return self._stop_requested is not None and self._stop_requested()
 
     def retry(self, reason: str = "", *, delay: float | timedelta | None = None,
@@ -236,7 +240,19 @@ def _close_abandoned_atomics(before: dict[str, int]) -> list[str]:
 
 
 def run(ctx: JobContext) -> Outcome:
-    """Call the handler (once, or once per remaining step) and classify what happened."""
+    """Call the handler (once, or once per remaining step) and classify what happened.
+
+    With OpenTelemetry installed, inside a run span that is current while the handler runs (tracing.py).
+    """
+    if not tracing.enabled():
+        return _run(ctx)
+    with tracing.run_span(ctx.job, ctx.handler.name, ctx.worker) as span:
+        outcome = _run(ctx)
+        tracing.end_run(span, outcome.kind.value, outcome.error or "")
+    return outcome
+
+
+def _run(ctx: JobContext) -> Outcome:
     from .models import Job
 
     started = time.monotonic()

@@ -182,7 +182,7 @@ def test_the_list_never_counts_the_whole_table(admin_client) -> None:
 def test_job_page_lifecycle_payload_traceback_and_attempts(admin_client) -> None:
     JobType.objects.create(name="Flaky", max_attempts=2)
     job = Job.objects.enqueue("Flaky", {"to": "a@example.com", "n": [1, 2]}, queue="q-page")
-    first = Job.objects.claim("w-one", 1, queues=["q-page"])[0]
+    first = Job.objects.claim("w-one", 1, queues=["q-page"])[0].advance_step("Send")
     Job.objects.fail(first, "Traceback (most recent call last):\n  File x\nKeyError: 'to'", retry_in=0)
     second = Job.objects.claim("w-two", 1, queues=["q-page"])[0]
     Job.objects.complete(second, {"sent": True})
@@ -198,6 +198,8 @@ def test_job_page_lifecycle_payload_traceback_and_attempts(admin_client) -> None
     inline = html[html.index("sqlqueue-attempts"):]
     assert "w-one" in inline and "w-two" in inline
     assert "sqlqueue-error" in inline and "sqlqueue-completed" in inline
+    # each attempt's step: the first failed at Send, the second resumed there
+    assert re.findall(r'field-step_at">\s*<p>([^<]*)</p>', inline) == ["Send", "Send"]
     assert "Finished (Completed)" in html  # the diagnosis
 
 

@@ -1,4 +1,4 @@
-"""The Prometheus endpoint (protected, read from the queue tables) and OpenTelemetry spans per attempt."""
+"""The Prometheus endpoint (protected, read from the queue tables); OpenTelemetry is test_tracing.py's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from django_sqlqueue import signals
 from django_sqlqueue.models import Job
 from django_sqlqueue.states import Status
 from tests.test_admin_support import (  # noqa: F401  (fixtures)
@@ -74,28 +73,3 @@ def test_metrics_report_depth_age_recent_outcomes_runtime_and_workers(admin_clie
     assert sample(text, "sqlqueue_workers", state="alive") == 1
     assert sample(text, "sqlqueue_workers", state="stopped") == 1
     assert sample(text, "sqlqueue_orphaned_jobs") == 1
-
-
-def test_a_span_per_attempt_when_opentelemetry_is_installed() -> None:
-    sdk = pytest.importorskip("opentelemetry.sdk.trace")
-    from opentelemetry import trace
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    exporter = InMemorySpanExporter()
-    provider = sdk.TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    if trace.get_tracer_provider() is not provider:
-        pytest.skip("another tracer provider was set in this process")
-    job = make_job(Status.COMPLETED)
-    from django_sqlqueue.worker import Worker as WorkerLoop
-
-    signals.job_succeeded.send_robust(WorkerLoop, job=job, worker="w-span", response=None, duration=0.25)
-    failed = make_job(Status.FAILED)
-    signals.job_failed.send_robust(WorkerLoop, job=failed, worker="w-span", error="boom", duration=0.1)
-    spans = {s.attributes["sqlqueue.job.id"]: s for s in exporter.get_finished_spans()}
-    ok = spans[job.pk]
-    assert ok.name == f"sqlqueue.run {TYPE_NAME}" and ok.attributes["sqlqueue.worker"] == "w-span"
-    assert 0.2e9 < ok.end_time - ok.start_time < 0.3e9
-    assert spans[failed.pk].status.status_code.name == "ERROR"

@@ -139,6 +139,9 @@ def test_multi_step_resumes_at_the_failed_step(job_log) -> None:
     assert job.response["Render"] == "Render done in attempt 1 (before: )"
     assert job.response["Send"] == "Send done in attempt 2 (before: Render)"
     assert job.response["Confirm"] == "Confirm done in attempt 2 (before: Render,Send)"
+    # The history says where each attempt was: attempt 1 failed at Send (written when it ended), attempt
+    # 2 began there (written by the claim; a batched success keeps it).
+    assert list(job.attempts.order_by("attempt_num").values_list("step", flat=True)) == ["Send", "Send"]
 
 
 def test_failed_step_is_persisted(job_log) -> None:
@@ -148,6 +151,7 @@ def test_failed_step_is_persisted(job_log) -> None:
     job.refresh()
     assert job.state == Status.ERROR and job.step == "Confirm"
     assert set(job.response) == {"Render", "Send"}
+    assert list(job.attempts.values_list("step", flat=True)) == ["Confirm"]  # the step that failed
     assert "planned failure at step Confirm" in job.error
 
 

@@ -45,6 +45,7 @@ JOB_COLUMNS: tuple[str, ...] = (
     "worker",
     "lease_expires_at",
     "dedupe_key",
+    "trace_context",
 )
 #: The partial indexes the claim's two branches walk (names from Job.Meta.indexes).
 CLAIM_INDEX = "sqlqueue_job_claim"
@@ -376,11 +377,11 @@ class Dialect:
         return ", ".join(sets), [req.worker, req.incarnation, int(req.default_lease_seconds)]
 
     def attempt_insert_sql(self) -> str:
-        """INSERT of one history row per claimed job (job_id, attempt_num, worker, claimed_at)."""
+        """INSERT of one history row per claimed job (job_id, attempt_num, worker, claimed_at, step)."""
         a = self.n.a
         return (
             f"INSERT INTO {self.n.attempt} ({a['job_id']}, {a['attempt_num']}, {a['worker']}, "
-            f"{a['claimed_at']}, {a['error']}) VALUES (%s, %s, %s, %s, '')"
+            f"{a['claimed_at']}, {a['step']}, {a['error']}) VALUES (%s, %s, %s, %s, %s, '')"
         )
 
     def returning(self, columns: list[str]) -> tuple[str, str]:
@@ -398,11 +399,13 @@ class Dialect:
         return self.update_returning(", ".join(sets), f"{j['id']} = %s AND {j['version']} = %s")
 
     def close_attempt_sql(self) -> str:
-        """Close the open history row of an attempt. Params: outcome, error, duration, job id, attempt."""
+        """Close the open history row of an attempt.
+
+        Params: outcome, error, duration, the step it ended at, job id, attempt."""
         a = self.n.a
         return (
             f"UPDATE {self.n.attempt} SET {a['finished_at']} = {self.now()}, {a['outcome_id']} = %s, "
-            f"{a['error']} = %s, {a['duration_ms']} = %s WHERE {self._open_attempt()}"
+            f"{a['error']} = %s, {a['duration_ms']} = %s, {a['step']} = %s WHERE {self._open_attempt()}"
         )
 
     def delete_attempt_sql(self) -> str:

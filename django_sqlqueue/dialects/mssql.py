@@ -250,8 +250,8 @@ class MssqlDialect(Dialect):
             f"ORDER BY c.priority DESC, c.scheduled_for, c.id) AS picked "
             f"INNER LOOP JOIN {n.job} AS j ON j.{j['id']} = picked.id",
             f"INSERT INTO {n.attempt} ({a['job_id']}, {a['attempt_num']}, {a['worker']}, {a['claimed_at']}, "
-            f"{a['error']}) SELECT {j['id']}, {j['attempt_num']}, {j['worker']}, {j['started_at']}, N'' "
-            f"FROM @claimed",
+            f"{a['step']}, {a['error']}) SELECT {j['id']}, {j['attempt_num']}, {j['worker']}, "
+            f"{j['started_at']}, {j['step']}, N'' FROM @claimed",
         ]
         results = [f"SELECT {', '.join(n.job_columns)} FROM @claimed "
                    f"ORDER BY {j['priority']} DESC, {j['scheduled_for']}, {j['id']}"]

@@ -70,8 +70,8 @@ class PostgresDialect(Dialect):
             # The history row is written by the same statement: a claim without its history row
             # cannot exist, even if the worker dies right after.
             f"hist AS (INSERT INTO {n.attempt} ({a['job_id']}, {a['attempt_num']}, {a['worker']}, "
-            f"{a['claimed_at']}, {a['error']}) SELECT {j['id']}, {j['attempt_num']}, {j['worker']}, "
-            f"{j['started_at']}, '' FROM claimed) "
+            f"{a['claimed_at']}, {a['step']}, {a['error']}) SELECT {j['id']}, {j['attempt_num']}, "
+            f"{j['worker']}, {j['started_at']}, {j['step']}, '' FROM claimed) "
             f"SELECT * FROM claimed ORDER BY {j['priority']} DESC, {j['scheduled_for']}, {j['id']}"
         )
         return sql, [*params, req.limit, *set_params]

@@ -84,7 +84,8 @@ class SqliteDialect(Dialect):
         if rows:
             cursor.executemany(
                 self.attempt_insert_sql(),
-                [(r[COL["id"]], r[COL["attempt_num"]], r[COL["worker"]], r[COL["started_at"]]) for r in rows],
+                [(r[COL["id"]], r[COL["attempt_num"]], r[COL["worker"]], r[COL["started_at"]], r[COL["step"]])
+                 for r in rows],
             )
         rows.sort(key=lambda r: (-r[COL["priority"]], r[COL["scheduled_for"]], r[COL["id"]]))
         return rows

@@ -147,3 +147,12 @@ def exit_now(job: JobContext) -> Any:
     """Exit the slot process at once with the payload's ``code`` (a handler calling os._exit)."""
     _log(job, "run")
     os._exit(int(job.payload.get("code", 3)))
+
+
+@sqlqueue.handler("test.TraceIds")
+def trace_ids(job: JobContext) -> Any:
+    """The ids of the span current while the handler runs (hex; zeros without OpenTelemetry's SDK)."""
+    from opentelemetry import trace
+
+    context = trace.get_current_span().get_span_context()
+    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}

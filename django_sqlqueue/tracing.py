@@ -1,0 +1,107 @@
+"""OpenTelemetry: a span around each enqueue and each job run, the run a child of the enqueuing trace.
+
+Active only where ``opentelemetry-api`` is installed (``pip install "django-sqlqueue[tracing]"``); the
+application configures the SDK and an exporter as for any Python service. Without an SDK the API is a
+no-op: the spans are non-recording, nothing is stored with the job and the cost is a few calls.
+
+The trace context travels with the job: at enqueue the configured propagator (W3C ``traceparent`` /
+``tracestate`` and baggage by default) injects the enqueue span's context into a text carrier, stored as
+JSON in ``Job.trace_context``; the worker extracts it and starts the run span as that context's child,
+current while the handler runs, so the handler's own spans (database, HTTP...) nest under it. A carrier
+larger than the column (:data:`MAX_CARRIER_CHARS`, e.g. a huge baggage) is not stored: the run then
+starts a trace of its own rather than failing the enqueue.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .models import Job
+
+#: ``Job.trace_context``'s length.
+MAX_CARRIER_CHARS = 2000
+TRACER_NAME = "django_sqlqueue"
+
+
+@cache
+def _api() -> Any:
+    """The ``opentelemetry`` modules this needs, or None when the API is not installed (asked once)."""
+    try:
+        from opentelemetry import propagate, trace
+    except ImportError:
+        return None
+    return trace, propagate
+
+
+def enabled() -> bool:
+    return _api() is not None
+
+
+@contextmanager
+def enqueue_span(type_names: Sequence[str], count: int, queues: Sequence[str]) -> Iterator[str | None]:
+    """A PRODUCER span ``sqlqueue.enqueue <type>`` around an enqueue; yields the carrier to store with
+    each job (None when there is no recording trace to carry)."""
+    api = _api()
+    if api is None:
+        yield None
+        return
+    trace, propagate = api
+    names = sorted(set(type_names))
+    name = names[0] if len(names) == 1 else "(several types)"
+    tracer = trace.get_tracer(TRACER_NAME)
+    with tracer.start_as_current_span(
+        f"sqlqueue.enqueue {name}", kind=trace.SpanKind.PRODUCER,
+        attributes={"messaging.system": "django_sqlqueue", "messaging.operation.type": "send",
+                    "messaging.batch.message_count": count, "sqlqueue.types": names,
+                    "sqlqueue.queues": sorted(set(queues))},
+    ) as span:
+        if not span.get_span_context().is_valid:
+            yield None
+            return
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        text = json.dumps(carrier, separators=(",", ":"), sort_keys=True) if carrier else None
+        yield text if text is not None and len(text) <= MAX_CARRIER_CHARS else None
+
+
+@contextmanager
+def run_span(job: Job, type_name: str, worker: str) -> Iterator[Any]:
+    """A CONSUMER span ``sqlqueue.run <type>`` around a job's run, current while the handler runs, a
+    child of the enqueuing trace when the job carries one. Yields the span (None without the API);
+    :func:`end_run` records the outcome on it."""
+    api = _api()
+    if api is None:
+        yield None
+        return
+    trace, propagate = api
+    parent = None
+    if job.trace_context:
+        try:
+            parent = propagate.extract(json.loads(job.trace_context))
+        except (ValueError, TypeError, AttributeError):
+            parent = None  # a carrier that is not ours (edited by hand): a trace of its own
+    tracer = trace.get_tracer(TRACER_NAME)
+    with tracer.start_as_current_span(
+        f"sqlqueue.run {type_name}", context=parent, kind=trace.SpanKind.CONSUMER,
+        attributes={"messaging.system": "django_sqlqueue", "messaging.operation.type": "process",
+                    "sqlqueue.job.id": job.pk, "sqlqueue.queue": job.queue, "sqlqueue.attempt": job.attempt_num,
+                    "sqlqueue.worker": worker, "sqlqueue.step": job.step or ""},
+        # The runner classifies the handler's exceptions (a Retry is not a crash): end_run says.
+        record_exception=False, set_status_on_exception=False,
+    ) as span:
+        yield span
+
+
+def end_run(span: Any, outcome: str, error: str = "") -> None:
+    """Record the run's outcome (``success``, ``retry``, ``cancel``, ``fatal``, ``error``) on its span."""
+    if span is None:
+        return
+    trace, _ = _api()
+    span.set_attribute("sqlqueue.outcome", outcome)
+    if outcome in ("retry", "fatal", "error"):
+        span.set_status(trace.Status(trace.StatusCode.ERROR, error[-200:]))
