@@ -1,8 +1,9 @@
 """OpenTelemetry: a span around each enqueue and each job run, the run a child of the enqueuing trace.
 
-Active only where ``opentelemetry-api`` is installed (``pip install "django-sqlqueue[tracing]"``); the
-application configures the SDK and an exporter as for any Python service. Without an SDK the API is a
-no-op: the spans are non-recording, nothing is stored with the job and the cost is a few calls.
+Active only where ``opentelemetry-api`` is installed (``pip install "django-sqlqueue[tracing]"``) and the
+application has set an SDK's tracer provider (with an exporter), as for any Python service. With the
+API alone every span would be a no-op: nothing is started or stored, at the cost of a clock read per
+enqueue and per run.
 
 The trace context travels with the job: at enqueue the configured propagator (W3C ``traceparent`` /
 ``tracestate`` and baggage by default) injects the enqueue span's context into a text carrier, stored as
@@ -15,6 +16,7 @@ starts a trace of its own rather than failing the enqueue.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
@@ -29,7 +31,7 @@ TRACER_NAME = "django_sqlqueue"
 
 
 @cache
-def _api() -> Any:
+def _modules() -> Any:
     """The ``opentelemetry`` modules this needs, or None when the API is not installed (asked once)."""
     try:
         from opentelemetry import propagate, trace
@@ -38,8 +40,39 @@ def _api() -> Any:
     return trace, propagate
 
 
+#: Whether a real tracer provider (an SDK) is set: once it is, it stays (OpenTelemetry sets it once per
+#: process); until then it is asked again at most every :data:`RECHECK_SECONDS`, so that a process with
+#: the API but no SDK pays a clock read per job, not a provider lookup.
+_state = {"active": False, "checked_at": float("-inf")}
+RECHECK_SECONDS = 1.0
+
+
+def _api() -> Any:
+    """The modules, when OpenTelemetry is installed AND an SDK's tracer provider is set; else None."""
+    if _state["active"]:
+        return _modules()
+    now = time.monotonic()
+    if now - _state["checked_at"] < RECHECK_SECONDS:
+        return None
+    _state["checked_at"] = now
+    modules = _modules()
+    if modules is None:
+        return None
+    trace = modules[0]
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        return None  # the API alone: every span would be a no-op
+    _state["active"] = True
+    return modules
+
+
 def enabled() -> bool:
+    """Whether enqueues and runs are traced (OpenTelemetry installed and an SDK configured)."""
     return _api() is not None
+
+
+def recheck() -> None:
+    """Look for a tracer provider at the next call (after one was set in this process, e.g. by a test)."""
+    _state["checked_at"] = float("-inf")
 
 
 @contextmanager

@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from django_sqlqueue import tracing
 from django_sqlqueue.models import Job
 from django_sqlqueue.states import Status
 from tests import workerutil as wu
@@ -36,6 +37,7 @@ def spans():
             pytest.skip("another kind of tracer provider was set in this process")
         provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
         _INSTALLED.append(True)
+    tracing.recheck()
     _EXPORTER.clear()
     yield _EXPORTER
     _EXPORTER.clear()
@@ -118,3 +120,15 @@ def test_a_job_without_a_carrier_runs_in_a_trace_of_its_own(spans) -> None:
     assert job.state == Status.COMPLETED
     [run] = _by_name(spans, "sqlqueue.run")
     assert run.parent is None
+
+
+def test_with_the_api_alone_nothing_is_traced_or_stored(spans, monkeypatch) -> None:
+    """No SDK configured (the API's proxy provider): no span is started and the job carries nothing."""
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: trace.ProxyTracerProvider())
+    monkeypatch.setitem(tracing._state, "active", False)
+    tracing.recheck()
+    assert not tracing.enabled()
+    with trace.get_tracer("test").start_as_current_span("request"):
+        job = Job.objects.enqueue("test.Noop", {})
+    assert Job.objects.get(pk=job.pk).trace_context is None
+    assert [s.name for s in spans.get_finished_spans()] == ["request"]
