@@ -187,18 +187,19 @@ class _BadReturn(Fail, InvalidPayload):
 
 
 def _check_json(value: Any, what: str) -> None:
+    if value is None or value is True or value is False or type(value) is int:
+        return  # JSON as they are, and small: most handlers return None
+    from .limits import response_too_large
     from .managers import unstorable
 
     try:
-        json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
         raise _BadReturn(
             f"{what} cannot be stored as JSON ({type(exc).__name__}: {exc}); the handler's work is done, "
             f"so the job is not retried"
         ) from exc
-    from .limits import response_too_large
-
-    why = unstorable(value) or response_too_large(json.dumps(value, allow_nan=False, separators=(",", ":")))
+    why = unstorable(value) or response_too_large(text)
     if why:
         raise _BadReturn(f"{what} cannot be stored: {why}; the handler's work is done, so the job is not retried")
 
