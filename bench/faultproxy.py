@@ -2,9 +2,11 @@
 
 Used by tests/test_hostile_worker.py and by the soak's "connection cut after commit" fault. It forwards
 bytes both ways. After a client sends a claim (``SKIP LOCKED`` in its text) while the proxy is armed,
-the server's answer is held back until its ReadyForQuery message arrives (a claim sent alone runs in
-autocommit, so it has committed by then), and then both sockets are closed without a byte of it
-reaching the client: exactly a reply lost by a pooler restart or a network cut. Each :meth:`arm` cuts
+the server's answer is held back until a ReadyForQuery message says the session is idle again, i.e.
+the claim's transaction committed (a claim sent alone runs in autocommit and has committed by then; a
+claim sent with completions inside a transaction gets its rows through, and the reply of the COMMIT
+that follows is the one held), and then both sockets are closed without a byte of it reaching the
+client: exactly a reply lost by a pooler restart or a network cut. Each :meth:`arm` cuts
 one claim reply. Standard library only.
 """
 
@@ -77,11 +79,17 @@ class CuttingProxy:
             while data := src.recv(65536):
                 if state["cut_next"]:
                     held += data
-                    if READY in held:
-                        with self._lock:
-                            self.cuts += 1
-                        self.cut.set()
-                        return  # both closed in finally: the committed claim's reply is never delivered
+                    while (at := held.find(READY)) >= 0 and len(held) > at + len(READY):
+                        status = held[at + len(READY):at + len(READY) + 1]
+                        if status == b"I":  # idle: the claim's transaction has committed
+                            with self._lock:
+                                self.cuts += 1
+                            self.cut.set()
+                            return  # both closed in finally: the committed claim's reply is never delivered
+                        # Still in the caller's transaction (completions and claim, then COMMIT): let
+                        # the claim's rows through and lose the reply of the COMMIT that follows.
+                        dst.sendall(held[:at + len(READY) + 1])
+                        held = held[at + len(READY) + 1:]
                     continue
                 dst.sendall(data)
         except OSError:
