@@ -179,14 +179,8 @@ class JobQuerySet(models.QuerySet):
         ids = [Status.from_label(s) if isinstance(s, str) else Status(s) for s in statuses]
         return self.filter(status_id__in=ids)
 
-    def unfinished(self) -> JobQuerySet:
-        return self.filter(status_id__in=UNFINISHED)
-
     def overdue(self) -> JobQuerySet:
         return self.filter(status_id__in=CLAIMABLE, scheduled_for__lte=timezone.now())
-
-    def lease_expired(self) -> JobQuerySet:
-        return self.filter(status_id=Status.PROCESSING, lease_expires_at__lt=timezone.now())
 
     def purgeable(self, statuses: Iterable[Status | int], cutoff: datetime, queues: Sequence[str] = ()) -> JobQuerySet:
         """Jobs :meth:`JobManager.purge` would delete: in ``statuses`` (finished ones only), finished

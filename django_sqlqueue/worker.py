@@ -360,15 +360,14 @@ class Worker:
         self._running_id = None
 
     def _record(self, outcome: runner.Outcome) -> None:
+        """Record an attempt that did not succeed, at once (successes go to the recorder, batched)."""
         from .models import Job
 
         M, job, kind = Job.objects, outcome.job, outcome.kind
         K = runner.Kind
         try:
             ran = outcome.duration  # the handler's own time, not the time since the claim
-            if kind is K.SUCCESS:
-                new = M.complete(job, response=outcome.response, duration=ran, using=self.using)
-            elif kind in (K.ERROR, K.RETRY):
+            if kind in (K.ERROR, K.RETRY):
                 new = M.fail(job, outcome.error, retry_in=outcome.retry_in, duration=ran, using=self.using)
             elif kind is K.CANCEL:
                 new = M.modify(job, job.version, Status.CANCELLED, error=outcome.error, duration=ran,
@@ -393,10 +392,7 @@ class Worker:
             except (StaleJob, IllegalTransition, JobNotFound):
                 return
         common = {"job": new, "worker": self.name, "duration": outcome.duration}
-        if new.state == Status.COMPLETED:
-            self.counters[SUCCEEDED] += 1
-            send(signals.job_succeeded, Worker, response=outcome.response, **common)
-        elif new.state == Status.ERROR:
+        if new.state == Status.ERROR:
             self.counters[RETRIED] += 1
             send(signals.job_retried, Worker, error=outcome.error, **common)
         elif new.state == Status.CANCELLED:
@@ -405,13 +401,9 @@ class Worker:
         else:
             self.counters[FAILED] += 1
             send(signals.job_failed, Worker, error=outcome.error, **common)
-        if kind is K.SUCCESS:
-            log.debug("job_finished worker=%s job=%s attempt=%s status=%s seconds=%.3f", self.name, job.pk,
-                      job.attempt_num, new.state.label, outcome.duration)
-        else:
-            last = (outcome.error.strip().splitlines() or [""])[-1][:200]
-            log.warning("job_finished worker=%s job=%s attempt=%s status=%s seconds=%.3f error=%r", self.name,
-                        job.pk, job.attempt_num, new.state.label, outcome.duration, last)
+        last = (outcome.error.strip().splitlines() or [""])[-1][:200]
+        log.warning("job_finished worker=%s job=%s attempt=%s status=%s seconds=%.3f error=%r", self.name,
+                    job.pk, job.attempt_num, new.state.label, outcome.duration, last)
 
     def _release(self, jobs: list[Job], reason: str = "stopping") -> int:
         """Hand claimed-but-unstarted jobs back to Pending, their attempt not spent; return how many."""

@@ -105,8 +105,6 @@ class Dialect:
     """Base class: shared statement shapes, with vendor fragments supplied by subclasses."""
 
     vendor: str = ""
-    #: True when the vendor can wake idle workers without polling (PostgreSQL LISTEN/NOTIFY).
-    supports_notify: bool = False
     #: Literal for boolean true in this vendor's SQL.
     true_literal: str = "TRUE"
     #: The empty string as a literal of the text columns' type.
@@ -601,9 +599,6 @@ class Dialect:
     def connect_timeout_options(cls, seconds: float) -> dict[str, Any]:
         """Backend OPTIONS that bound a connection attempt to about ``seconds`` ({}: nothing to bound)."""
         return {}
-
-    def listen(self, channel: str) -> None:  # pragma: no cover - overridden where supported
-        raise NotImplementedError
 
     def notify_sql(self) -> str | None:
         return None

@@ -19,7 +19,6 @@ def _as_is(text: str) -> str:
 
 class PostgresDialect(Dialect):
     vendor = "postgresql"
-    supports_notify = True
     # A claim alone (an idle slot woken by NOTIFY, a slot's first claim) is ONE statement: the UPDATE and
     # its history INSERT in one data-modifying CTE. Without BEGIN and COMMIT it saves two round trips,
     # which is most of a wake-up's cost.
