@@ -102,7 +102,8 @@ class Recorder:
     def flush(self, claim: ClaimFn | None = None) -> list[Job]:
         """Record every pending success; with ``claim``, in the same transaction as the next claim.
 
-        ``claim(done)`` gets the (job, response) pairs and returns (completed rows, claimed jobs).
+        ``claim(done)`` gets the (job, response, seconds the handler ran) triples and returns (completed
+        rows, claimed jobs).
         Returns the claimed jobs. Database errors propagate with the successes still pending.
         """
         from .models import Job

@@ -280,7 +280,7 @@ class Worker:
         self._asked = want
         # Stuck Processing jobs (own leftovers, expired leases, dead workers) are looked for on the first
         # claim, every RECLAIM_SECONDS, and whenever no due job was found (so an idle slot's polls are
-        # full claims); the claims in between take only due jobs, which costs a third less on PostgreSQL.
+        # full claims); the claims in between take only due jobs, a cheaper statement.
         now = time.monotonic()
         reclaim = now >= self._reclaim_at
         sent = now

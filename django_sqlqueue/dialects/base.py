@@ -220,7 +220,8 @@ class Dialect:
     def complete_sql(self, nrows: int) -> str:
         """PostgreSQL shape: one data-modifying CTE completes the jobs and closes their history rows.
 
-        Params: id, token, response for each of ``nrows`` jobs. Returns the completed jobs' rows.
+        Params: id, token, response, run time in ms (or None) for each of ``nrows`` jobs (the rows of
+        :meth:`complete_values`). Returns the completed jobs' rows.
         """
         n, j, a = self.n, self.n.j, self.n.a
         cols = ", ".join(f"j.{c}" for c in n.job_columns)

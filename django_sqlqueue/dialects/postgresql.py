@@ -122,7 +122,7 @@ class PostgresDialect(Dialect):
         # pg_notify is called in the RETURNING list, once per inserted row (PostgreSQL folds identical
         # notifications of one transaction into one); NOTIFY is delivered on commit, so a worker never
         # wakes for a job it cannot see yet. (A data-modifying CTE with the notify in the outer SELECT
-        # does the same and cost 20 % more per enqueue.)
+        # would do the same, at a higher cost per enqueue.)
         # Only the id and now() come back: enqueued_at and updated_at ARE now() (the transaction's
         # start) and so is scheduled_for unless one was sent; each timestamp read costs a parse.
         sql = self.insert_sql(columns, len(rows), False, returning=("id", "enqueued_at")) + ", pg_notify(%s, %s)"
