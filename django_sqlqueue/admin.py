@@ -306,7 +306,7 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
         return queryset.filter(has_error(queryset.db), error__icontains=term), False
 
     def action_checkbox(self, obj: Job) -> SafeString:
-        """Django's checkbox (written out: its widget template costs ~0.3 ms a row) plus the job's token.
+        """Django's checkbox (written out: its widget template, rendered per row, is slow) plus the token.
 
         The version the operator sees travels with the selection: a job changed since is refused.
         """

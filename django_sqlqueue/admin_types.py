@@ -112,7 +112,7 @@ class JobTypeAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
     def get_deleted_objects(self, objs: Any, request: HttpRequest) -> tuple[list[Any], dict[str, int], set[str], list[Any]]:
         """Refuse up front, with the real reason, to delete a type that still has jobs.
 
-        Django's collector would walk every job of the type (seconds at 300k jobs) and then report
+        Django's collector would walk every job of the type (slow for a busy type) and then report
         a missing permission (jobs are not deletable here) rather than the protection.
         """
         from .admin_views import COUNT_CAP

@@ -1,4 +1,5 @@
-"""Admin pages beside the model admins: the queue dashboard and the "Retry at…" form.
+"""Admin pages beside the model admins: the queue dashboard (the actions' own pages, "Retry at…" and
+the confirmation page, are in admin_actions.py).
 
 The dashboard runs a handful of aggregate queries (GROUP BY over indexed columns, range scans over
 indexed timestamps); Python only reshapes their few result rows. Nothing here loops over jobs.
@@ -12,20 +13,15 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
-from django import forms
-from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
 from django.db.models.functions import TruncMinute
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
-from django.utils.translation import gettext_lazy
 
-from .exceptions import InvalidArgument
-from .limits import MAX_DELAY_SECONDS, check_when
 from .states import CLAIMABLE, FINISHED, Status
 
 if TYPE_CHECKING:
@@ -38,122 +34,6 @@ CHART_MINUTES = 60
 #: Statuses drawn as "finished" and as "failed" in the chart (by the job's finished_at).
 CHART_DONE = (Status.COMPLETED, Status.PARTIALLY_COMPLETED)
 CHART_FAILED = (Status.ERROR, Status.FAILED)
-
-
-# ----- Retry at… ----------------------------------------------------------------------------------
-class RetryAtForm(forms.Form):
-    """When the selected jobs should run again: a date and time, or a delay from now.
-
-    Either must fall within a century of now (:data:`~django_sqlqueue.limits.MAX_DELAY_SECONDS`), the
-    bound ``modify`` holds every schedule to: a form error, not an OverflowError (10,000,000 days) or
-    a refusal per job.
-    """
-
-    UNITS = {"seconds": 1, "minutes": 60, "hours": 3600, "days": 86400}
-
-    run_at = forms.DateTimeField(
-        label=gettext_lazy("Run at"), required=False,
-        widget=forms.DateTimeInput(attrs={"type": "datetime-local", "step": "1"}, format="%Y-%m-%dT%H:%M:%S"),
-        input_formats=["%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M:%S", "%Y-%m-%d %H:%M"],
-        help_text=gettext_lazy("In the server's time zone."),
-    )
-    delay = forms.IntegerField(label=gettext_lazy("or in"), required=False, min_value=0,
-                               max_value=MAX_DELAY_SECONDS)
-    unit = forms.ChoiceField(label=gettext_lazy("unit"), choices=[(u, u) for u in UNITS], initial="minutes")
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean()
-        run_at, delay = data.get("run_at"), data.get("delay")
-        if (run_at is None) == (delay is None):
-            raise forms.ValidationError(_("Give either a date and time or a delay."))
-        if delay is not None and data.get("unit") in self.UNITS and delay * self.UNITS[data["unit"]] > MAX_DELAY_SECONDS:
-            self.add_error("delay", _("At most 100 years from now."))
-        elif run_at is not None:
-            try:
-                check_when(run_at, "the time")
-            except InvalidArgument:
-                self.add_error("run_at", _("Give a time within 100 years of now."))
-        return data
-
-    def when(self) -> datetime:
-        data = self.cleaned_data
-        if data["run_at"] is not None:
-            return data["run_at"]
-        return timezone.now() + timedelta(seconds=data["delay"] * self.UNITS[data["unit"]])
-
-
-def retry_at_view(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
-    """The intermediate page of the "Retry at…" action; on submit, applies it through ``modify``."""
-    from .admin_actions import _back_to_job, apply_retry_at
-
-    if not modeladmin.has_reschedule_permission(request):
-        raise PermissionDenied
-    if request.POST.get("apply"):
-        form = RetryAtForm(request.POST)
-        if form.is_valid():
-            outcome = apply_retry_at(modeladmin, request, queryset, form.when())
-            return _back_to_job(request, outcome) or HttpResponseRedirect(request.get_full_path())
-    else:
-        form = RetryAtForm()
-    preview = list(queryset.order_by("-id").values_list("id", "status_id")[:21])
-    count = queryset[: COUNT_CAP + 1].count()
-    carried = [(k, v) for k in ("_selected_action", "select_across", "_sqlqueue_return")
-               for v in request.POST.getlist(k)]
-    carried += [(k, v) for k, v in request.POST.items() if k.startswith("_token_")]
-    context = {
-        **modeladmin.admin_site.each_context(request),
-        "title": _("Retry jobs at a chosen time"),
-        "opts": modeladmin.model._meta,
-        "form": form,
-        "preview": [(pk, Status(s).label) for pk, s in preview[:20]],
-        "more": max(0, count - 20),
-        "count": count,
-        "capped": count > COUNT_CAP,
-        "carried": carried,
-        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-        "server_now": timezone.localtime().strftime("%Y-%m-%d %H:%M:%S"),
-        "server_tz": timezone.get_current_timezone_name(),
-        "media": modeladmin.media,
-    }
-    return TemplateResponse(request, "admin/django_sqlqueue/retry_at.html", context)
-
-
-# ----- confirmation before an action that cannot (easily) be undone -------------------------------
-def carried_fields(request: HttpRequest, extra: tuple[str, ...] = ()) -> list[tuple[str, str]]:
-    """The POSTed selection (ids, select-across, tokens, return-to) to carry through an intermediate page."""
-    carried = [(k, v) for k in ("_selected_action", "select_across", "_sqlqueue_return", "action", *extra)
-               for v in request.POST.getlist(k)]
-    carried += [(k, v) for k, v in request.POST.items() if k.startswith("_token_")]
-    return carried
-
-
-def confirm_page(modeladmin: Any, request: HttpRequest, queryset: QuerySet, *, verb: str, warning: str,
-                 button: str, danger: bool = True, limit: int | None = None) -> TemplateResponse | None:
-    """A page naming how many jobs an action would change, unless this POST already confirmed it.
-
-    ``None`` means "confirmed: go ahead". The count is exact up to :data:`COUNT_CAP` and says "more
-    than" beyond; when the action changes at most ``limit`` jobs per run, the page says so up front.
-    """
-    if request.POST.get("confirm") == "yes":
-        return None
-    count = queryset.order_by()[: COUNT_CAP + 1].count()
-    preview = list(queryset.order_by("-id").values_list("id", "status_id")[:21])
-    limit_note = ""
-    if limit is not None and count > limit:
-        limit_note = _("One run changes at most %(limit)d jobs (the newest first); run it again for the rest.") % {
-            "limit": limit}
-    back = request.POST.get("_sqlqueue_return")
-    back_url = (reverse("admin:django_sqlqueue_job_change", args=[back]) if back and back.isascii()
-                and back.isdigit() else reverse("admin:django_sqlqueue_job_changelist"))
-    context = {
-        **modeladmin.admin_site.each_context(request),
-        "title": verb, "verb": verb, "warning": warning, "button": button, "danger": danger,
-        "opts": modeladmin.model._meta, "count": min(count, COUNT_CAP), "capped": count > COUNT_CAP,
-        "preview": [(pk, Status(st).label) for pk, st in preview[:20]], "more": max(0, min(count, COUNT_CAP) - 20),
-        "carried": carried_fields(request), "limit_note": limit_note, "back_url": back_url,
-        "form_action": request.get_full_path(), "media": modeladmin.media,
-    }
-    return TemplateResponse(request, "admin/django_sqlqueue/confirm_action.html", context)
 
 
 # ----- dashboard ----------------------------------------------------------------------------------

@@ -2,13 +2,13 @@
 
 The supervisor's loop watches the slots, kills a slot whose job overruns its timeout and acts on
 SIGTERM within the grace period. Its database work (reaping, handing back a dead slot's jobs,
-recording a timeout, stamping stopped rows) used to run in that loop, so one database wait held all
-of that up: a connect to a server that accepts TCP but never answers, a pooler's queue (PgBouncer's
-``query_wait_timeout`` is 120 s), a lock wait. Behind a saturated session pool a SIGTERM took ~85 s
-while systemd kills at 45.
+recording a timeout, stamping stopped rows) would hold all of that up if it ran in that loop, for
+as long as one database wait lasts (a connect to a server that accepts TCP but never answers, a
+pooler's queue: PgBouncer's ``query_wait_timeout`` is 120 s, a lock wait), which can be longer than a
+service manager waits between SIGTERM and SIGKILL.
 
 Here each piece of work is a :class:`Call`, run in order on one thread with one connection (the
-supervisor's one connection, as before); the loop submits calls and only looks at whether they have
+supervisor's only connection); the loop submits calls and only looks at whether they have
 finished. That connection gets a connect timeout when the alias's OPTIONS set none, so a hung connect
 ends on its own. A call never raises into the loop: an exception is logged and the thread goes on.
 """

@@ -33,9 +33,6 @@ class Handler:
     #: Defaults for the job type row created for this handler (None: the SQLQUEUE default).
     options: dict[str, Any] = field(default_factory=dict)
 
-    def first_step(self) -> str:
-        return self.steps[0] if self.steps else ""
-
 
 #: The JobType fields a handler's options set; an operator may change each in the admin.
 TYPE_FIELDS: tuple[str, ...] = ("description", "max_attempts", "backoff_base_seconds", "backoff_max_seconds",

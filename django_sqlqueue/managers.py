@@ -1,8 +1,10 @@
-"""JobQuerySet (reads) and JobManager (enqueue, claim, modify): the only door to the queue's raw SQL.
+"""JobQuerySet (reads) and JobManager (enqueue, claim, complete, modify, purge, reap).
 
-Every write to a job's lifecycle goes through :meth:`JobManager.claim` or :meth:`JobManager.modify`,
-so the transition table and the concurrency token are enforced in one place for the worker, the
-admin and the API alike.
+Every change of a job's status goes through :class:`JobManager` (:meth:`~JobManager.claim`,
+:meth:`~JobManager.modify` and the batched :meth:`~JobManager.complete_many`), so the transition table
+and the concurrency token are enforced in one place for the worker, the admin and the API alike.
+Reads do not all come through here: the admin's filters (admin_filters.py) and explain.py send their
+own SQL.
 """
 
 from __future__ import annotations
@@ -179,14 +181,8 @@ class JobQuerySet(models.QuerySet):
         ids = [Status.from_label(s) if isinstance(s, str) else Status(s) for s in statuses]
         return self.filter(status_id__in=ids)
 
-    def unfinished(self) -> JobQuerySet:
-        return self.filter(status_id__in=UNFINISHED)
-
     def overdue(self) -> JobQuerySet:
         return self.filter(status_id__in=CLAIMABLE, scheduled_for__lte=timezone.now())
-
-    def lease_expired(self) -> JobQuerySet:
-        return self.filter(status_id=Status.PROCESSING, lease_expires_at__lt=timezone.now())
 
     def purgeable(self, statuses: Iterable[Status | int], cutoff: datetime, queues: Sequence[str] = ()) -> JobQuerySet:
         """Jobs :meth:`JobManager.purge` would delete: in ``statuses`` (finished ones only), finished
@@ -512,7 +508,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     ) -> tuple[list[Job], list[Job]]:
         """Record finished jobs and claim the next ones in ONE transaction (one commit, not two).
 
-        ``done``: (job, response) pairs to complete, as :meth:`complete_many`; then up to ``limit``
+        ``done``: the jobs to complete, as :meth:`complete_many` takes them; then up to ``limit``
         jobs are claimed for ``worker`` as :meth:`claim` does (``limit=0``: complete only). A worker
         that just finished a batch would otherwise commit its results and then, at once, commit a
         claim: joining the two loses nothing (the results are committed before the new jobs run, and
@@ -592,8 +588,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     ) -> Job:
         """Move a job to ``status`` if ``token`` still matches its ``version``; return the new row.
 
-        The seeds' Modify procedure: refuses transitions not in the table (:class:`IllegalTransition`)
-        and writes nothing when the token is stale (:class:`StaleJob`). An Error when attempts are
+        Refuses transitions not in the table (:class:`IllegalTransition`) and writes nothing when the token is stale (:class:`StaleJob`). An Error when attempts are
         exhausted becomes Failed. Finishing an attempt stamps finished_at and duration and closes the
         history row; handing a Processing job back to Pending gives its attempt back. ``step`` keeps
         or advances the step. ``run_in`` sets scheduled_for to the database clock plus that many

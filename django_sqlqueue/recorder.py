@@ -29,15 +29,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import signals
 from .support import DB_DOWN_ERRORS, close_connection, one_line, send
+from .worker_contract import SUCCEEDED
 
 if TYPE_CHECKING:
+    from .heartbeat import Heartbeat
     from .models import Job
     from .runner import Outcome
-    from .worker import Worker
+    from .worker_contract import SlotChannel
 
 log = logging.getLogger("django_sqlqueue.worker")
 
@@ -47,12 +49,26 @@ RECORD_DELAY_SECONDS = 0.2
 ClaimFn = Callable[[list[tuple["Job", Any, float]]], tuple[list["Job"], list["Job"]]]
 
 
+class Owner(Protocol):
+    """What the recorder uses of the :class:`~django_sqlqueue.worker.Worker` that owns it."""
+
+    name: str
+    using: str
+    channel: SlotChannel | None
+    counters: Any
+    heartbeat: Heartbeat
+
+    def _db(self, fn: Callable[..., Any], *args: Any, retry_while_stopping: int = 0, **kwargs: Any) -> Any: ...
+
+
 class Recorder:
     """Successes waiting to be recorded, and the watchdog thread that bounds their wait."""
 
-    def __init__(self, worker: Worker, delay: float = RECORD_DELAY_SECONDS) -> None:
+    def __init__(self, worker: Owner, delay: float = RECORD_DELAY_SECONDS, *, sender: type | None = None) -> None:
         self.worker = worker
         self.delay = delay
+        #: The sender of ``job_succeeded``: the Worker class (signals.py), passed in by the worker.
+        self.sender = sender if sender is not None else type(worker)
         self._pending: list[Outcome] = []
         self._since = 0.0
         # Held across the database write: the main thread and the watchdog never record the same job.
@@ -86,7 +102,8 @@ class Recorder:
     def flush(self, claim: ClaimFn | None = None) -> list[Job]:
         """Record every pending success; with ``claim``, in the same transaction as the next claim.
 
-        ``claim(done)`` gets the (job, response) pairs and returns (completed rows, claimed jobs).
+        ``claim(done)`` gets the (job, response, seconds the handler ran) triples and returns (completed
+        rows, claimed jobs).
         Returns the claimed jobs. Database errors propagate with the successes still pending.
         """
         from .models import Job
@@ -127,8 +144,6 @@ class Recorder:
             channel.set_unrecorded([o.job.pk for o in self._pending])
 
     def _report(self, items: list[Outcome], completed: list[Job]) -> None:
-        from .worker import SUCCEEDED
-
         w = self.worker
         by_pk = {job.pk: job for job in completed}
         for outcome in items:
@@ -141,7 +156,7 @@ class Recorder:
                             w.name, job.pk, job.version)
                 continue
             w.counters[SUCCEEDED] += 1
-            send(signals.job_succeeded, job=new, worker=w.name, duration=outcome.duration,
+            send(signals.job_succeeded, self.sender, job=new, worker=w.name, duration=outcome.duration,
                  response=outcome.response)
             log.debug("job_finished worker=%s job=%s attempt=%s status=Completed seconds=%.3f", w.name, job.pk,
                       job.attempt_num, outcome.duration)

@@ -91,18 +91,6 @@ TRANSITIONS: dict[Status, frozenset[Status]] = {
 }
 
 
-def is_claimable(status: Status) -> bool:
-    return status in CLAIMABLE
-
-
-def is_finished(status: Status) -> bool:
-    return status in FINISHED
-
-
-def is_editable(status: Status) -> bool:
-    return status in EDITABLE
-
-
 def can_transition(current: Status, new: Status) -> bool:
     """True when ``current -> new`` is in the transition table."""
     return new in TRANSITIONS[current]

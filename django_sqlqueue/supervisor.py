@@ -45,10 +45,11 @@ from django.db import Error as DatabaseError
 from . import schedules, signals
 from .dbthread import Call, DatabaseThread
 from .exceptions import IllegalTransition, JobNotFound, StaleJob
-from .slots import SlotChannel, slot_main
+from .slots import slot_main
 from .states import Status
 from .support import DB_DOWN_ERRORS, close_connection, one_line, send
-from .worker import (
+from .worker import Worker  # the sender of the signals (signals.py)
+from .worker_contract import (
     CANCELLED,
     EXIT_FATAL,
     EXIT_FORCED,
@@ -58,6 +59,7 @@ from .worker import (
     N_COUNTERS,
     RETRIED,
     SUCCEEDED,
+    SlotChannel,
     WorkerConfig,
 )
 
@@ -358,10 +360,10 @@ class Supervisor:
             return
         if new.state == Status.ERROR:
             self._extra[RETRIED] += 1
-            send(signals.job_retried, job=new, worker=name, error=new.error, duration=timeout)
+            send(signals.job_retried, Worker, job=new, worker=name, error=new.error, duration=timeout)
         else:
             self._extra[FAILED] += 1
-            send(signals.job_failed, job=new, worker=name, error=new.error, duration=timeout)
+            send(signals.job_failed, Worker, job=new, worker=name, error=new.error, duration=timeout)
 
     def _after_death(self, slot: Slot, running: int) -> Call:
         """A slot died: hand back its claimed-but-unstarted jobs and mark its row stopped, so that its

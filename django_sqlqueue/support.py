@@ -34,13 +34,15 @@ def db_now(using: str) -> RawSQL:
     return RawSQL(get_dialect(connections[using]).now(), [])
 
 
-def send(sig: Any, **kwargs: Any) -> None:
-    """Send a :mod:`django_sqlqueue.signals` signal robustly (a failing receiver is only logged)."""
+def send(sig: Any, sender: type, **kwargs: Any) -> None:
+    """Send a :mod:`django_sqlqueue.signals` signal robustly (a failing receiver is only logged).
+
+    ``sender`` is always the :class:`~django_sqlqueue.worker.Worker` class (signals.py): the callers pass
+    it, so that this module, below the worker, does not import it.
+    """
     if not sig.has_listeners():
         return
-    from .worker import Worker
-
-    for receiver, result in sig.send_robust(sender=Worker, **kwargs):
+    for receiver, result in sig.send_robust(sender=sender, **kwargs):
         if isinstance(result, Exception):
             log.error("signal_receiver_failed receiver=%r error=%s", receiver, one_line(result))
 

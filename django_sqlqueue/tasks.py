@@ -1,51 +1,11 @@
 """A backend for Django's Tasks framework (``django.tasks``, Django >= 6.0) that runs on the SQL queue.
 
-Configure it in the settings::
-
-    TASKS = {
-        "default": {
-            "BACKEND": "django_sqlqueue.tasks.SqlQueueBackend",
-            "QUEUES": ["default", "emails"],          # the queue names tasks may use
-            "OPTIONS": {"max_attempts": 3},           # optional, see below
-        }
-    }
-
-Every ``@task`` function then runs under ``python manage.py run_queue_worker`` like any typed job:
-retried with backoff, leased, timed out, recorded in the attempt history and shown in the admin with
-the task's import path as its job type. How the framework's notions map onto the queue:
-
-======================  ============================================================================
-Framework               Queue
-======================  ============================================================================
-``TaskResult.id``       the job's id, as a string
-``task.module_path``    the job type name (created on first enqueue; an operator may pause it or
-                        change its attempts, backoff, timeout and lease in the admin)
-``args``, ``kwargs``    the job's payload ``{"args": [...], "kwargs": {...}}``, JSON-normalised
-``priority``            the job's priority (same direction: higher runs first)
-``queue_name``          the job's queue (must be in ``QUEUES``; ``run_queue_worker --queue``)
-``run_after``           the job's ``scheduled_for``
-``worker_ids``          the worker name of each attempt in the history (``attempts`` = their count)
-``errors``              one ``TaskError`` per failed attempt, parsed from the stored traceback
-``return_value``        the job's response
-======================  ============================================================================
-
-Status mapping (the framework has four statuses, the queue nine):
-
-* Pending, Error (will be retried), Paused -> ``READY``
-* Processing -> ``RUNNING``
-* Completed -> ``SUCCESSFUL``
-* Failed, Cancelled, Terminated, PartiallyCompleted -> ``FAILED``
-
-Transactions: the queue lives in the database, so ``enqueue`` inside ``transaction.atomic()`` on
-the queue's database commits or rolls back with the caller's data: a worker can never run a task for
-rows that were rolled back, and no ``on_commit`` is needed. When the data lives in another database
-than the queue, enqueue from ``transaction.on_commit(...)`` as the Django documentation shows.
-
-OPTIONS (all optional):
-
-* ``max_attempts`` (int): attempts each task job gets. Unset: the job type's setting (editable in the
-  admin per task), else ``SQLQUEUE['MAX_ATTEMPTS']``. Set it to 1 for the framework's own semantics
-  (a task that raises is FAILED at once).
+With ``TASKS = {"default": {"BACKEND": "django_sqlqueue.tasks.SqlQueueBackend", "QUEUES": [...]}}``
+every ``@task`` runs under ``run_queue_worker`` as a job: its type is the task's import path, its
+payload the (JSON-normalised) arguments, its response the return value; :data:`STATUS_MAP` maps the
+queue's nine statuses onto the framework's four. The one OPTION, ``max_attempts``, overrides the job
+types' attempts (1: the framework's run-once semantics). Setup, the whole mapping, retries, errors,
+transactions and costs: docs/tasks.md.
 """
 
 from __future__ import annotations
@@ -71,7 +31,7 @@ from .states import Status
 
 __all__ = ["STATUS_MAP", "LazyHistoryResult", "SqlQueueBackend", "TaskArgumentsError", "build_result"]
 
-#: Queue status -> framework status. Documented in the module docstring and docs/tasks.md.
+#: Queue status -> framework status (docs/tasks.md, "Status mapping").
 STATUS_MAP: dict[Status, TaskResultStatus] = {
     Status.PENDING: TaskResultStatus.READY,
     Status.ERROR: TaskResultStatus.READY,

@@ -19,11 +19,9 @@ import logging
 import os
 import random
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -41,10 +39,24 @@ from .heartbeat import STOP_SHARE, Heartbeat, mark_stopped, register
 from .recorder import Recorder
 from .states import CLAIMABLE, Status
 from .support import DB_DOWN_ERRORS, close_connection, configure_logging, one_line, send, tidy_connections
+from .worker_contract import (
+    CANCELLED,
+    EXIT_FATAL,
+    EXIT_FORCED,
+    EXIT_OK,
+    EXIT_REPLACED,
+    FAILED,
+    N_COUNTERS,
+    RELEASED,
+    RETRIED,
+    SUCCEEDED,
+    SlotChannel,
+    WorkerConfig,
+    default_worker_name,
+)
 
 if TYPE_CHECKING:
     from .models import Job
-    from .slots import SlotChannel
 
 log = logging.getLogger("django_sqlqueue.worker")
 T = TypeVar("T")
@@ -52,35 +64,6 @@ T = TypeVar("T")
 #: A job whose type has no handler in this worker is retried after at least this long (attempt spent).
 UNKNOWN_TYPE_RETRY_SECONDS = 300.0
 DB_RETRY_MIN, DB_RETRY_MAX = 0.5, 30.0
-#: Counter slots (shared with the supervisor when there is one).
-SUCCEEDED, RETRIED, FAILED, CANCELLED, RELEASED = range(5)
-N_COUNTERS = 5
-#: Exit codes of a slot process (a supervisor believes one only if the slot also declared it, see
-#: slots.py: a handler's own ``os._exit(3)`` is a death, not a fatal error).
-EXIT_OK, EXIT_FORCED, EXIT_FATAL, EXIT_REPLACED = 0, 1, 3, 4
-
-
-def default_worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """What a worker claims and when it stops. Validated by the management command."""
-
-    name: str
-    queues: tuple[str, ...] = ()
-    types: tuple[str, ...] = ()
-    #: Jobs per claim: None adapts it to the queue and the jobs' pace (see batching.py); N fixes it.
-    batch: int | None = None
-    burst: bool = False
-    #: Burst mode: keep going while a matching job becomes due within this many seconds.
-    wait_due: float = 0.0
-    #: Stop after this many jobs (None: no limit). Under a supervisor the budget is shared by slots.
-    max_jobs: int | None = None
-    using: str | None = None
-    #: This process's registration id (a supervisor picks it, to know which jobs a dead slot held).
-    incarnation: str = ""
 
 
 class Worker:
@@ -104,7 +87,7 @@ class Worker:
                                    on_beat=self._on_beat if channel is not None else None)
         self._running_id: int | None = None
         #: Successes recorded together (with the next claim when the batch is done): see recorder.py.
-        self.recorder = Recorder(self)
+        self.recorder = Recorder(self, sender=Worker)
         self.sizer = BatchSizer(config.batch, self.settings.BATCH_MAX, self.settings.BATCH_SECONDS)
         self._asked = 0
         #: When the next claim must also look for stuck Processing jobs (0: the first claim does).
@@ -297,7 +280,7 @@ class Worker:
         self._asked = want
         # Stuck Processing jobs (own leftovers, expired leases, dead workers) are looked for on the first
         # claim, every RECLAIM_SECONDS, and whenever no due job was found (so an idle slot's polls are
-        # full claims); the claims in between take only due jobs, which costs a third less on PostgreSQL.
+        # full claims); the claims in between take only due jobs, a cheaper statement.
         now = time.monotonic()
         reclaim = now >= self._reclaim_at
         sent = now
@@ -330,7 +313,7 @@ class Worker:
             self.heartbeat.hold({job.pk: max(1.0, (job.lease_expires_at - job.started_at).total_seconds())
                                  for job in jobs}, claimed_at=sent)
             for job in jobs:
-                send(signals.job_claimed, job=job, worker=self.name)
+                send(signals.job_claimed, Worker, job=job, worker=self.name)
         return jobs
 
     def _type(self, job: Job) -> jobtypes.TypeInfo:
@@ -377,15 +360,14 @@ class Worker:
         self._running_id = None
 
     def _record(self, outcome: runner.Outcome) -> None:
+        """Record an attempt that did not succeed, at once (successes go to the recorder, batched)."""
         from .models import Job
 
         M, job, kind = Job.objects, outcome.job, outcome.kind
         K = runner.Kind
         try:
             ran = outcome.duration  # the handler's own time, not the time since the claim
-            if kind is K.SUCCESS:
-                new = M.complete(job, response=outcome.response, duration=ran, using=self.using)
-            elif kind in (K.ERROR, K.RETRY):
+            if kind in (K.ERROR, K.RETRY):
                 new = M.fail(job, outcome.error, retry_in=outcome.retry_in, duration=ran, using=self.using)
             elif kind is K.CANCEL:
                 new = M.modify(job, job.version, Status.CANCELLED, error=outcome.error, duration=ran,
@@ -410,25 +392,18 @@ class Worker:
             except (StaleJob, IllegalTransition, JobNotFound):
                 return
         common = {"job": new, "worker": self.name, "duration": outcome.duration}
-        if new.state == Status.COMPLETED:
-            self.counters[SUCCEEDED] += 1
-            send(signals.job_succeeded, response=outcome.response, **common)
-        elif new.state == Status.ERROR:
+        if new.state == Status.ERROR:
             self.counters[RETRIED] += 1
-            send(signals.job_retried, error=outcome.error, **common)
+            send(signals.job_retried, Worker, error=outcome.error, **common)
         elif new.state == Status.CANCELLED:
             self.counters[CANCELLED] += 1
-            send(signals.job_cancelled, reason=outcome.error, **common)
+            send(signals.job_cancelled, Worker, reason=outcome.error, **common)
         else:
             self.counters[FAILED] += 1
-            send(signals.job_failed, error=outcome.error, **common)
-        if kind is K.SUCCESS:
-            log.debug("job_finished worker=%s job=%s attempt=%s status=%s seconds=%.3f", self.name, job.pk,
-                      job.attempt_num, new.state.label, outcome.duration)
-        else:
-            last = (outcome.error.strip().splitlines() or [""])[-1][:200]
-            log.warning("job_finished worker=%s job=%s attempt=%s status=%s seconds=%.3f error=%r", self.name,
-                        job.pk, job.attempt_num, new.state.label, outcome.duration, last)
+            send(signals.job_failed, Worker, error=outcome.error, **common)
+        last = (outcome.error.strip().splitlines() or [""])[-1][:200]
+        log.warning("job_finished worker=%s job=%s attempt=%s status=%s seconds=%.3f error=%r", self.name,
+                    job.pk, job.attempt_num, new.state.label, outcome.duration, last)
 
     def _release(self, jobs: list[Job], reason: str = "stopping") -> int:
         """Hand claimed-but-unstarted jobs back to Pending, their attempt not spent; return how many."""
@@ -540,5 +515,7 @@ class Worker:
         connections.close_all()
 
 
-__all__ = ["DB_DOWN_ERRORS", "UNKNOWN_TYPE_RETRY_SECONDS", "Worker", "WorkerConfig", "configure_logging",
-           "default_worker_name"]
+# The worker's contract (worker_contract.py) stays importable from here, as it always was.
+__all__ = ["CANCELLED", "DB_DOWN_ERRORS", "EXIT_FATAL", "EXIT_FORCED", "EXIT_OK", "EXIT_REPLACED", "FAILED",
+           "N_COUNTERS", "RELEASED", "RETRIED", "SUCCEEDED", "UNKNOWN_TYPE_RETRY_SECONDS", "SlotChannel",
+           "Worker", "WorkerConfig", "configure_logging", "default_worker_name"]

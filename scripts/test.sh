@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Full check: bootstrap, ruff, migrations check, pytest on SQLite and PostgreSQL (and, without
-# extra arguments, the core tests once more under PostgreSQL server-side binding), and the SQL Server
+# Full check: bootstrap, ruff, the import contracts (lint-imports: [tool.importlinter] in pyproject.toml),
+# migrations check, pytest on SQLite and PostgreSQL (and, without extra arguments, the core tests once
+# more under PostgreSQL server-side binding), and the SQL Server
 # code path over TDS on Babelfish when ../shared/babelfish is there (the "tds" stage; see
 # tests/babelfish.py: not SQL Server, no locking semantics, so the tests that need them skip there).
 # The postgres stage also runs workers behind a real PgBouncer in transaction mode (tests/test_pgbouncer.py,
@@ -59,6 +60,7 @@ run_stage() {
 }
 
 run_stage ruff "$VENV/bin/ruff" check .
+run_stage lint-imports "$VENV/bin/lint-imports"
 run_stage migrations env SQLQUEUE_TEST_DB=sqlite "$PY" manage.py makemigrations --check --dry-run
 # The three database stages run at the same time (each its own database server or file, its own log):
 # most of their time is spent waiting on worker processes, so together they take about as long as the

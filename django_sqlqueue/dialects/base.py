@@ -105,8 +105,6 @@ class Dialect:
     """Base class: shared statement shapes, with vendor fragments supplied by subclasses."""
 
     vendor: str = ""
-    #: True when the vendor can wake idle workers without polling (PostgreSQL LISTEN/NOTIFY).
-    supports_notify: bool = False
     #: Literal for boolean true in this vendor's SQL.
     true_literal: str = "TRUE"
     #: The empty string as a literal of the text columns' type.
@@ -222,7 +220,8 @@ class Dialect:
     def complete_sql(self, nrows: int) -> str:
         """PostgreSQL shape: one data-modifying CTE completes the jobs and closes their history rows.
 
-        Params: id, token, response for each of ``nrows`` jobs. Returns the completed jobs' rows.
+        Params: id, token, response, run time in ms (or None) for each of ``nrows`` jobs (the rows of
+        :meth:`complete_values`). Returns the completed jobs' rows.
         """
         n, j, a = self.n, self.n.j, self.n.a
         cols = ", ".join(f"j.{c}" for c in n.job_columns)
@@ -601,9 +600,6 @@ class Dialect:
     def connect_timeout_options(cls, seconds: float) -> dict[str, Any]:
         """Backend OPTIONS that bound a connection attempt to about ``seconds`` ({}: nothing to bound)."""
         return {}
-
-    def listen(self, channel: str) -> None:  # pragma: no cover - overridden where supported
-        raise NotImplementedError
 
     def notify_sql(self) -> str | None:
         return None

@@ -1,0 +1,134 @@
+"""The worker's contract with what starts it: its config, counters, exit codes and slot channel.
+
+Everything here is shared by the worker (:mod:`django_sqlqueue.worker`), its parts (the recorder, the
+slot process in :mod:`django_sqlqueue.slots`) and the supervisor, so that none of them imports the
+module above it. This module imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+#: Counter slots (shared with the supervisor when there is one).
+SUCCEEDED, RETRIED, FAILED, CANCELLED, RELEASED = range(5)
+N_COUNTERS = 5
+#: Exit codes of a slot process (a supervisor believes one only if the slot also declared it, see
+#: slots.py: a handler's own ``os._exit(3)`` is a death, not a fatal error).
+EXIT_OK, EXIT_FORCED, EXIT_FATAL, EXIT_REPLACED = 0, 1, 3, 4
+
+
+def default_worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What a worker claims and when it stops. Validated by the management command."""
+
+    name: str
+    queues: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()
+    #: Jobs per claim: None adapts it to the queue and the jobs' pace (see batching.py); N fixes it.
+    batch: int | None = None
+    burst: bool = False
+    #: Burst mode: keep going while a matching job becomes due within this many seconds.
+    wait_due: float = 0.0
+    #: Stop after this many jobs (None: no limit). Under a supervisor the budget is shared by slots.
+    max_jobs: int | None = None
+    using: str | None = None
+    #: This process's registration id (a supervisor picks it, to know which jobs a dead slot held).
+    incarnation: str = ""
+
+
+class SlotChannel:
+    """What a slot process shares with the supervisor (picklable into a spawned child)."""
+
+    def __init__(self, ctx: Any, stop: Any, counters: Any, budget: Any) -> None:
+        self.stop = stop  # multiprocessing Event: "stop after the current job"
+        self.counters = counters  # RawArray of N_COUNTERS, written by the slot only
+        self.budget = budget  # shared Value of jobs left to claim (--max-jobs), or None
+        # [job id, monotonic deadline, timeout seconds]; a fresh array per incarnation, so a lock
+        # left held by a killed process is never waited for again.
+        self.current = ctx.Array("d", 3)
+        # Jobs whose handler returned success but whose outcome the slot has not recorded yet (it
+        # records successes in batches, see recorder.py): [count, id, id, ...]. If the slot dies,
+        # these ran: they must not be handed back as unstarted.
+        self.unrecorded = ctx.Array("q", 1 + self.unrecorded_capacity)
+        # [job id, monotonic time until which that job is safe to keep running, 1 once the slot's
+        # heartbeat has reported]: past it, its lease may be (or soon be) someone else's (heartbeat.py).
+        self.safe = ctx.Array("d", 3)
+        # The exit code the slot itself chose (-1: none): any other exit is a death, whatever its code.
+        self.declared = ctx.Value("i", -1)
+
+    #: Most run-but-unrecorded jobs a slot keeps (it records at once when this is reached).
+    unrecorded_capacity = 1000
+
+    def set_unrecorded(self, job_ids: list[int]) -> None:
+        with self.unrecorded.get_lock():
+            raw = self.unrecorded.get_obj()
+            n = min(len(job_ids), self.unrecorded_capacity)
+            raw[1:1 + n] = job_ids[:n]
+            raw[0] = n
+
+    def unrecorded_ids(self) -> list[int]:
+        """Read by the supervisor after the slot died (a lock it held then is not waited for long)."""
+        lock = self.unrecorded.get_lock()
+        got = lock.acquire(timeout=1)
+        try:
+            raw = self.unrecorded.get_obj()
+            return list(raw[1:1 + max(0, min(raw[0], self.unrecorded_capacity))])
+        finally:
+            if got:
+                lock.release()
+
+    def set_safe_until(self, job_id: int, when: float, known: bool) -> None:
+        with self.safe.get_lock():
+            self.safe[0], self.safe[1], self.safe[2] = job_id, when, float(known)
+
+    def running_job_at_risk(self, job_id: int) -> bool:
+        """Read by the supervisor (holding ``current``'s lock): the slot's heartbeat says its running job
+        ``job_id`` may be someone else's now. A value published for another job is not believed."""
+        with self.safe.get_lock():
+            published, when, known = int(self.safe[0]), self.safe[1], self.safe[2]
+        return published == job_id and bool(known) and time.monotonic() >= when
+
+    def set_current(self, job_id: int, timeout: float) -> None:
+        with self.current.get_lock():
+            self.current[0], self.current[1], self.current[2] = job_id, time.monotonic() + timeout, timeout
+
+    def handler_returned(self) -> None:
+        """The handler is done (no deadline any more), but its outcome is not recorded yet: if the slot
+        dies now, the job was started and must not be handed back as unstarted."""
+        with self.current.get_lock():
+            self.current[1] = float("inf")
+
+    def clear_current(self) -> None:
+        with self.current.get_lock():
+            self.current[0] = self.current[1] = self.current[2] = 0
+
+    def reserve(self, n: int) -> int:
+        lock = self.budget.get_lock()
+        if not lock.acquire(timeout=5):
+            return 0  # a slot died holding the lock: stop claiming rather than overshoot
+        try:
+            n = max(0, min(n, self.budget.value))
+            self.budget.value -= n
+            return n
+        finally:
+            lock.release()
+
+    def give_back(self, n: int) -> None:
+        lock = self.budget.get_lock()
+        if lock.acquire(timeout=5):
+            try:
+                self.budget.value += n
+            finally:
+                lock.release()
+
+
+__all__ = ["CANCELLED", "EXIT_FATAL", "EXIT_FORCED", "EXIT_OK", "EXIT_REPLACED", "FAILED", "N_COUNTERS",
+           "RELEASED", "RETRIED", "SUCCEEDED", "SlotChannel", "WorkerConfig", "default_worker_name"]
