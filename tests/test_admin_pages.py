@@ -292,3 +292,22 @@ def test_filters_on_filtered_indexes_send_their_predicate_as_a_literal(name, lit
     sql, params = Job.objects.filter(q).query.sql_with_params()
     assert re.search(literal, sql), sql
     assert "" not in params and not set(params) & {1, 2, 3}, params  # no status id, no '' as a parameter
+
+
+def test_the_dashboards_index_reads_send_their_predicate_as_a_literal() -> None:
+    """The oldest due job and the jobs each worker holds are read through partial indexes: SQLite and
+    SQL Server use one only when the query carries its predicate as a literal (at 1M jobs on SQLite a
+    parameter made each of these a table scan: 0.3 s per priority, 1.1 s for the worker counts)."""
+    from django_sqlqueue.admin_views import oldest_due, workers
+
+    make_job(priority=1)
+    make_job(Status.PROCESSING, worker="w-1")
+    now = timezone.now()
+    with CaptureQueriesContext(connection) as ctx:
+        assert oldest_due(Job, now) is not None
+        assert workers(now)["processing"] == 1
+    job_table = Job._meta.db_table
+    reads = [q["sql"] for q in ctx.captured_queries if job_table + '"' in q["sql"] or job_table + "]" in q["sql"]]
+    assert reads
+    for sql in reads:
+        assert re.search(r"\.\W?status_id\W? (IN \(1, 3\)|= 2)", sql), sql
