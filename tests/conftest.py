@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 from django.db import connection
@@ -54,6 +55,113 @@ PG_SKIPS = {
     "tests/test_browser_operator.py": _ON_SQLITE,
     "tests/test_demo_hint.py": _ON_SQLITE,
 }
+
+
+# ----- unexpected skips fail CI -------------------------------------------------------------------
+# Under CI=true a skip whose reason is not listed here for the stage (SQLQUEUE_TEST_DB) fails the run:
+# a missing browser, package or server must not pass for green. Each entry is a regular expression
+# matched at the start of the skip reason; the reasons are the ones the suite gives today.
+def _stage(skips: dict[str, str], label: str) -> list[str]:
+    """The stage's own skip table above, as patterns (the reasons exactly)."""
+    return [re.escape(f"{label}: {why}") + "$" for why in sorted(set(skips.values()))]
+
+
+#: Not this vendor's: a test of another database's behaviour, on the sqlite or tds stage.
+_POSTGRES_ONLY = [
+    r"pg_class\.reltuples is PostgreSQL's$",  # test_admin_pages: the row estimate PostgreSQL keeps
+    r"server-side binding is a PostgreSQL \(psycopg 3\) option$",  # test_enqueue_bulk
+    r"planner settings are PostgreSQL's$",  # test_plans: the plan under PostgreSQL's planner switches
+    r"the one-statement claim is PostgreSQL's ",  # test_claim: autocommit data-modifying CTE
+    r"row locks between two sessions: PostgreSQL here ",  # test_schedules: SKIP LOCKED on schedules
+    r"needs the test session's own PostgreSQL cluster \(SQLQUEUE_TEST_DB=postgres\)$",  # pg_cluster fixture
+    r"a PostgreSQL client against a silent server: runs in the postgres stage$",  # test_supervisor_db
+    r"LISTEN/NOTIFY is PostgreSQL only$",  # test_worker_run: the NOTIFY wake-up
+]
+_SQLITE_ONLY = [
+    r"PRAGMA data_version is SQLite only$",  # test_worker_run: SQLite's change counter wake-up
+]
+_SQL_SERVER_ONLY = [
+    r"SQL Server / Babelfish only$",  # test_database_selection: the mssql settings path
+    r"SQL Server \(or Babelfish over TDS\) only$",  # test_sqlserver
+]
+#: Run once, in the sqlite stage: nothing in them depends on the database.
+_SQLITE_STAGE_ONLY = [
+    r"the walkthrough makes its own SQLite project: run once, in the sqlite stage$",  # test_newcomer_walkthrough
+    r"packaging does not depend on the database: run once, in the sqlite stage$",  # test_packaging
+    r"the demo runs on SQLite \(and over TDS in the tds stage\); the SQLite session covers it$",  # example app
+    r"the skip gate runs pytest on sample files, whatever the database: run once, in the sqlite stage$",  # skip gate
+]
+#: No SQL Server in CI: tests/test_mssql_live.py runs the suite where one is configured.
+_NO_SQL_SERVER = [r"SQL Server live suite: set .* to run it \(no SQL Server here\)$"]
+
+SKIP_ALLOWLIST: dict[str, list[str]] = {
+    "sqlite": [
+        *_POSTGRES_ONLY, *_SQL_SERVER_ONLY, *_NO_SQL_SERVER,
+        r"PostgreSQL: a TCP connection to cut$",  # test_hostile_worker: the connection killed under a worker
+        # test_concurrency: row locks skipped, not waited for (SQLite serialises writers instead)
+        r"SQLite has no row locks: it serialises writers \(BEGIN IMMEDIATE\) instead$",
+        r"PostgreSQL's SKIP LOCKED \(SQLite serialises writers",
+    ],
+    "postgres": [
+        *_SQLITE_ONLY, *_SQL_SERVER_ONLY, *_NO_SQL_SERVER, *_SQLITE_STAGE_ONLY,
+        r"SQLite: a database file to delete$",  # test_hostile_worker: the file deleted under a worker
+        *_stage(PG_SKIPS, "postgres stage"),  # PG_SKIPS above: run by the sqlite stage (time budget)
+    ],
+    "tds": [
+        *_POSTGRES_ONLY, *_SQLITE_ONLY, *_NO_SQL_SERVER, *_SQLITE_STAGE_ONLY,
+        # test_sqlserver: a Babelfish bug with OUTPUT INTO beside a trigger (a real SQL Server runs it)
+        r"Babelfish: OUTPUT \.\.\. INTO a table variable on a table with a trigger fails there ",
+        *_stage(TDS_SKIPS, "tds stage (Babelfish)"),  # TDS_SKIPS above: locking, Babelfish's FK bug, budget
+    ],
+}
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+_SKIPS: list[tuple[str, str]] = []
+
+
+def _record_skip(report) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPS.append((report.nodeid, _skip_reason(report)))
+
+
+def pytest_runtest_logreport(report) -> None:
+    _record_skip(report)
+
+
+def pytest_collectreport(report) -> None:
+    _record_skip(report)  # a module-level importorskip or skip
+
+
+def unexpected_skips(skips: list[tuple[str, str]], stage: str) -> list[tuple[str, str]]:
+    """The (node id, reason) of ``skips`` that the stage's allowlist does not account for."""
+    allowed = [re.compile(p) for p in SKIP_ALLOWLIST.get(stage, [])]
+    return [(node, why) for node, why in skips if not any(p.match(why) for p in allowed)]
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if os.environ.get("CI") != "true":
+        return
+    unexpected = unexpected_skips(_SKIPS, VENDOR_DB)
+    session.config._sqlqueue_unexpected_skips = unexpected
+    if unexpected and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    unexpected = getattr(config, "_sqlqueue_unexpected_skips", None)
+    if not unexpected:
+        return
+    terminalreporter.section(f"unexpected skips (CI=true, stage {VENDOR_DB}): the run fails", sep="=", red=True)
+    for node, why in unexpected:
+        terminalreporter.line(f"{node}: {why}")
+    terminalreporter.line("A skip the stage may produce goes on SKIP_ALLOWLIST in tests/conftest.py, with why; "
+                          "a missing browser, package or server is installed instead.")
 
 
 def pytest_collection_modifyitems(config, items) -> None:

@@ -66,17 +66,25 @@ def enqueue_with_key(barrier: Any, out: Any, key: str) -> None:
 
 
 def claim_until_empty(barrier: Any, out: Any, worker: str, batch: int) -> None:
-    """Child: claim and complete jobs until none are left; report the ids claimed."""
-    setup_django()
-    from django_sqlqueue.models import Job
+    """Child: claim and complete jobs until none are left; report the ids claimed, or the traceback
+    (a str) of what failed, at once (the others are released from the barrier, and report too)."""
+    import traceback
 
-    barrier.wait()
-    seen: list[int] = []
-    while True:
-        jobs = Job.objects.claim(worker, batch)
-        if not jobs:
-            break
-        for job in jobs:
-            job.complete()
-            seen.append(job.pk)
+    try:
+        setup_django()
+        from django_sqlqueue.models import Job
+
+        barrier.wait()
+        seen: list[int] = []
+        while True:
+            jobs = Job.objects.claim(worker, batch)
+            if not jobs:
+                break
+            for job in jobs:
+                job.complete()
+                seen.append(job.pk)
+    except BaseException:
+        barrier.abort()
+        out.put(f"{worker}: {traceback.format_exc()}")
+        raise
     out.put(seen)

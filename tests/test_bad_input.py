@@ -340,23 +340,36 @@ def _stop(proc: subprocess.Popen) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def _retry_delays(text: str) -> list[float]:
-    return [float(part.split("retry_in=")[1].split()[0]) for part in text.splitlines() if "retry_in=" in part]
+def _retries(text: str, worker: str) -> list[tuple[float, float]]:
+    """(the log line's time in seconds, the delay it announced) of each ``database_unavailable`` line."""
+    out = []
+    for line in text.splitlines():
+        if f"database_unavailable worker={worker} " in line and "retry_in=" in line:
+            stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+            out.append((stamp.timestamp(), float(line.split("retry_in=")[1].split()[0])))
+    return out
 
 
 def test_refused_connection_at_start_is_retried_with_backoff_not_a_traceback_loop(tmp_path) -> None:
     port = _free_port()  # nothing listens there
     log = tmp_path / "worker.log"
-    proc = _worker(f"postgres://postgres@127.0.0.1:{port}/nothing", "--worker-name", "refused",
-                   "--max-seconds", "8", log=log)
-    code = proc.wait(60)
+    proc = _worker(f"postgres://postgres@127.0.0.1:{port}/nothing", "--worker-name", "refused", log=log)
+    try:
+        wu.wait_until(lambda: len(_retries(log.read_text(), "refused/0")) >= 5, 120, interval=0.2,
+                      what="five retries")
+    finally:
+        code = _stop(proc)
     text = log.read_text()
     assert code == 0, text
     assert "database_unavailable worker=refused/0" in text and "Connection refused" in text
     assert "Traceback" not in text
-    delays = _retry_delays(text)
-    assert 2 <= len(delays) <= 12, text  # backing off, not a hot loop
-    assert delays[-1] > delays[0]
+    retries = _retries(text, "refused/0")
+    # Backing off, not a hot loop: each retry comes no sooner than the delay the one before announced
+    # (by the log lines' own clock; load only lengthens the gaps; 0.06 s for the rounding to 0.1), and
+    # the delays grow.
+    for (at, delay), (next_at, _) in zip(retries, retries[1:], strict=False):
+        assert next_at - at >= delay - 0.06, retries
+    assert retries[-1][1] > retries[0][1], retries
 
 
 def test_worker_started_before_its_database_exists_runs_once_it_does(tmp_path) -> None:

@@ -18,7 +18,7 @@ from django.db import connection, transaction
 
 from bench.soak import Soak, SoakConfig, slot_pids
 from django_sqlqueue import jobtypes
-from django_sqlqueue.models import Job, JobAttempt, JobType
+from django_sqlqueue.models import Job, JobAttempt, JobType, Worker
 from django_sqlqueue.states import Status
 from testproject.soakjobs.jobs import TYPE_OPTIONS
 from testproject.soakjobs.models import SideEffect
@@ -52,36 +52,65 @@ def test_short_soak_loses_nothing_and_runs_nothing_twice(tmp_path) -> None:
     assert report.numbers["jobs"] == config.expected_jobs()
 
 
+def _hold(job: Job) -> None:
+    """Inside the caller's transaction: hold the job's row (PostgreSQL) or the database's write lock
+    (SQLite, an IMMEDIATE transaction), so that whoever writes the job next waits for the caller."""
+    if connection.vendor == "postgresql":
+        Job.objects.select_for_update().get(pk=job.pk)
+    else:
+        Job.objects.filter(pk=job.pk).update(priority=0)
+
+
+def _others_wait_for_us(query_like: str) -> bool:
+    """PostgreSQL: another session's statement (``query_like``) waits for a lock of ours."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else one snapshot per transaction
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND wait_event_type = 'Lock' AND query LIKE %s", [query_like])
+        return cursor.fetchone()[0] > 0
+
+
 @pytest.mark.timeout(120)
-def test_slot_killed_while_recording_its_result_does_not_get_its_attempt_back(worker_procs) -> None:
+def test_slot_killed_while_recording_its_result_does_not_get_its_attempt_back(worker_procs, tmp_path) -> None:
     """A slot killed after its handler ran, before the outcome committed: the run must stay in the history.
 
     Found by the soak (a non-transactional side effect recorded twice under the same attempt number).
-    The worker clears the supervisor's "current job" slot as soon as the handler returns, before it
-    records the outcome; when the slot dies in between, the supervisor takes the job for a
-    claimed-but-unstarted one and hands it back to Pending "without spending an attempt": the attempt
-    number is given back and the history row of a run that did happen is deleted. The job then runs
+    The worker cleared the supervisor's "current job" slot as soon as the handler returned, before it
+    recorded the outcome; when the slot died in between, the supervisor took the job for a
+    claimed-but-unstarted one and handed it back to Pending "without spending an attempt": the attempt
+    number was given back and the history row of a run that did happen deleted. The job then ran
     again under the same attempt number, and a job could be re-run that way without ever using up its
-    attempts. Here the test holds the job's row so that the slot is caught in that window every time.
+    attempts. Here the test holds the job (its row, or SQLite's write lock) from the handler's side
+    effect on, waits for the handler to return and the slot to wait to record the outcome, and kills it.
     """
     _vendor()
     JobType.objects.update_or_create(name="soak.NonTx", defaults={**TYPE_OPTIONS, "lease_seconds": 60})
     jobtypes.clear_cache()
-    job = Job.objects.enqueue("soak.NonTx", {"sleep_after": 1500})
+    returned = tmp_path / "returned"
+    job = Job.objects.enqueue("soak.NonTx", {"sleep_after": 1500, "returned_marker": str(returned)})
     w = worker_procs("--worker-name", "race")
     effect = wu.wait_until(lambda: SideEffect.objects.filter(job_id=job.pk).first(), 30,
                            what="the handler's side effect")
     with transaction.atomic():
-        # Hold the job row while the handler finishes: the slot's completion waits on it (and so will
-        # the supervisor's clean-up after the kill).
+        _hold(job)  # the slot's recording waits for this transaction from now on
+        assert Job.objects.get(pk=job.pk).state == Status.PROCESSING, (
+            "the slot recorded its outcome before the test held the job: sleep_after is too short here")
+        wu.wait_until(returned.exists, 30, what="the handler to return")
         if connection.vendor == "postgresql":
-            Job.objects.select_for_update().get(pk=job.pk)
-        else:  # SQLite: an IMMEDIATE transaction holds the database's write lock
-            Job.objects.filter(pk=job.pk).update(priority=0)
-        time.sleep(2.0)  # the handler has returned; the slot is waiting to record its outcome
+            # The slot's completion (its data-modifying CTE) is seen waiting for the row we hold.
+            wu.wait_until(lambda: _others_wait_for_us("WITH done AS%"), 30,
+                          what="the slot's completion to wait for the job's row")
+        else:
+            # SQLite shows no lock waiters. After the marker the slot runs a few lines of Python (the
+            # handler's return, the outcome kept for recording) before it asks for the write lock: a
+            # second is ample, and is not raced against another sleep.
+            time.sleep(1.0)
         os.kill(effect.pid, signal.SIGKILL)
         wu.wait_until(lambda: not wu.pid_alive(effect.pid), 10, what="the slot to die")
-        time.sleep(0.5)  # the supervisor notices and cleans up after the slot
+        # The supervisor has seen the death (its clean-up, submitted now, waits for us or not: either
+        # way the slot restarts only after it).
+        wu.wait_until(lambda: "slot_died" in w.stderr(), 10, what="the supervisor to see the slot die")
     wu.wait_until(lambda: Job.objects.get(pk=job.pk).state == Status.COMPLETED, 60, what="the job to complete")
     w.signal(signal.SIGTERM)
     assert w.wait(30) == 0, w.output()
@@ -99,9 +128,9 @@ def test_a_restarted_slot_that_dies_does_not_hand_back_its_predecessors_job(work
     the same name) ran in that process: the new slot dying must not hand it back as unstarted.
 
     Found by the soak (seed 391666473: a non-transactional job whose side effect was recorded twice under
-    attempt 1, with one history row). When a slot dies, the supervisor releases every Processing job
-    carrying the slot's name except the ones that slot process reported as started, which includes jobs
-    the previous incarnation of the worker claimed and ran before it was killed, if the new slot has not
+    attempt 1, with one history row). When a slot died, the supervisor released every Processing job
+    carrying the slot's name except the ones that slot process reported as started, which included jobs
+    the previous incarnation of the worker claimed and ran before it was killed, if the new slot had not
     reclaimed them yet. Here the test holds the job's row so that the new slot cannot reclaim it before
     it is killed.
     """
@@ -112,19 +141,23 @@ def test_a_restarted_slot_that_dies_does_not_hand_back_its_predecessors_job(work
     first = worker_procs("--worker-name", "gen")
     wu.wait_until(lambda: SideEffect.objects.filter(job_id=job.pk).exists(), 30, what="the first run's effect")
     first.kill_group()  # the whole worker, kill -9, while the handler still runs: attempt 1 is lost
+    held = Job.objects.get(pk=job.pk)
+    assert held.state == Status.PROCESSING and held.attempt_num == 1
     with transaction.atomic():
         # Hold the job so that the restarted slot cannot take it back (PostgreSQL: its claim skips the
         # locked row; SQLite: it waits for the write lock).
-        if connection.vendor == "postgresql":
-            Job.objects.select_for_update().get(pk=job.pk)
-        else:
-            Job.objects.filter(pk=job.pk).update(priority=0)
+        _hold(job)
         second = worker_procs("--worker-name", "gen")
         slots = wu.wait_until(lambda: slot_pids(second.pid), 90, what="the new slot")
-        time.sleep(2.5)  # set up, registered (PostgreSQL) and claiming
+        if connection.vendor == "postgresql":
+            # The new slot is set up: it registered the name under its own incarnation (its claims
+            # then skip the held row).
+            wu.wait_until(lambda: Worker.objects.filter(name=held.worker).exclude(incarnation=held.incarnation)
+                          .exists(), 60, what="the new slot to register")
+        # (SQLite: the new slot waits for the write lock from its first write on; what is tested is the
+        # supervisor's clean-up after its death, whatever it had got to.)
         os.kill(slots[0], signal.SIGKILL)
         wu.wait_until(lambda: "slot_died" in second.stderr(), 10, what="the supervisor to see the slot die")
-        time.sleep(0.5)
     wu.wait_until(lambda: Job.objects.get(pk=job.pk).state == Status.COMPLETED, 60, what="the job to complete")
     second.signal(signal.SIGTERM)
     assert second.wait(30) == 0, second.output()

@@ -2,7 +2,8 @@
 
 Payload keys: ``fail`` (the first N attempts raise: a transient failure), ``sleep`` (milliseconds the
 handler works before its side effect, so that chaos kills land mid-handler too); ``soak.NonTx`` also
-takes ``sleep_after`` (milliseconds between its side effect and its return, for tests).
+takes ``sleep_after`` (milliseconds between its side effect and its return, for tests) and
+``returned_marker`` (tests: a file it creates as the last thing before it returns).
 
 - ``soak.Tx`` and ``soak.Dedupe``: the side effect and the job's completion commit in ONE transaction.
   The queue runs the handler and records its outcome in separate transactions, so the handler
@@ -100,6 +101,8 @@ def soak_nontx(job: JobContext) -> Any:
     effect = _effect(job, SideEffect.NON_TRANSACTIONAL, using)  # autocommit: durable before the outcome
     if job.payload.get("sleep_after"):  # tests: a window between the side effect and the outcome
         time.sleep(float(job.payload["sleep_after"]) / 1000)
+    if job.payload.get("returned_marker"):  # tests: the handler is returning now
+        open(job.payload["returned_marker"], "a").close()
     return {"effect": effect.pk, "attempt": job.attempt_num}
 
 
