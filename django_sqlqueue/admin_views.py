@@ -233,8 +233,11 @@ def workers(now: datetime, limit: int = WORKER_LIST_LIMIT) -> dict[str, Any]:
     from .models import Job, Worker
 
     stale_before = now - dead_after()
-    processing = index_predicate(Job.objects.db, "status", f"= {int(Status.PROCESSING)}")  # its partial index
-    held = dict(Job.objects.filter(processing).order_by().values("worker")
+    # Through the Processing partial index (lease_expires_at, worker), which covers the count: its
+    # predicate as a literal, and the lease (every claim sets it) as the range it seeks; without that
+    # range SQLite's planner walked the whole worker index for the GROUP BY (1.1 s at 1M jobs).
+    processing = index_predicate(Job.objects.db, "status", f"= {int(Status.PROCESSING)}")
+    held = dict(Job.objects.filter(processing, lease_expires_at__isnull=False).order_by().values("worker")
                 .annotate(n=Count("*")).values_list("worker", "n"))
     running = Worker.objects.filter(stopped_at__isnull=True)
     active = running.filter(last_heartbeat__gte=stale_before).count()
