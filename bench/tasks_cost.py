@@ -1,0 +1,84 @@
+"""Per-job cost of the Django Tasks path next to a native handler, side by side in one process.
+
+    SQLQUEUE_DATABASE_URL=sqlite:////tmp/cost.sqlite3 python bench/tasks_cost.py --jobs 4000 --rounds 5
+    SQLQUEUE_DATABASE_URL=postgres://postgres@127.0.0.1:PORT/postgres python bench/tasks_cost.py
+
+(a throwaway PostgreSQL: ``python -m tests.pgcluster --fsync`` prints its URL). Each round empties the
+queue, enqueues ``--jobs`` no-op jobs of the test project's ``test.Noop`` handler and drains them with
+an in-process burst worker (default options, no process start-up), then does the same with as many
+``tick.enqueue()`` calls of the test project's ``@task`` and drains those. Prints the microseconds per
+job of each round and the median of the per-round ratios (task / native): the rounds interleave, so a
+noisy machine slows both sides of a ratio alike. ``--quiet-tasks-log`` raises the ``django.tasks``
+logger to WARNING first: Django's own receivers of ``task_started`` / ``task_finished`` log at INFO,
+and with the default logging configuration each task run builds two log records. Not run in CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=4000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--quiet-tasks-log", action="store_true")
+    args = parser.parse_args()
+    if not os.environ.get("SQLQUEUE_DATABASE_URL"):
+        parser.error("set SQLQUEUE_DATABASE_URL (sqlite:////path or postgres://...)")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    from django_sqlqueue.managers import JobSpec
+    from django_sqlqueue.models import Job, JobAttempt
+    from django_sqlqueue.worker import Worker, WorkerConfig
+    from testproject.testjobs.tasks import tick
+
+    call_command("migrate", verbosity=0)
+    if args.quiet_tasks_log:
+        logging.getLogger("django.tasks").setLevel(logging.WARNING)
+
+    def empty() -> None:
+        with connection.cursor() as cursor:
+            for model in (JobAttempt, Job):
+                cursor.execute(f"DELETE FROM {connection.ops.quote_name(model._meta.db_table)}")
+
+    def drain() -> float:
+        worker = Worker(WorkerConfig(name="tasks-cost", burst=True))
+        started = time.perf_counter()
+        worker.run()
+        return (time.perf_counter() - started) / args.jobs * 1e6
+
+    per_job: dict[str, list[float]] = {"native": [], "task": []}
+    for _ in range(args.rounds):
+        empty()
+        Job.objects.enqueue_many([JobSpec("test.Noop") for _ in range(args.jobs)])
+        per_job["native"].append(drain())
+        empty()
+        for _ in range(args.jobs):
+            tick.enqueue()
+        per_job["task"].append(drain())
+    print(f"{connection.vendor}, {args.jobs} jobs x {args.rounds} rounds"
+          f"{', django.tasks logging at WARNING' if args.quiet_tasks_log else ''}")
+    for name, values in per_job.items():
+        print(f"  {name:6} us/job: {', '.join(f'{v:.0f}' for v in values)} (median {statistics.median(values):.0f})")
+    ratios = [t / n for t, n in zip(per_job["task"], per_job["native"], strict=True)]
+    print(f"  task / native: median {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
