@@ -42,7 +42,6 @@ from .admin_filters import (
     WorkerFilter,
     check_date_hierarchy,
     date_hierarchy_context,
-    has_error,
     parse_id,
 )
 from .admin_subtypes import ReadOnlyJobInline, subtype_inlines_for
@@ -52,6 +51,7 @@ from .admin_types import JobTypeAdmin, WorkerAdmin, status_badge
 from .admin_views import dashboard_view
 from .conf import get_settings
 from .models import Job, JobAttempt, JobType, Worker
+from .predicates import has_error
 from .states import CLAIMABLE, FINISHED, TRANSITIONS, Status
 
 #: Characters of the error shown in the list (the rest stays in the database until the job is opened).

@@ -129,7 +129,7 @@ def run_transition(
         except StaleJob:  # changed between our read and the UPDATE: modify's WHERE version caught it
             outcome.refused[stale].append(job.pk)
         except IllegalTransition:
-            from .admin_types import human_label
+            from .states import human_label
 
             if job.state == target:
                 reason = _("already %(status)s") % {"status": human_label(job.state)}

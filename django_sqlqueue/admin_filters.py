@@ -27,15 +27,15 @@ from django.contrib import admin
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.core.paginator import Paginator
 from django.db import connections
-from django.db.models import BooleanField, Max, Min, Q, QuerySet
-from django.db.models.expressions import RawSQL
+from django.db.models import Max, Min, Q, QuerySet
 from django.utils import formats, timezone
 from django.utils.functional import cached_property
 from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 from django_admin_listfilter_dropdown.filters import SimpleDropdownFilter
 
-from .states import CLAIMABLE, Status, sql_list
+from .predicates import has_error, index_predicate, lease_expired, overdue  # noqa: F401 (also imported from here)
+from .states import Status, human_label
 
 #: Largest id a filter or the search takes: the id columns are 64-bit integers.
 MAX_ID = 2**63 - 1
@@ -143,8 +143,6 @@ class StatusFilter(CheckedFilter, SimpleDropdownFilter):
     parameter_name = "status"
 
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
-        from .admin_types import human_label
-
         return [(str(int(s)), human_label(s)) for s in Status]
 
     def clean(self, value: str) -> int:
@@ -253,38 +251,6 @@ class _YesFilter(CheckedFilter, admin.SimpleListFilter):
 
     def condition(self, using: str) -> Q:
         raise NotImplementedError
-
-
-def index_predicate(using: str, column: str, sql: str) -> Q:
-    """``<job table>.<column> <sql>`` written into the query as text, for a partial/filtered index's own
-    predicate: SQL Server matches a filtered index only when the query's predicate is the same literal
-    at compile time, and Django would send ``status_id = @P1`` / ``error > @P1`` as parameters, so those
-    indexes would be kept up to date and never read. ``sql`` holds code constants only (status ids from
-    :mod:`.states`, an empty string), never input; names come from model meta through ``quote_name``.
-    """
-    from .models import Job
-
-    qn = connections[using].ops.quote_name
-    field = Job._meta.get_field(column)
-    return Q(RawSQL(f"{qn(Job._meta.db_table)}.{qn(field.column)} {sql}", [], output_field=BooleanField()))
-
-
-def overdue(using: str, now: datetime.datetime) -> Q:
-    """Claimable and due: the claim index's own status list, as a literal."""
-    return index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})") & Q(scheduled_for__lte=now)
-
-
-def lease_expired(using: str, now: datetime.datetime) -> Q:
-    """Processing with an expired lease: sqlqueue_job_processing's own predicate, as a literal."""
-    return index_predicate(using, "status", f"= {int(Status.PROCESSING)}") & Q(lease_expires_at__lt=now)
-
-
-def has_error(using: str) -> Q:
-    """Jobs with error text: ``error > ''``, the predicate of the partial index sqlqueue_job_has_error
-    (rather than ``NOT error = ''``, a form SQL Server does not accept in a filtered index)."""
-    from .dialects import get_dialect
-
-    return index_predicate(using, "error", f"> {get_dialect(connections[using]).empty_string}")
 
 
 class OverdueFilter(_YesFilter):

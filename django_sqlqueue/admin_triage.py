@@ -30,7 +30,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from .admin_filters import has_error
+from .predicates import has_error
 from .states import Status
 
 #: How many failed jobs the page reads (newest first) to group them.

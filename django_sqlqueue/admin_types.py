@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from datetime import timedelta
 from typing import Any
@@ -24,13 +23,7 @@ from .admin_filters import CheckedFilter, DeclaredFiltersOnly, refuse
 from .admin_views import changelist_url
 from .conf import get_settings
 from .models import Job, JobType, Worker
-from .states import Status
-
-
-def human_label(status: Status | int) -> str:
-    """The status as an operator reads it: "Partially completed", not the vocabulary's "PartiallyCompleted"."""
-    label = Status(status).label
-    return re.sub(r"(?<=[a-z])([A-Z])", lambda m: " " + m.group(1).lower(), label)
+from .states import Status, human_label  # noqa: F401 (human_label: also imported from here)
 
 
 def status_badge(status_id: int | None) -> SafeString:

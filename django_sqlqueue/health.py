@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from django.db.models import Q, QuerySet
 
 from .conf import get_settings
+from .predicates import index_predicate
 from .states import CLAIMABLE, Status, sql_list
 
 if TYPE_CHECKING:
@@ -57,7 +58,6 @@ def orphaned_q(now: datetime, using: str = "default") -> Q:
     The status test is the partial Processing index's own literal predicate (SQL Server matches a
     filtered index only on a literal), so this reads that index's few rows, never the job table.
     """
-    from .admin_filters import index_predicate
     from .models import Worker
 
     processing = index_predicate(using, "status", f"= {int(Status.PROCESSING)}")
@@ -113,7 +113,6 @@ UNSERVED_PAIRS_LIMIT = 50
 def waiting_pairs(job_model: type[Job]) -> set[tuple[str, int]]:
     """(queue, type id) pairs holding Pending, Error or Processing jobs: one GROUP BY over the
     (status, type, queue) index, index-only, reading only those statuses' entries."""
-    from .admin_filters import index_predicate
 
     waiting = index_predicate(job_model.objects.db, "status",
                               f"IN ({sql_list({*CLAIMABLE, Status.PROCESSING})})")
@@ -133,7 +132,6 @@ def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Wor
     table row (the claim index holds no queue or type): 0.4 s at 150,000 due jobs. Paused types are
     left out (nobody is meant to run them).
     """
-    from .admin_filters import index_predicate
     from .models import JobType
 
     using = job_model.objects.db

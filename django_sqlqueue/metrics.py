@@ -90,10 +90,10 @@ class QueueCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 
-        from .admin_filters import index_predicate
         from .admin_views import oldest_due
         from .health import dead_q, live_q, orphaned_q, unserved_due_work
         from .models import Job, JobType, Worker
+        from .predicates import index_predicate
 
         started = time.perf_counter()
         jobs = Job.objects.using(self.using) if self.using else Job.objects.all()

@@ -9,6 +9,7 @@ time (a bound parameter would not match a filtered index on SQL Server).
 
 from __future__ import annotations
 
+import re
 from enum import IntEnum
 
 
@@ -103,3 +104,9 @@ def sql_list(statuses: frozenset[Status] | set[Status]) -> str:
     is safe; it is what lets SQL Server match a filtered index at compile time.
     """
     return ", ".join(str(int(Status(s))) for s in sorted(statuses))
+
+
+def human_label(status: Status | int) -> str:
+    """The status as an operator reads it: "Partially completed", not the vocabulary's "PartiallyCompleted"."""
+    label = Status(status).label
+    return re.sub(r"(?<=[a-z])([A-Z])", lambda m: " " + m.group(1).lower(), label)
