@@ -385,14 +385,9 @@ class CheapPaginator(Paginator):
     def _estimate(self, qs: QuerySet) -> int | None:
         if qs.query.where or qs.query.is_sliced:
             return None  # filtered: an estimate of the whole table would mislead
-        connection = connections[qs.db]
-        if connection.vendor != "postgresql":
-            return None
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)",
-                           [connection.ops.quote_name(qs.model._meta.db_table)])
-            row = cursor.fetchone()
-        return int(row[0]) if row and row[0] and row[0] > 0 else None
+        from .dialects import get_dialect
+
+        return get_dialect(connections[qs.db]).estimated_rows(qs.model._meta.db_table)
 
 
 def date_hierarchy_context(cl: Any) -> dict[str, Any] | None:

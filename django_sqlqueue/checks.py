@@ -9,7 +9,7 @@ from django.core import checks
 from django.db import connections
 
 from .conf import get_settings
-from .dialects import dialect_class
+from .dialects import capabilities, dialect_class
 from .exceptions import SqlQueueConfigError
 
 
@@ -38,18 +38,14 @@ def check_queue_database(app_configs: Any = None, **kwargs: Any) -> list[checks.
     if qs.LISTEN_DATABASE and qs.LISTEN_DATABASE not in settings.DATABASES:
         errors.append(checks.Error(f"SQLQUEUE['LISTEN_DATABASE'] names {qs.LISTEN_DATABASE!r}, which is not in "
                                    f"DATABASES", id="sqlqueue.E006"))
-    elif (qs.LISTEN_DATABASE and connection.vendor == "postgresql"
-          and connections[qs.LISTEN_DATABASE].vendor != "postgresql"):
+    elif (qs.LISTEN_DATABASE and capabilities(connection.vendor).can_listen
+          and not capabilities(connections[qs.LISTEN_DATABASE].vendor).can_listen):
         errors.append(checks.Error(f"SQLQUEUE['LISTEN_DATABASE'] names {qs.LISTEN_DATABASE!r}, a "
                                    f"{connections[qs.LISTEN_DATABASE].vendor} database: LISTEN needs PostgreSQL",
                                    id="sqlqueue.E007"))
-    if connection.vendor == "sqlite":
-        import sqlite3
-
-        if sqlite3.sqlite_version_info < (3, 35):
-            errors.append(checks.Error(
-                f"SQLite {sqlite3.sqlite_version} is too old: the claim needs UPDATE ... RETURNING (3.35+)",
-                id="sqlqueue.E005"))
+    too_old = capabilities(connection.vendor).version_problem()
+    if too_old:
+        errors.append(checks.Error(too_old, id="sqlqueue.E005"))
     return errors
 
 

@@ -19,9 +19,10 @@ class JSONValueField(models.JSONField):
     """
 
     def db_check(self, connection: Any) -> str | None:
-        if connection.vendor == "microsoft":
-            return json_value_check(connection.ops.quote_name(self.column))
-        return super().db_check(connection)
+        from .dialects import capabilities
+
+        check = capabilities(connection.vendor).json_value_check(connection.ops.quote_name(self.column))
+        return check if check is not None else super().db_check(connection)
 
 
 def json_value_check(quoted_column: str) -> str:

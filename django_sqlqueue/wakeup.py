@@ -114,8 +114,10 @@ class PgListener:
         from django.core.exceptions import ImproperlyConfigured
         from django.db import connections
 
+        from .dialects import capabilities
+
         wrapper = connections[using]
-        if wrapper.vendor != "postgresql" or not channel:
+        if not capabilities(wrapper.vendor).can_listen or not channel:
             return None
         try:
             import psycopg  # noqa: F401
@@ -125,7 +127,7 @@ class PgListener:
         if listen_alias not in connections.settings:
             raise ImproperlyConfigured(f"SQLQUEUE['LISTEN_DATABASE'] names {listen_alias!r}, which is not in DATABASES")
         listen_wrapper = connections[listen_alias]
-        if listen_wrapper.vendor != "postgresql":
+        if not capabilities(listen_wrapper.vendor).can_listen:
             raise ImproperlyConfigured(f"SQLQUEUE['LISTEN_DATABASE'] names {listen_alias!r}, a "
                                        f"{listen_wrapper.vendor} database: LISTEN needs PostgreSQL")
         params = dict(listen_wrapper.get_connection_params())
@@ -270,7 +272,9 @@ class SqliteWatcher:
     def for_alias(cls, using: str) -> SqliteWatcher | None:
         from django.db import connections
 
-        return cls(using) if connections[using].vendor == "sqlite" else None
+        from .dialects import capabilities
+
+        return cls(using) if capabilities(connections[using].vendor).watches_data_version else None
 
     def _version(self) -> int | None:
         from django.db import connections

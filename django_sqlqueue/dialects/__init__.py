@@ -10,7 +10,7 @@ from .base import COL, JOB_COLUMNS, ClaimRequest, Dialect
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-__all__ = ["COL", "JOB_COLUMNS", "ClaimRequest", "Dialect", "get_dialect", "dialect_class"]
+__all__ = ["COL", "JOB_COLUMNS", "ClaimRequest", "Dialect", "get_dialect", "dialect_class", "capabilities"]
 
 
 def dialect_class(vendor: str) -> type[Dialect]:
@@ -31,6 +31,16 @@ def dialect_class(vendor: str) -> type[Dialect]:
         f"django-sqlqueue supports SQL Server (mssql-django), PostgreSQL and SQLite; "
         f"this database's vendor is {vendor!r}"
     )
+
+
+def capabilities(vendor: str) -> type[Dialect]:
+    """The dialect class for ``vendor``, or the base :class:`Dialect` (every capability off, no CHECK of
+    its own) for a vendor the queue does not support: for questions asked where such a vendor is not
+    this question's error (a system check, the LISTEN database, a model field's DDL)."""
+    try:
+        return dialect_class(vendor)
+    except UnsupportedDatabase:
+        return Dialect
 
 
 def get_dialect(connection: BaseDatabaseWrapper) -> Dialect:

@@ -604,6 +604,36 @@ class Dialect:
     def notify_sql(self) -> str | None:
         return None
 
+    # ----- what the rest of the package asks instead of testing connection.vendor ------------------
+    #: True where a worker can be woken by LISTEN/NOTIFY (:class:`~django_sqlqueue.wakeup.PgListener`),
+    #: and so where ``SQLQUEUE["LISTEN_DATABASE"]`` may name a database.
+    can_listen: bool = False
+    #: True where a worker can see other connections' commits by polling ``PRAGMA data_version``
+    #: (:class:`~django_sqlqueue.wakeup.SqliteWatcher`).
+    watches_data_version: bool = False
+
+    @classmethod
+    def version_problem(cls) -> str | None:
+        """Why the installed database library is too old for the queue's statements, or None (a system
+        check: no connection is opened)."""
+        return None
+
+    @staticmethod
+    def json_value_check(quoted_column: str) -> str | None:
+        """The CHECK a :class:`~django_sqlqueue.fields.JSONValueField` column gets instead of Django's
+        own, or None to keep Django's."""
+        return None
+
+    def estimated_rows(self, table: str) -> int | None:
+        """The planner's cheap estimate of ``table``'s row count (the admin's unfiltered job list), or
+        None where the vendor keeps none worth showing."""
+        return None
+
+    def claim_plan(self, cursor: CursorWrapper, sql: str, params: list[Any], table: str) -> tuple[list[str], bool]:
+        """The plan of the claim statement ``sql`` (not executed), as lines, and whether the part that
+        picks jobs reads the whole job ``table`` (``manage.py queue_explain``)."""
+        raise NotImplementedError
+
     # ----- recurring schedules (django_sqlqueue.schedules) -----------------------------------------
     def schedule_tables(self) -> tuple[str, dict[str, str], str, dict[str, str]]:
         """Quoted (schedule table, its columns by attname, run table, its columns), from model meta."""

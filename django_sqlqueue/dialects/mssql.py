@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
+from xml.etree import ElementTree
 
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 
 from ..exceptions import InvalidArgument
 from ..states import UNFINISHED, Status, sql_list
@@ -423,6 +424,15 @@ class MssqlDialect(Dialect):
     def connect_timeout_options(cls, seconds: float) -> dict[str, Any]:
         return {"connection_timeout": max(1, round(seconds))}  # mssql-django: the driver's login timeout
 
+    @staticmethod
+    def json_value_check(quoted_column: str) -> str | None:
+        from ..fields import json_value_check
+
+        return json_value_check(quoted_column)
+
+    def claim_plan(self, cursor: CursorWrapper, sql: str, params: list[Any], table: str) -> tuple[list[str], bool]:
+        return sqlserver_plan(self, cursor, sql, params, table)
+
     # ----- errors ---------------------------------------------------------------------------------
     def is_retryable_error(self, exc: BaseException) -> bool:
         """Deadlock victim (1205), lock timeout (1222), snapshot update conflict (3960): safe to rerun.
@@ -456,3 +466,49 @@ class MssqlDialect(Dialect):
 
 
 __all__ = ["MssqlDialect", "Batch", "batch", "CLAIM_HINTS", "LOCKED_READ_HINT", "COL"]
+
+
+#: Operators that read a whole index or table (a seek reads a range of one).
+_SCANS = {"Table Scan", "Clustered Index Scan", "Index Scan"}
+
+
+def sqlserver_plan(dialect: MssqlDialect, cursor: Any, sql: str, params: list[Any],
+                   table: str) -> tuple[list[str], bool]:
+    """SQL Server's estimated plan (``SET SHOWPLAN_XML ON``: the batch is compiled, not run), one line
+    per operator that reads an index: ``PhysicalOp [table].[index]``; and whether one scans the job table.
+
+    A scan of one of the claim's filtered indexes reads only the rows the filter keeps, so only scans
+    of the job table's unfiltered indexes (or the table) count as scans here.
+    """
+    # In a transaction that is rolled back: under SHOWPLAN nothing runs on SQL Server, and on a server
+    # that ignores SHOWPLAN (Babelfish) the claim it would then run claims nothing for good.
+    with transaction.atomic(using=cursor.db.alias):
+        cursor.execute("SET SHOWPLAN_XML ON")
+        documents = []
+        try:
+            dialect.execute(cursor, sql, params)  # typed as the worker sends it
+            while True:
+                documents += [row[0] for row in cursor.fetchall() if row]
+                if not cursor.nextset():
+                    break
+        finally:
+            cursor.execute("SET SHOWPLAN_XML OFF")
+            transaction.set_rollback(True, using=cursor.db.alias)
+    documents = [d for d in documents if isinstance(d, str) and d.lstrip().startswith("<ShowPlanXML")]
+    if not documents:
+        raise NotImplementedError("this server returned no plan for SET SHOWPLAN_XML (Babelfish does not; "
+                                  "a SQL Server does): read the plan in SSMS, see docs/sqlserver.md")
+    lines, scans = [], False
+    for document in documents:
+        for relop in ElementTree.fromstring(document).iter(f"{_SHOWPLAN_NS}RelOp"):
+            # the operator's own object: a child of its operator element (IndexScan, TableScan, ...),
+            # not the objects of the operators below it
+            for obj in (o for op in relop for o in op.findall(f"{_SHOWPLAN_NS}Object")):
+                lines.append(f"{relop.get('PhysicalOp')} {obj.get('Table', '')}.{obj.get('Index', '')}")
+                if (relop.get("PhysicalOp") in _SCANS and obj.get("Table", "").strip("[]") == table
+                        and obj.get("Filtered") not in ("1", "true")):
+                    scans = True
+    return lines, scans
+
+
+_SHOWPLAN_NS = "{http://schemas.microsoft.com/sqlserver/2004/07/showplan}"

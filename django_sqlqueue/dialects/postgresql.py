@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg.types.json import Jsonb
 
 from .base import JOB_COLUMNS, ClaimRequest, Dialect
+from .plans import postgresql_scans
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
@@ -226,6 +227,20 @@ class PostgresDialect(Dialect):
 
     def notify_sql(self) -> str | None:
         return "SELECT pg_notify(%s, %s)"
+
+    can_listen = True
+
+    def estimated_rows(self, table: str) -> int | None:
+        with self.connection.cursor() as cursor:
+            cursor.execute("SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)",
+                           [self.connection.ops.quote_name(table)])
+            row = cursor.fetchone()
+        return int(row[0]) if row and row[0] and row[0] > 0 else None
+
+    def claim_plan(self, cursor: CursorWrapper, sql: str, params: list[Any], table: str) -> tuple[list[str], bool]:
+        cursor.execute("EXPLAIN " + sql, params)
+        lines = [r[0] for r in cursor.fetchall()]
+        return lines, postgresql_scans(lines, table)
 
     # ----- recurring schedules ---------------------------------------------------------------------
     def claim_schedules_sql(self, limit: int, now: Any = None) -> tuple[str, list[Any]]:

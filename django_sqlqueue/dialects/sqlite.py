@@ -26,6 +26,23 @@ _FMT = "'%%Y-%%m-%%d %%H:%%M:%%f'"
 class SqliteDialect(Dialect):
     vendor = "sqlite"
     true_literal = "1"
+    watches_data_version = True
+
+    @classmethod
+    def version_problem(cls) -> str | None:
+        import sqlite3
+
+        if sqlite3.sqlite_version_info < (3, 35):
+            return f"SQLite {sqlite3.sqlite_version} is too old: the claim needs UPDATE ... RETURNING (3.35+)"
+        return None
+
+    def claim_plan(self, cursor: CursorWrapper, sql: str, params: list[Any], table: str) -> tuple[list[str], bool]:
+        cursor.execute("EXPLAIN QUERY PLAN " + sql, params)
+        lines = [r[-1] for r in cursor.fetchall()]
+        # "SCAN j" without an index is a full pass over the table; "SCAN j USING INDEX x" walks the
+        # partial index in claim order and stops at LIMIT.
+        return lines, any(line.startswith("SCAN") and f" {table}" in line + " " and "INDEX" not in line
+                          for line in lines)
 
     def now(self) -> str:
         return f"strftime({_FMT}, 'now')"
