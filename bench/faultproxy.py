@@ -16,8 +16,6 @@ import socket
 import threading
 from typing import Any
 
-#: PostgreSQL's ReadyForQuery message ('Z', length 5), sent after a statement's transaction ended.
-READY = b"Z\x00\x00\x00\x05"
 CLAIM_MARK = b"SKIP LOCKED"
 
 
@@ -79,23 +77,48 @@ class CuttingProxy:
             while data := src.recv(65536):
                 if state["cut_next"]:
                     held += data
-                    while (at := held.find(READY)) >= 0 and len(held) > at + len(READY):
-                        status = held[at + len(READY):at + len(READY) + 1]
-                        if status == b"I":  # idle: the claim's transaction has committed
-                            with self._lock:
-                                self.cuts += 1
-                            self.cut.set()
-                            return  # both closed in finally: the committed claim's reply is never delivered
-                        # Still in the caller's transaction (completions and claim, then COMMIT): let
-                        # the claim's rows through and lose the reply of the COMMIT that follows.
-                        dst.sendall(held[:at + len(READY) + 1])
-                        held = held[at + len(READY) + 1:]
+                    held, cut = self._hold(held, dst, state)
+                    if cut:
+                        return  # both closed in finally: the committed claim's reply is never delivered
                     continue
                 dst.sendall(data)
         except OSError:
             pass
         finally:
             _close(src, dst)
+
+    def _hold(self, held: bytes, dst: socket.socket, state: dict[str, Any]) -> tuple[bytes, bool]:
+        """Walk the held reply message by message (type byte, then a length that counts itself).
+
+        At a ReadyForQuery: idle (``I``) means the claim's transaction committed: cut (True). In a
+        transaction (``T``): the claim's rows go through, and the COMMIT's reply is the one held next.
+        After an ErrorResponse, or in a failed transaction (``E``), nothing committed: the reply goes
+        through and the cut waits for the next claim. Returns what is still held (a partial message).
+        """
+        at = 0
+        while len(held) - at >= 5:
+            kind = held[at:at + 1]
+            length = int.from_bytes(held[at + 1:at + 5], "big")
+            end = at + 1 + length
+            if len(held) < end:
+                break
+            if kind == b"E":
+                state["error"] = True
+            elif kind == b"Z":
+                status = held[end - 1:end]
+                if status == b"I" and not state.get("error"):
+                    with self._lock:
+                        self.cuts += 1
+                    self.cut.set()
+                    return b"", True
+                dst.sendall(held[:end])
+                held, at = held[end:], 0
+                if status != b"T" or state.get("error"):
+                    state["cut_next"] = state["error"] = False
+                    self.arm()  # this claim committed nothing: cut the next one instead
+                continue
+            at = end
+        return held, False
 
     def close(self) -> None:
         self._closed = True

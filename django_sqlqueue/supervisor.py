@@ -42,7 +42,7 @@ from typing import Any
 
 from django.db import Error as DatabaseError
 
-from . import schedules, signals
+from . import schedules, signals, tracing
 from .dbthread import Call, DatabaseThread
 from .exceptions import IllegalTransition, JobNotFound, StaleJob
 from .slots import slot_main
@@ -358,6 +358,7 @@ class Supervisor:
         except DatabaseError as exc:
             self._db_failed("timeout_not_recorded", exc, job=job_id)  # reclaimed by lease
             return
+        tracing.record_timeout(new, name, timeout, new.error)
         if new.state == Status.ERROR:
             self._extra[RETRIED] += 1
             send(signals.job_retried, Worker, job=new, worker=name, error=new.error, duration=timeout)

@@ -111,13 +111,8 @@ def run_span(job: Job, type_name: str, worker: str) -> Iterator[Any]:
     if api is None:
         yield None
         return
-    trace, propagate = api
-    parent = None
-    if job.trace_context:
-        try:
-            parent = propagate.extract(json.loads(job.trace_context))
-        except (ValueError, TypeError, AttributeError):
-            parent = None  # a carrier that is not ours (edited by hand): a trace of its own
+    trace, _ = api
+    parent = _parent(job)
     tracer = trace.get_tracer(TRACER_NAME)
     with tracer.start_as_current_span(
         f"sqlqueue.run {type_name}", context=parent, kind=trace.SpanKind.CONSUMER,
@@ -138,3 +133,35 @@ def end_run(span: Any, outcome: str, error: str = "") -> None:
     span.set_attribute("sqlqueue.outcome", outcome)
     if outcome in ("retry", "fatal", "error"):
         span.set_status(trace.Status(trace.StatusCode.ERROR, error[-200:]))
+
+
+def record_timeout(job: Job, worker: str, seconds: float, error: str) -> None:
+    """The run span of an attempt its supervisor killed for overrunning its timeout (the slot died
+    inside its own span): written by the supervisor, ``seconds`` long, outcome ``timeout``, an error."""
+    api = _api()
+    if api is None:
+        return
+    trace, _ = api
+    end_ns = time.time_ns()
+    span = trace.get_tracer(TRACER_NAME).start_span(
+        f"sqlqueue.run {job.job_type.name}", context=_parent(job), kind=trace.SpanKind.CONSUMER,
+        start_time=end_ns - int(seconds * 1e9),
+        attributes={"messaging.system": "django_sqlqueue", "messaging.operation.type": "process",
+                    "sqlqueue.job.id": job.pk, "sqlqueue.queue": job.queue, "sqlqueue.attempt": job.attempt_num,
+                    "sqlqueue.worker": worker, "sqlqueue.step": job.step or "", "sqlqueue.outcome": "timeout"})
+    span.set_status(trace.Status(trace.StatusCode.ERROR, error[-200:]))
+    span.end(end_time=end_ns)
+
+
+def _parent(job: Job) -> Any:
+    """The context the job's run spans are children of: the enqueuing trace's, or an empty one (a trace
+    of its own, never a child of whatever span happens to be current in the worker)."""
+    from opentelemetry.context import Context
+
+    _, propagate = _modules()
+    if job.trace_context:
+        try:
+            return propagate.extract(json.loads(job.trace_context), context=Context())
+        except (ValueError, TypeError, AttributeError):
+            pass  # a carrier that is not ours (edited by hand)
+    return Context()

@@ -103,7 +103,10 @@ tds=0
 if "$PY" -c 'import sys; from tests.babelfish import kit; sys.exit(0 if kit() else 1)'; then
     tds=1
     stages+=(pytest-tds)
-    bg_stage pytest-tds env SQLQUEUE_TEST_DB=tds "$PY" -m pytest "$@"
+    # Babelfish now and then fails a statement it ran many times before with this planner error (never
+    # SQL Server's): such a test runs once more from its start; any other failure fails the stage.
+    bg_stage pytest-tds env SQLQUEUE_TEST_DB=tds "$PY" -m pytest --reruns 1 \
+        --only-rerun 'missing FROM-clause entry for table ""' "$@"
 fi
 wait
 [ "$tds" -eq 1 ] && { "$PY" -m tests.babelfish stop || true; }

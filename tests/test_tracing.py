@@ -115,7 +115,8 @@ def test_a_job_without_a_carrier_runs_in_a_trace_of_its_own(spans) -> None:
     """Rows written before migration 0010 (or by an old worker during a rolling deploy) carry NULL."""
     job = Job.objects.enqueue("test.Noop", {})
     Job.objects.filter(pk=job.pk).update(trace_context=None)
-    wu.run_worker()
+    with trace.get_tracer("test").start_as_current_span("whatever is current in the worker"):
+        wu.run_worker()  # the run is not made a child of it
     job.refresh()
     assert job.state == Status.COMPLETED
     [run] = _by_name(spans, "sqlqueue.run")
@@ -132,3 +133,16 @@ def test_with_the_api_alone_nothing_is_traced_or_stored(spans, monkeypatch) -> N
         job = Job.objects.enqueue("test.Noop", {})
     assert Job.objects.get(pk=job.pk).trace_context is None
     assert [s.name for s in spans.get_finished_spans()] == ["request"]
+
+
+def test_a_run_killed_for_its_timeout_gets_its_span_from_the_supervisor(spans) -> None:
+    """The slot dies inside its run span; the supervisor, recording the timeout, writes the span."""
+    with trace.get_tracer("test").start_as_current_span("request") as request:
+        job = Job.objects.enqueue("test.Noop", {})
+    job = Job.objects.get(pk=job.pk)
+    tracing.record_timeout(job, "w/0", 2.5, "timed out after 2 s (worker w/0 was killed)")
+    [run] = _by_name(spans, "sqlqueue.run")
+    [enqueue] = _by_name(spans, "sqlqueue.enqueue")
+    assert run.context.trace_id == request.get_span_context().trace_id and run.parent.span_id == enqueue.context.span_id
+    assert run.attributes["sqlqueue.outcome"] == "timeout" and run.status.status_code == trace.StatusCode.ERROR
+    assert 2.4e9 < run.end_time - run.start_time < 2.6e9

@@ -11,18 +11,17 @@
   keeps content types and permissions (see :data:`KEPT`).
 - Now and then, in a long session, Babelfish fails a statement it has run many times before with
   ``missing FROM-clause entry for table ""`` (seen once in a CI run of the claim batch; not reproduced
-  alone). :class:`CursorWrapper` puts the session back and runs it once more, outside a caller's
-  transaction only, and says so on stderr with the statement.
+  alone). Not worked around here: a batch may have committed before the statement that failed, so
+  running it again could do its work twice. scripts/test.sh reruns a tds test that fails with exactly
+  that error once, from its start (pytest-rerunfailures' ``--only-rerun``).
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from typing import Any
 
 from django.apps import apps
-from mssql.base import CursorWrapper as MssqlCursorWrapper
 from mssql.base import DatabaseWrapper as MssqlDatabaseWrapper
 from mssql.creation import DatabaseCreation as MssqlDatabaseCreation
 from mssql.operations import DatabaseOperations as MssqlDatabaseOperations
@@ -107,38 +106,7 @@ class DatabaseCreation(MssqlDatabaseCreation):
             cursor.execute(f"DROP DATABASE {self.connection.ops.quote_name(test_database_name)}")
 
 
-#: The Babelfish error a statement that ran before may fail with once (see the module docstring).
-BABELFISH_FLAKE = 'missing FROM-clause entry for table ""'
-
-
-class CursorWrapper(MssqlCursorWrapper):
-    """mssql-django's cursor, with one retry of a statement Babelfish failed with :data:`BABELFISH_FLAKE`."""
-
-    _sizes: Any = None
-
-    def setinputsizes(self, sizes: Any) -> Any:
-        self._sizes = sizes  # declared again for the retry
-        return self.cursor.setinputsizes(sizes)
-
-    def execute(self, sql: str, params: Any = None) -> Any:
-        try:
-            return super().execute(sql, params)
-        except self.connection.Database.Error as exc:
-            if BABELFISH_FLAKE not in str(exc) or self.connection.in_atomic_block:
-                raise
-            sys.stderr.write(f"babelfish harness: retrying once a statement Babelfish failed with {exc}: "
-                             f"{sql[:3000]}\n")
-            # A compile error can leave the batch's own transaction open: put the session back first.
-            self.cursor.execute("IF @@TRANCOUNT > 0 ROLLBACK TRANSACTION; SET NOCOUNT OFF; SET XACT_ABORT OFF;")
-            if self._sizes is not None:
-                self.cursor.setinputsizes(self._sizes)
-            return super().execute(sql, params)
-
-
 class DatabaseWrapper(MssqlDatabaseWrapper):
     SchemaEditorClass = DatabaseSchemaEditor
     creation_class = DatabaseCreation
     ops_class = DatabaseOperations
-
-    def create_cursor(self, name: Any = None) -> CursorWrapper:
-        return CursorWrapper(self.connection.cursor(), self)
