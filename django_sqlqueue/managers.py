@@ -618,9 +618,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         ms = duration_ms(duration)
         connection = connections[alias]
         dialect = get_dialect(connection)
-        sets, params = self._modify_sets(dialect, job, current, new, step, response, error, scheduled_for,
-                                         run_in, reset_attempts, alias, ms)
-        sql = dialect.modify_sql(sets)
+        sql, params = self._modify_statement(dialect, job, current, new, step, response, error, scheduled_for,
+                                             run_in, reset_attempts, alias, ms)
         with transaction.atomic(using=alias), connection.cursor() as cursor:
             dialect.execute(cursor, sql, [*params, job.pk, token])
             rows = cursor.fetchall()
@@ -632,81 +631,24 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                                     note=_release_note)
         return updated
 
-    def _modify_sets(self, dialect: Any, job: Job, current: Status, new: Status, step: str | None,
-                     response: Any, error: str | None, scheduled_for: datetime | None,
-                     run_in: float | None, reset_attempts: bool, alias: str,
-                     run_ms: int | None = None) -> tuple[list[str], list[Any]]:
-        j = dialect.n.j
-        sets = [f"{j['version']} = {j['version']} + 1", f"{j['updated_at']} = {dialect.now()}"]
-        params: list[Any] = []
-        if new == Status.ERROR:
-            # Attempts exhausted: Error becomes Failed, decided by the row and the type, not the caller.
-            max_sql = dialect._effective(dialect.n.job, "max_attempts", "%s")
-            sets.append(
-                f"{j['status_id']} = CASE WHEN {j['attempt_num']} >= {max_sql} "
-                f"THEN {int(Status.FAILED)} ELSE {int(Status.ERROR)} END"
-            )
-            params.append(get_settings().MAX_ATTEMPTS)
-        else:
-            sets.append(f"{j['status_id']} = %s")
-            params.append(int(new))
-        if step is not None:
-            if not isinstance(step, str) or len(step) > 100:
-                raise InvalidArgument("step must be a string of at most 100 characters")
-            sets.append(f"{j['step']} = %s")
-            params.append(step)
+    def _modify_statement(self, dialect: Any, job: Job, current: Status, new: Status, step: str | None,
+                          response: Any, error: str | None, scheduled_for: datetime | None,
+                          run_in: float | None, reset_attempts: bool, alias: str,
+                          run_ms: int | None = None) -> tuple[str, list[Any]]:
+        """Modify's checked values, in database form, as the dialect's statement: (SQL, params before
+        the job's id and token)."""
+        if step is not None and (not isinstance(step, str) or len(step) > 100):
+            raise InvalidArgument("step must be a string of at most 100 characters")
         if response is not _UNSET:
             _check_response(response)
-            sets.append(f"{j['response']} = %s")
-            params.append(self._prep("response", response, alias))
-        if error is not None:
-            sets.append(f"{j['error']} = %s")
-            params.append(storable_error(str(error)))
-        elif new == Status.COMPLETED:  # the job's error is its current one (the history keeps each attempt's)
-            sets.append(f"{j['error']} = ''")
-        if scheduled_for is not None:
-            sets.append(f"{j['scheduled_for']} = %s")
-            params.append(self._prep("scheduled_for", scheduled_for, alias))
-        elif run_in is not None and new == Status.ERROR:
-            # A retry is due after run_in; a job out of attempts becomes Failed now, due never: keep
-            # its scheduled_for where it was instead of showing a retry time that will not come.
-            max_sql = dialect._effective(dialect.n.job, "max_attempts", "%s")
-            sets.append(f"{j['scheduled_for']} = CASE WHEN {j['attempt_num']} >= {max_sql} "
-                        f"THEN {j['scheduled_for']} ELSE {dialect.now_plus('%s')} END")
-            params += [get_settings().MAX_ATTEMPTS, run_in]
-        elif run_in is not None:
-            sets.append(f"{j['scheduled_for']} = {dialect.now_plus('%s')}")
-            params.append(run_in)
-        if current == Status.PROCESSING and (new in FINISHED or new == Status.ERROR):
-            if run_ms is None:
-                sets.append(f"{j['duration_ms']} = {dialect.ms_since(j['started_at'])}")
-            else:
-                sets.append(f"{j['duration_ms']} = %s")
-                params.append(run_ms)
-            sets += [f"{j['finished_at']} = {dialect.now()}", f"{j['lease_expires_at']} = NULL"]
-        elif current == Status.PROCESSING and new == Status.PENDING:
-            # Handed back unstarted (graceful shutdown): the attempt was not spent.
-            sets += [f"{j['attempt_num']} = {j['attempt_num']} - 1", f"{j['worker']} = ''",
-                     f"{j['lease_expires_at']} = NULL", f"{j['started_at']} = NULL"]
-        elif new in FINISHED and current != Status.PROCESSING:
-            sets.append(f"{j['finished_at']} = {dialect.now()}")
-        elif new == Status.PENDING:
-            # An operator's retry: due now unless told otherwise, and at least one attempt left.
-            if scheduled_for is None and run_in is None:
-                sets.append(f"{j['scheduled_for']} = {dialect.now()}")
-            sets += [f"{j['finished_at']} = NULL", f"{j['lease_expires_at']} = NULL"]
-            if reset_attempts:
-                sets.append(f"{j['attempt_num']} = 0")
-            else:
-                max_sql = dialect._effective(dialect.n.job, "max_attempts", "%s")
-                sets.append(
-                    f"{j['max_attempts']} = CASE WHEN {j['attempt_num']} >= {max_sql} "
-                    f"THEN {j['attempt_num']} + 1 ELSE {j['max_attempts']} END"
-                )
-                params.append(get_settings().MAX_ATTEMPTS)
-        if reset_attempts and new != Status.PENDING:
-            sets.append(f"{j['attempt_num']} = 0")
-        return sets, params
+        sets, params = dialect.modify_sets(
+            current, new, default_max_attempts=get_settings().MAX_ATTEMPTS, step=step,
+            set_response=response is not _UNSET,
+            response=None if response is _UNSET else self._prep("response", response, alias),
+            error=None if error is None else storable_error(str(error)),
+            scheduled_for=self._prep("scheduled_for", scheduled_for, alias), run_in=run_in,
+            reset_attempts=reset_attempts, run_ms=run_ms)
+        return dialect.modify_sql(sets), params
 
     def _close_attempt(self, cursor: Any, dialect: Any, before: Job, after: Job, *, released: bool,
                        note: str = "") -> None:
