@@ -143,9 +143,9 @@ def test_modify_statements(dialect: MssqlDialect, current: Status, new: Status, 
     args = {"step": None, "response": object(), "error": None, "scheduled_for": None, "run_in": None,
             "reset_attempts": False, **kwargs}
     if "response" not in kwargs:
-        from django_sqlqueue.managers import _UNSET
+        from django_sqlqueue.managers import UNSET
 
-        args["response"] = _UNSET
+        args["response"] = UNSET
     manager = JobManager()
     manager.model = Job
     sql, params = manager._modify_statement(dialect, _job(current), current, new, args["step"],
