@@ -185,7 +185,7 @@ def profile(db: str, n: int, batch: int) -> None:
     prof.disable()
     wall = time.monotonic() - started
     stats = pstats.Stats(prof)
-    parts = {"claim": ("managers.py", "claim"), "handler dispatch": ("runner.py", "run"),
+    parts = {"claim": ("managers/claim.py", "claim"), "handler dispatch": ("runner.py", "run"),
              "finish": ("worker.py", "_record")}
     total = sum(v[3] for k, v in stats.stats.items() if k[2] == "_loop" and k[0].endswith("worker.py"))  # type: ignore[attr-defined]
     shares = {}

@@ -1,7 +1,8 @@
 """"Why is this job not running?": the reasons a job is not being picked up, in plain words.
 
 Used by ``manage.py queue_why <id>`` and the admin's job page. Every reason mirrors a condition of
-the claim (dialects/base.py ``candidate_branches``), so what this says is what the claim does.
+the claim (dialects/base.py ``due_candidates`` and ``reclaim_candidates``), so what this says is what
+the claim does.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Who serves what: live workers, orphaned jobs and due work that no live worker serves.
 
 The admin's answers to "what is stuck" come from here, and each mirrors the claim
-(``dialects/base.py`` ``candidate_branches``): a worker is live when it has not stopped and its
+(``dialects/base.py`` ``reclaim_candidates``): a worker is live when it has not stopped and its
 heartbeat is younger than ``WORKER_DEAD_AFTER_SECONDS``; it serves a queue / type when its row lists
 it (``Worker.queues`` / ``Worker.types``, empty meaning all); a Processing job is taken over by the
 next claim when its lease expired or its worker is stopped or stale -- but only by a live worker that

@@ -143,15 +143,14 @@ def test_modify_statements(dialect: MssqlDialect, current: Status, new: Status, 
     args = {"step": None, "response": object(), "error": None, "scheduled_for": None, "run_in": None,
             "reset_attempts": False, **kwargs}
     if "response" not in kwargs:
-        from django_sqlqueue.managers import _UNSET
+        from django_sqlqueue.managers import UNSET
 
-        args["response"] = _UNSET
+        args["response"] = UNSET
     manager = JobManager()
     manager.model = Job
-    sets, params = manager._modify_sets(dialect, _job(current), current, new, args["step"],
-                                        args["response"], args["error"], args["scheduled_for"],
-                                        args["run_in"], args["reset_attempts"], "default")
-    sql = dialect.modify_sql(sets)
+    sql, params = manager._modify_statement(dialect, _job(current), current, new, args["step"],
+                                            args["response"], args["error"], args["scheduled_for"],
+                                            args["run_in"], args["reset_attempts"], "default")
     assert sql.count("%s") == len(params) + 2
     [update] = parse(sql[sql.index("UPDATE "):sql.index("; IF @sqlqueue_own = 1 COMMIT")])
     assert isinstance(update, exp.Update)

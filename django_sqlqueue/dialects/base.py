@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
 
-from ..states import CLAIMABLE, Status, sql_list
+from ..states import CLAIMABLE, FINISHED, Status, sql_list
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -218,27 +218,25 @@ class Dialect:
         )
 
     def complete_sql(self, nrows: int) -> str:
-        """PostgreSQL shape: one data-modifying CTE completes the jobs and closes their history rows.
+        """The completion statement for ``nrows`` jobs (see :meth:`complete_many`); each vendor writes its
+        own. Params: id, token, response, run time in ms (or None) for each job (the rows of
+        :meth:`complete_values`)."""
+        raise NotImplementedError
 
-        Params: id, token, response, run time in ms (or None) for each of ``nrows`` jobs (the rows of
-        :meth:`complete_values`). Returns the completed jobs' rows.
+    def completed_attempt_set(self, duration_sql: str) -> str:
+        """The SET list closing a completed attempt's history row, its duration ``duration_sql``."""
+        a = self.n.a
+        return (f"{a['finished_at']} = {self.now()}, {a['outcome_id']} = {int(Status.COMPLETED)}, "
+                f"{a['error']} = {self.empty_string}, {a['duration_ms']} = {duration_sql}")
+
+    def effective(self, alias: str, attr: str, default_placeholder: str = "%s") -> str:
+        """A job's effective ``max_attempts`` or ``lease_seconds`` as an SQL expression.
+
+        ``COALESCE(job override, its type's setting, default)`` (no per-job override for
+        ``lease_seconds``); ``alias`` names the job row (an alias or the quoted table), and
+        ``default_placeholder`` is where the default goes (a bound parameter: the caller passes
+        ``SQLQUEUE['MAX_ATTEMPTS']`` or ``['LEASE_SECONDS']``).
         """
-        n, j, a = self.n, self.n.j, self.n.a
-        cols = ", ".join(f"j.{c}" for c in n.job_columns)
-        return (
-            f"WITH done AS (UPDATE {n.job} j SET {self.complete_set_clause('j')} "
-            f"FROM {self.complete_values(nrows)} "
-            f"WHERE j.{j['id']} = v.vid AND j.{j['version']} = v.vversion "
-            f"AND j.{j['status_id']} = {int(Status.PROCESSING)} RETURNING {cols}), "
-            f"hist AS (UPDATE {n.attempt} a SET {a['finished_at']} = {self.now()}, "
-            f"{a['outcome_id']} = {int(Status.COMPLETED)}, {a['error']} = '', {a['duration_ms']} = done.{j['duration_ms']} "
-            f"FROM done WHERE a.{a['job_id']} = done.{j['id']} AND a.{a['attempt_num']} = done.{j['attempt_num']} "
-            f"AND a.{a['finished_at']} IS NULL) "
-            f"SELECT {', '.join(n.job_columns)} FROM done"
-        )
-
-    def _effective(self, alias: str, attr: str, default_placeholder: str) -> str:
-        """COALESCE(job override, type setting, default) for max_attempts / lease_seconds."""
         n = self.n
         type_val = (
             f"(SELECT t.{n.t[attr]} FROM {n.jobtype} t WHERE t.{n.t['id']} = {alias}.{n.j['job_type_id']})"
@@ -254,7 +252,7 @@ class Dialect:
         filters: list[str] = [
             f"NOT EXISTS (SELECT 1 FROM {n.jobtype} pt WHERE pt.{n.t['id']} = j.{j['job_type_id']} "
             f"AND pt.{n.t['paused']} = {self.true_literal})",
-            f"j.{j['attempt_num']} < {self._effective('j', 'max_attempts', '%s')}",
+            f"j.{j['attempt_num']} < {self.effective('j', 'max_attempts', '%s')}",
         ]
         params: list[Any] = [req.default_max_attempts]
         if req.queues:
@@ -280,47 +278,40 @@ class Dialect:
         j = self.n.j
         return f"j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['scheduled_for']} <= {self.now()}"
 
-    def candidate_branches(self, req: ClaimRequest, *, lock: str = "", hint: str = "", top: str = "",
-                           limit: str = "") -> tuple[list[str], list[Any]]:
-        """The candidate sets of the claim, as SELECTs of (id, priority, scheduled_for).
+    def due_candidates(self, common: str, *, limit: str = "", lock: str = "") -> str:
+        """Claim branch "due": claimable (Pending/Error) and due jobs passing ``common``
+        (:meth:`common_filters`), as a SELECT of :meth:`candidate_columns` in claim order, seeking the
+        claim index. ``limit``/``lock`` end it. Params: ``common``'s, then ``limit``'s."""
+        return (
+            f"SELECT {self.candidate_columns()} FROM {self.n.job} j{self.index_hint(CLAIM_INDEX)} "
+            f"WHERE {self.due_predicate()} AND {common} ORDER BY {self.candidate_order()}{limit}{lock}"
+        )
 
-        Branch 1: claimable (Pending/Error), due, attempts left. Branch 2 (only with ``req.reclaim``):
-        Processing rows whose holder is this worker name (a restart), whose lease expired, or whose
-        worker's heartbeat is stale.
-        Both skip paused types and honour the queue/type filters. They are separate SELECTs (joined by
-        UNION ALL by the caller) so that each can seek its own partial index in claim order; one WHERE
-        with an OR would scan.
+    def reclaim_candidates(self, common: str, *, limit: str = "", lock: str = "") -> str:
+        """Claim branch "reclaim": Processing jobs passing ``common`` whose holder is this worker name
+        (a restart, :meth:`own_leftovers`), whose lease expired, or whose worker stopped or has a stale
+        heartbeat; one SELECT seeking the Processing index (SQL Server splits it, see mssql.py).
+        Params: :meth:`reclaim_candidates_params`, ``common``'s, then ``limit``'s.
+
+        Kept apart from :meth:`due_candidates` (the vendor joins them with UNION ALL) so that each seeks
+        its own partial index in claim order; one WHERE with an OR would scan.
         """
         n, j = self.n, self.n.j
-        order = self.candidate_order()
-        common, filter_params = self.common_filters(req)
-        cols = f"{top}{self.candidate_columns()}"
-        due = (
-            f"SELECT {cols} FROM {n.job} j{hint}{self.index_hint(CLAIM_INDEX)} "
-            f"WHERE {self.due_predicate()} AND {common} ORDER BY {order}{limit}{lock}"
-        )
         dead_workers = (
             f"SELECT w.{n.w['name']} FROM {n.worker_table} w WHERE w.{n.w['stopped_at']} IS NOT NULL "
             f"OR w.{n.w['last_heartbeat']} < {self.now_plus('%s')}"
         )
-        reclaim = (
-            f"SELECT {cols} FROM {n.job} j{hint}{self.index_hint(PROCESSING_INDEX)} "
+        return (
+            f"SELECT {self.candidate_columns()} FROM {n.job} j{self.index_hint(PROCESSING_INDEX)} "
             f"WHERE j.{j['status_id']} = {int(Status.PROCESSING)} "
             f"AND (({self.own_leftovers()}) OR j.{j['lease_expires_at']} < {self.now()} "
             f"OR j.{j['worker']} IN ({dead_workers})) "
-            f"AND {common} ORDER BY {order}{limit}{lock}"
+            f"AND {common} ORDER BY {self.candidate_order()}{limit}{lock}"
         )
-        params_due = [*self._top_params(req, top), *filter_params, *self._limit_params(req, limit)]
-        params_reclaim = [
-            *self._top_params(req, top),
-            *self.own_leftovers_params(req),
-            -float(req.worker_dead_after_seconds),
-            *filter_params,
-            *self._limit_params(req, limit),
-        ]
-        if not req.reclaim:
-            return [due], params_due
-        return [due, reclaim], [*params_due, *params_reclaim]
+
+    def reclaim_candidates_params(self, req: ClaimRequest) -> list[Any]:
+        """The params :meth:`reclaim_candidates` takes before the common filters' params."""
+        return [*self.own_leftovers_params(req), -float(req.worker_dead_after_seconds)]
 
     def own_leftovers(self) -> str:
         """Processing jobs (alias ``j``) this worker name holds from another, earlier incarnation (a
@@ -335,7 +326,7 @@ class Dialect:
     def own_leftovers_params(req: ClaimRequest) -> list[Any]:
         return [req.worker, req.incarnation, req.worker, req.incarnation]
 
-    #: Names of the candidate branches, in :meth:`candidate_branches` order.
+    #: Names of the claim's candidate branches, in the order the vendor's claim lists them.
     BRANCH_NAMES = ("due", "reclaim")
 
     @classmethod
@@ -345,14 +336,6 @@ class Dialect:
             f"SELECT * FROM ({b})" + (f" AS {name}" if alias else "")
             for name, b in zip(cls.BRANCH_NAMES, branches, strict=False))
 
-    @staticmethod
-    def _top_params(req: ClaimRequest, top: str) -> list[Any]:
-        return [req.limit] if "%s" in top else []
-
-    @staticmethod
-    def _limit_params(req: ClaimRequest, limit: str) -> list[Any]:
-        return [req.limit] if "%s" in limit else []
-
     def claim_set_clause(self, req: ClaimRequest, alias: str = "") -> tuple[str, list[Any]]:
         """SET list shared by every vendor's claim: Processing, attempt + 1, stamps, lease, token.
 
@@ -360,7 +343,7 @@ class Dialect:
         """
         j = self.n.j
         a = f"{alias}." if alias else ""
-        lease = self.now_plus(self._effective(alias or self.n.job, "lease_seconds", "%s"))
+        lease = self.now_plus(self.effective(alias or self.n.job, "lease_seconds", "%s"))
         sets = [
             f"{j['status_id']} = {int(Status.PROCESSING)}",
             f"{j['attempt_num']} = {a}{j['attempt_num']} + 1",
@@ -375,13 +358,24 @@ class Dialect:
         ]
         return ", ".join(sets), [req.worker, req.incarnation, int(req.default_lease_seconds)]
 
-    def attempt_insert_sql(self) -> str:
-        """INSERT of one history row per claimed job (job_id, attempt_num, worker, claimed_at, step)."""
+    def attempt_insert(self) -> str:
+        """``INSERT INTO <history> (job_id, attempt_num, worker, claimed_at, step, error)``: the head of
+        the history row a claim writes for each job it claims."""
         a = self.n.a
-        return (
-            f"INSERT INTO {self.n.attempt} ({a['job_id']}, {a['attempt_num']}, {a['worker']}, "
-            f"{a['claimed_at']}, {a['step']}, {a['error']}) VALUES (%s, %s, %s, %s, %s, '')"
-        )
+        return (f"INSERT INTO {self.n.attempt} ({a['job_id']}, {a['attempt_num']}, {a['worker']}, "
+                f"{a['claimed_at']}, {a['step']}, {a['error']})")
+
+    def attempt_insert_from(self, source: str) -> str:
+        """:meth:`attempt_insert` of one history row per claimed job in ``source`` (a CTE or table
+        variable holding the claimed rows' JOB_COLUMNS)."""
+        j = self.n.j
+        return (f"{self.attempt_insert()} SELECT {j['id']}, {j['attempt_num']}, {j['worker']}, "
+                f"{j['started_at']}, {j['step']}, {self.empty_string} FROM {source}")
+
+    def claimed_order(self) -> str:
+        """Claim order over the claimed rows themselves (no alias), for the rows a claim returns."""
+        j = self.n.j
+        return f"{j['priority']} DESC, {j['scheduled_for']}, {j['id']}"
 
     def returning(self, columns: list[str]) -> tuple[str, str]:
         """(fragment after SET, fragment at the end) that make an UPDATE return ``columns``."""
@@ -391,6 +385,80 @@ class Dialect:
         """``UPDATE job SET ... WHERE ...`` returning JOB_COLUMNS (RETURNING or OUTPUT per vendor)."""
         mid, end = self.returning(self.n.job_columns)
         return f"UPDATE {self.n.job} SET {set_sql}{mid} WHERE {where_sql}{end}"
+
+    def modify_sets(self, current: Status, new: Status, *, default_max_attempts: int, step: str | None = None,
+                    set_response: bool = False, response: Any = None, error: str | None = None,
+                    scheduled_for: Any = None, run_in: float | None = None, reset_attempts: bool = False,
+                    run_ms: int | None = None) -> tuple[list[str], list[Any]]:
+        """The SET list of modify's ``current`` -> ``new`` (a transition the manager has allowed), and its
+        params, for :meth:`modify_sql`. Values come checked and in database form: ``response`` (stored
+        when ``set_response``), ``error``, ``scheduled_for``; ``run_in`` is seconds from the database
+        clock; ``run_ms`` the handler's own run time (None: the time since the claim).
+
+        The rules that depend on the row are decided here, by the database: an Error with no attempts
+        left becomes Failed (and keeps its due time); an operator's retry gets one attempt more.
+        """
+        j = self.n.j
+        sets = [f"{j['version']} = {j['version']} + 1", f"{j['updated_at']} = {self.now()}"]
+        params: list[Any] = []
+        # Attempts exhausted: decided by the row and its type, not by the caller.
+        exhausted = f"{j['attempt_num']} >= {self.effective(self.n.job, 'max_attempts')}"
+        if new == Status.ERROR:
+            sets.append(f"{j['status_id']} = CASE WHEN {exhausted} THEN {int(Status.FAILED)} ELSE {int(Status.ERROR)} END")
+            params.append(default_max_attempts)
+        else:
+            sets.append(f"{j['status_id']} = %s")
+            params.append(int(new))
+        if step is not None:
+            sets.append(f"{j['step']} = %s")
+            params.append(step)
+        if set_response:
+            sets.append(f"{j['response']} = %s")
+            params.append(response)
+        if error is not None:
+            sets.append(f"{j['error']} = %s")
+            params.append(error)
+        elif new == Status.COMPLETED:  # the job's error is its current one (the history keeps each attempt's)
+            sets.append(f"{j['error']} = ''")
+        if scheduled_for is not None:
+            sets.append(f"{j['scheduled_for']} = %s")
+            params.append(scheduled_for)
+        elif run_in is not None and new == Status.ERROR:
+            # A retry is due after run_in; a job out of attempts becomes Failed now, due never: keep
+            # its scheduled_for where it was instead of showing a retry time that will not come.
+            sets.append(f"{j['scheduled_for']} = CASE WHEN {exhausted} "
+                        f"THEN {j['scheduled_for']} ELSE {self.now_plus('%s')} END")
+            params += [default_max_attempts, run_in]
+        elif run_in is not None:
+            sets.append(f"{j['scheduled_for']} = {self.now_plus('%s')}")
+            params.append(run_in)
+        if current == Status.PROCESSING and (new in FINISHED or new == Status.ERROR):
+            if run_ms is None:
+                sets.append(f"{j['duration_ms']} = {self.ms_since(j['started_at'])}")
+            else:
+                sets.append(f"{j['duration_ms']} = %s")
+                params.append(run_ms)
+            sets += [f"{j['finished_at']} = {self.now()}", f"{j['lease_expires_at']} = NULL"]
+        elif current == Status.PROCESSING and new == Status.PENDING:
+            # Handed back unstarted (graceful shutdown): the attempt was not spent.
+            sets += [f"{j['attempt_num']} = {j['attempt_num']} - 1", f"{j['worker']} = ''",
+                     f"{j['lease_expires_at']} = NULL", f"{j['started_at']} = NULL"]
+        elif new in FINISHED and current != Status.PROCESSING:
+            sets.append(f"{j['finished_at']} = {self.now()}")
+        elif new == Status.PENDING:
+            # An operator's retry: due now unless told otherwise, and at least one attempt left.
+            if scheduled_for is None and run_in is None:
+                sets.append(f"{j['scheduled_for']} = {self.now()}")
+            sets += [f"{j['finished_at']} = NULL", f"{j['lease_expires_at']} = NULL"]
+            if reset_attempts:
+                sets.append(f"{j['attempt_num']} = 0")
+            else:
+                sets.append(f"{j['max_attempts']} = CASE WHEN {exhausted} "
+                            f"THEN {j['attempt_num']} + 1 ELSE {j['max_attempts']} END")
+                params.append(default_max_attempts)
+        if reset_attempts and new != Status.PENDING:
+            sets.append(f"{j['attempt_num']} = 0")
+        return sets, params
 
     def modify_sql(self, sets: list[str]) -> str:
         """The token-checked UPDATE of modify: params are the SET params, then id and token."""
@@ -404,14 +472,15 @@ class Dialect:
         a = self.n.a
         return (
             f"UPDATE {self.n.attempt} SET {a['finished_at']} = {self.now()}, {a['outcome_id']} = %s, "
-            f"{a['error']} = %s, {a['duration_ms']} = %s, {a['step']} = %s WHERE {self._open_attempt()}"
+            f"{a['error']} = %s, {a['duration_ms']} = %s, {a['step']} = %s WHERE {self.open_attempt()}"
         )
 
     def delete_attempt_sql(self) -> str:
         """Drop the history row of an attempt handed back unstarted. Params: job id, attempt."""
-        return f"DELETE FROM {self.n.attempt} WHERE {self._open_attempt()}"
+        return f"DELETE FROM {self.n.attempt} WHERE {self.open_attempt()}"
 
-    def _open_attempt(self) -> str:
+    def open_attempt(self) -> str:
+        """The open (unfinished) history row of an attempt. Params: job id, attempt."""
         a = self.n.a
         return f"{a['job_id']} = %s AND {a['attempt_num']} = %s AND {a['finished_at']} IS NULL"
 
@@ -433,7 +502,7 @@ class Dialect:
         return (
             f"SELECT {j['id']} FROM {self.n.job} WHERE {j['status_id']} = {int(Status.PROCESSING)} "
             f"AND {j['lease_expires_at']} < {self.now()} "
-            f"AND {j['attempt_num']} >= {self._effective(self.n.job, 'max_attempts', '%s')}"
+            f"AND {j['attempt_num']} >= {self.effective(self.n.job, 'max_attempts', '%s')}"
         )
 
     def select_job_sql(self, where_sql: str) -> str:

@@ -228,7 +228,7 @@ class MssqlDialect(Dialect):
 
     def claim_batch(self, req: ClaimRequest) -> Batch:
         """The claim: candidates, the UPDATE of the picked rows, their history rows, the rows back."""
-        n, j, a = self.n, self.n.j, self.n.a
+        n, j = self.n, self.n.j
         common, common_params = self.common_filters(req)
         cols, order = self.candidate_columns(), self.candidate_order()
         due = (f"SELECT TOP (%s) {cols} FROM {n.job} AS j{CLAIM_HINTS} "
@@ -250,12 +250,9 @@ class MssqlDialect(Dialect):
             f"FROM ({self.union_all(branches, alias=True)}) AS c "
             f"ORDER BY c.priority DESC, c.scheduled_for, c.id) AS picked "
             f"INNER LOOP JOIN {n.job} AS j ON j.{j['id']} = picked.id",
-            f"INSERT INTO {n.attempt} ({a['job_id']}, {a['attempt_num']}, {a['worker']}, {a['claimed_at']}, "
-            f"{a['step']}, {a['error']}) SELECT {j['id']}, {j['attempt_num']}, {j['worker']}, "
-            f"{j['started_at']}, {j['step']}, N'' FROM @claimed",
+            self.attempt_insert_from("@claimed"),
         ]
-        results = [f"SELECT {', '.join(n.job_columns)} FROM @claimed "
-                   f"ORDER BY {j['priority']} DESC, {j['scheduled_for']}, {j['id']}"]
+        results = [f"SELECT {', '.join(n.job_columns)} FROM @claimed ORDER BY {self.claimed_order()}"]
         return Batch([self.declare("@claimed")], body, results, [*set_params, req.limit, *params])
 
     def claim_sql(self, req: ClaimRequest) -> tuple[str, list[Any]]:
@@ -281,8 +278,7 @@ class MssqlDialect(Dialect):
             f"FROM {self.complete_values(len(items))} "
             f"WHERE {n.job}.{j['id']} = v.vid AND {n.job}.{j['version']} = v.vversion "
             f"AND {n.job}.{j['status_id']} = {int(Status.PROCESSING)} OPTION (LOOP JOIN)",
-            f"UPDATE a SET {a['finished_at']} = SYSUTCDATETIME(), {a['outcome_id']} = {int(Status.COMPLETED)}, "
-            f"{a['error']} = N'', {a['duration_ms']} = d.{j['duration_ms']} "
+            f"UPDATE a SET {self.completed_attempt_set('d.' + j['duration_ms'])} "
             f"FROM @done AS d INNER LOOP JOIN {n.attempt} AS a ON a.{a['job_id']} = d.{j['id']} "
             f"AND a.{a['attempt_num']} = d.{j['attempt_num']} WHERE a.{a['finished_at']} IS NULL",
         ]

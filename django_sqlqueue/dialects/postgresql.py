@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
 
+from ..states import Status
 from .base import JOB_COLUMNS, ClaimRequest, Dialect
 from .plans import postgresql_scans
 
@@ -47,16 +48,32 @@ class PostgresDialect(Dialect):
         # A row a concurrent transaction changes is waited for, then its WHERE is checked again.
         return " FOR UPDATE"
 
+    # ----- the claim ------------------------------------------------------------------------------
+    #: FOR UPDATE OF j: lock only job rows (not the job-type rows the filters read). SKIP LOCKED: a row
+    #: another claimer holds is passed over, not waited for: concurrent claimers each take different
+    #: rows instead of queueing behind one another.
+    CANDIDATE_LOCK = " FOR UPDATE OF j SKIP LOCKED"
+
     def claim_sql(self, req: ClaimRequest) -> tuple[str, list[Any]]:
-        n, j, a = self.n, self.n.j, self.n.a
-        # FOR UPDATE OF j: lock only job rows (not the job-type rows the filters read).
-        # SKIP LOCKED: a row another claimer holds is passed over, not waited for: concurrent
-        # claimers each take different rows instead of queueing behind one another.
-        # Each branch is its own CTE (FOR UPDATE is not allowed beside UNION) and locks inside it, so
-        # its LIMIT counts only rows it actually got.
-        branches, params = self.candidate_branches(
-            req, lock=" FOR UPDATE OF j SKIP LOCKED", limit=" LIMIT %s"
-        )
+        """The claim, ONE data-modifying statement (docs/claim-sql.md shows it rendered)::
+
+            WITH due AS (candidates, locked), [reclaim AS (candidates, locked),]
+                 picked AS (the first ``limit`` of their union, claim order),
+                 claimed AS (UPDATE job SET <claim SET list> FROM picked RETURNING *),
+                 hist AS (INSERT INTO history SELECT ... FROM claimed)
+            SELECT * FROM claimed ORDER BY <claim order>
+
+        Each branch is its own CTE (FOR UPDATE is not allowed beside UNION) and locks inside it, so its
+        LIMIT counts only rows it actually got.
+        """
+        n, j = self.n, self.n.j
+        common, common_params = self.common_filters(req)
+        limit, lock = " LIMIT %s", self.CANDIDATE_LOCK
+        branches = [self.due_candidates(common, limit=limit, lock=lock)]
+        params = [*common_params, req.limit]
+        if req.reclaim:
+            branches.append(self.reclaim_candidates(common, limit=limit, lock=lock))
+            params += [*self.reclaim_candidates_params(req), *common_params, req.limit]
         set_sql, set_params = self.claim_set_clause(req, alias="j")
         returning = ", ".join(f"j.{c}" for c in n.job_columns)
         names = self.BRANCH_NAMES[:len(branches)]
@@ -69,20 +86,40 @@ class PostgresDialect(Dialect):
             f"RETURNING {returning}), "
             # The history row is written by the same statement: a claim without its history row
             # cannot exist, even if the worker dies right after.
-            f"hist AS (INSERT INTO {n.attempt} ({a['job_id']}, {a['attempt_num']}, {a['worker']}, "
-            f"{a['claimed_at']}, {a['step']}, {a['error']}) SELECT {j['id']}, {j['attempt_num']}, "
-            f"{j['worker']}, {j['started_at']}, {j['step']}, '' FROM claimed) "
-            f"SELECT * FROM claimed ORDER BY {j['priority']} DESC, {j['scheduled_for']}, {j['id']}"
+            f"hist AS ({self.attempt_insert_from('claimed')}) "
+            f"SELECT * FROM claimed ORDER BY {self.claimed_order()}"
         )
         return sql, [*params, req.limit, *set_params]
-
-    # VALUES rows are typed by their first row; say the types so a NULL response is still jsonb.
-    complete_casts = ("%s::bigint", "%s::integer", "%s::jsonb", "%s::bigint")
 
     def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
         sql, params = self.claim_sql(req)
         cursor.execute(sql, params)
         return cursor.fetchall()
+
+    # ----- completion -----------------------------------------------------------------------------
+    # VALUES rows are typed by their first row; say the types so a NULL response is still jsonb.
+    complete_casts = ("%s::bigint", "%s::integer", "%s::jsonb", "%s::bigint")
+
+    def complete_sql(self, nrows: int) -> str:
+        """One data-modifying CTE completes the jobs whose token matches and closes their history rows::
+
+            WITH done AS (UPDATE job SET <completion SET list> FROM (VALUES ...) v
+                          WHERE id = v.vid AND version = v.vversion AND status = Processing RETURNING *),
+                 hist AS (UPDATE history SET <closed as completed> FROM done WHERE <its open row>)
+            SELECT * FROM done
+        """
+        n, j, a = self.n, self.n.j, self.n.a
+        cols = ", ".join(f"j.{c}" for c in n.job_columns)
+        return (
+            f"WITH done AS (UPDATE {n.job} j SET {self.complete_set_clause('j')} "
+            f"FROM {self.complete_values(nrows)} "
+            f"WHERE j.{j['id']} = v.vid AND j.{j['version']} = v.vversion "
+            f"AND j.{j['status_id']} = {int(Status.PROCESSING)} RETURNING {cols}), "
+            f"hist AS (UPDATE {n.attempt} a SET {self.completed_attempt_set('done.' + j['duration_ms'])} "
+            f"FROM done WHERE a.{a['job_id']} = done.{j['id']} AND a.{a['attempt_num']} = done.{j['attempt_num']} "
+            f"AND a.{a['finished_at']} IS NULL) "
+            f"SELECT {', '.join(n.job_columns)} FROM done"
+        )
 
     #: Rows per bulk INSERT: the unnest form below carries one array parameter per column, not one
     #: parameter per value, so a statement may hold many rows without a huge query text to build,

@@ -59,9 +59,25 @@ class SqliteDialect(Dialect):
     def ms_since(self, column_sql: str) -> str:
         return f"CAST((julianday('now') - julianday({column_sql})) * 86400000 AS INTEGER)"
 
+    # ----- the claim ------------------------------------------------------------------------------
     def claim_sql(self, req: ClaimRequest) -> tuple[str, list[Any]]:
+        """The claim's UPDATE (its history rows follow, see :meth:`claim`)::
+
+            UPDATE job SET <claim SET list> WHERE id IN (
+                SELECT id FROM (SELECT * FROM (due) [UNION ALL SELECT * FROM (reclaim)])
+                ORDER BY <claim order> LIMIT n)
+            RETURNING *
+
+        No row locks: :meth:`write_transaction` (``BEGIN IMMEDIATE``) serialises claimers.
+        """
         n, j = self.n, self.n.j
-        branches, params = self.candidate_branches(req, limit=" LIMIT %s")
+        common, common_params = self.common_filters(req)
+        limit = " LIMIT %s"
+        branches = [self.due_candidates(common, limit=limit)]
+        params = [*common_params, req.limit]
+        if req.reclaim:
+            branches.append(self.reclaim_candidates(common, limit=limit))
+            params += [*self.reclaim_candidates_params(req), *common_params, req.limit]
         set_sql, set_params = self.claim_set_clause(req)
         sql = (
             f"UPDATE {n.job} SET {set_sql} WHERE {j['id']} IN ("
@@ -70,6 +86,10 @@ class SqliteDialect(Dialect):
             f"RETURNING {', '.join(n.job_columns)}"
         )
         return sql, [*set_params, *params, req.limit]
+
+    def attempt_insert_sql(self) -> str:
+        """The history row of one claimed job. Params: job id, attempt, worker, claimed at, step."""
+        return f"{self.attempt_insert()} VALUES (%s, %s, %s, %s, %s, '')"
 
     @contextmanager
     def write_transaction(self, cursor: CursorWrapper, completions: int = 0, claim: bool = True) -> Iterator[None]:
@@ -126,10 +146,8 @@ class SqliteDialect(Dialect):
                       ) -> list[tuple[Any, ...]]:
         rows = super().complete_many(cursor, items)
         if rows:
-            a = self.n.a
             cursor.executemany(
-                f"UPDATE {self.n.attempt} SET {a['finished_at']} = {self.now()}, {a['outcome_id']} = "
-                f"{int(Status.COMPLETED)}, {a['error']} = '', {a['duration_ms']} = %s WHERE {self._open_attempt()}",
+                f"UPDATE {self.n.attempt} SET {self.completed_attempt_set('%s')} WHERE {self.open_attempt()}",
                 [(r[COL["duration_ms"]], r[COL["id"]], r[COL["attempt_num"]]) for r in rows],
             )
         return rows

@@ -1,0 +1,218 @@
+"""Enqueue: one job or many, deduplicated, with subtype rows, waking idle workers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from .. import jobtypes, limits, tracing
+from ..conf import get_settings
+from ..dialects import JOB_COLUMNS, get_dialect
+from ..exceptions import InvalidArgument, SubtypeMismatch
+from ..states import UNFINISHED, Status
+from .rows import RowsMixin
+from .values import encode_json, storable_key
+
+if TYPE_CHECKING:
+    from ..models import Job, JobData
+
+
+#: The columns an enqueue writes (attnames, in this order in every row :meth:`JobManager._validated_row`
+#: builds); ``enqueued_at`` and ``updated_at`` are stamped by the database clock.
+INSERT_COLUMNS: list[str] = ["queue", "job_type_id", "status_id", "step", "priority", "attempt_num", "max_attempts",
+                             "payload", "error", "enqueued_at", "scheduled_for", "version", "updated_at", "worker",
+                             "trace_context", "dedupe_key"]
+#: What a new job's remaining columns hold.
+_NOT_YET: dict[str, Any] = dict.fromkeys(("response", "started_at", "finished_at", "duration_ms", "lease_expires_at"))
+
+
+@dataclass
+class JobSpec:
+    """One job for :meth:`JobManager.enqueue_many`; the same options as :meth:`JobManager.enqueue`."""
+
+    job_type: str
+    payload: Any = None
+    queue: str = "default"
+    priority: int = 0
+    scheduled_for: datetime | None = None
+    delay: float | timedelta | None = None
+    dedupe_key: str | None = None
+    max_attempts: int | None = None
+    subtypes: Sequence[JobData] = field(default_factory=tuple)
+
+
+class EnqueueMixin(RowsMixin):
+    """Enqueue: validated rows in, Job objects out."""
+
+    def enqueue(
+        self,
+        job_type: str,
+        payload: Any = None,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        scheduled_for: datetime | None = None,
+        delay: float | timedelta | None = None,
+        dedupe_key: str | None = None,
+        max_attempts: int | None = None,
+        subtypes: Sequence[JobData] = (),
+        using: str | None = None,
+    ) -> Job:
+        """Insert one job (and its subtype rows) in one transaction; return it.
+
+        With ``dedupe_key``, a second enqueue while a job with that key is unfinished returns the
+        existing job instead of inserting (race-safe: the database's unique index decides).
+        Commits with the caller's transaction when called inside ``transaction.atomic()``.
+        """
+        spec = JobSpec(job_type, payload, queue, priority, scheduled_for, delay, dedupe_key, max_attempts,
+                       tuple(subtypes))
+        return self.enqueue_many([spec], using=using)[0]
+
+    def enqueue_many(self, specs: Iterable[JobSpec], *, using: str | None = None) -> list[Job]:
+        """Insert many jobs in one transaction, in multi-row INSERTs; return them in input order.
+
+        With OpenTelemetry installed, inside an enqueue span whose context each job carries (tracing.py).
+        """
+        specs = list(specs)
+        if not specs:  # nothing to insert, nobody to wake (an INSERT of no rows is a syntax error)
+            return []
+        if not tracing.enabled():
+            return self._enqueue_many(specs, using, None)
+        with tracing.enqueue_span([s.job_type for s in specs if isinstance(s.job_type, str)], len(specs),
+                                  [s.queue for s in specs if isinstance(s.queue, str)]) as carrier:
+            return self._enqueue_many(specs, using, carrier)
+
+    def _enqueue_many(self, specs: list[JobSpec], using: str | None, carrier: str | None) -> list[Job]:
+        from ..handlers import registry
+
+        alias = self._alias(using)
+        connection = connections[alias]
+        dialect = get_dialect(connection)
+        settings = get_settings()
+        rows: list[list[Any]] = []
+        infos: dict[Any, jobtypes.TypeInfo] = {}  # one lookup per type name, not per job
+        for spec in specs:
+            info = infos.get(spec.job_type)
+            if info is None:
+                limits.check_type_name(spec.job_type)
+                info = jobtypes.get_type(spec.job_type, using=alias, create=registry.is_registered(spec.job_type))
+                infos[spec.job_type] = info
+            rows.append(self._validated_row(spec, info, settings.MAX_PAYLOAD_BYTES, alias, dialect, carrier))
+        channel = settings.NOTIFY_CHANNEL if dialect.notify_sql() else ""
+        if (len(rows) <= 3 and not connection.in_atomic_block and all(r[-1] is None for r in rows)
+                and not any(s.subtypes for s in specs)):
+            # The way an app enqueues, one job per transaction: ONE statement in autocommit (insert
+            # and, on PostgreSQL, pg_notify in the same statement), atomic by itself. No BEGIN, no
+            # separate notify, no COMMIT round trips; only the id and clock stamps come back.
+            with connection.cursor() as cursor:
+                stamped = dialect.insert_stamped(cursor, INSERT_COLUMNS, rows, channel,
+                                                 ",".join(sorted({s.queue for s in specs})))
+            return self._stamped_jobs(rows, stamped, alias)
+        columns = INSERT_COLUMNS
+        per_row = len(columns) - 2  # enqueued_at / updated_at are stamped by the database
+        chunk = dialect.insert_chunk(per_row)
+        jobs: list[Job | None] = [None] * len(specs)
+        new_ids: set[int] = set()
+        with transaction.atomic(using=alias), connection.cursor() as cursor:
+            for start in range(0, len(rows), chunk):
+                part = rows[start:start + chunk]
+                dedupe = any(r[-1] is not None for r in part)
+                inserted = self._rows_to_jobs(dialect.insert_job(cursor, columns, part, dedupe), alias)
+                new_ids.update(j.pk for j in inserted)
+                self._match_inserted(specs, jobs, start, part, inserted, alias)
+            for spec, job in zip(specs, jobs, strict=True):
+                assert job is not None
+                if job.pk in new_ids:  # a deduplicated enqueue returns the existing job, rows and all
+                    self._save_subtypes(spec, job, alias)
+            notify = dialect.notify_sql()
+            if notify and settings.NOTIFY_CHANNEL:
+                queues = sorted({s.queue for s in specs})
+                # Delivered only when the transaction commits: idle workers wake for committed jobs.
+                cursor.execute(notify, [settings.NOTIFY_CHANNEL, ",".join(queues)])
+        return jobs  # type: ignore[return-value]
+
+    def _validated_row(self, spec: JobSpec, info: jobtypes.TypeInfo, limit: int, alias: str,
+                       dialect: Any, carrier: str | None = None) -> list[Any]:
+        if not isinstance(spec.queue, str) or not spec.queue or len(spec.queue) > 100:
+            raise InvalidArgument(f"queue must be a non-empty string of at most 100 characters, got {spec.queue!r}")
+        storable_key(spec.queue, "queue name")
+        if not isinstance(spec.priority, int) or not -32768 <= spec.priority <= 32767:
+            raise InvalidArgument(f"priority must be an integer from -32768 to 32767, got {spec.priority!r}")
+        if spec.max_attempts is not None and (not isinstance(spec.max_attempts, int) or not 1 <= spec.max_attempts <= 32767):
+            raise InvalidArgument(f"max_attempts must be an integer from 1 to 32767, got {spec.max_attempts!r}")
+        if spec.dedupe_key is not None and (not isinstance(spec.dedupe_key, str) or not 0 < len(spec.dedupe_key) <= 200):
+            raise InvalidArgument("dedupe_key must be a non-empty string of at most 200 characters")
+        if spec.dedupe_key is not None:
+            storable_key(spec.dedupe_key, "dedupe_key")
+        when = spec.scheduled_for
+        if spec.delay is not None:
+            if when is not None:
+                raise InvalidArgument("give scheduled_for or delay, not both")
+            seconds = limits.check_delay(spec.delay)
+            when = timezone.now() + timedelta(seconds=seconds) if seconds else None
+        elif when is not None:
+            limits.check_when(when)
+        payload = dialect.json_param(
+            "{}" if spec.payload is None else encode_json(spec.payload, "payload", limit))
+        return [
+            spec.queue, info.id, int(Status.PENDING), "", spec.priority, 0, spec.max_attempts, payload, "", None,
+            None if when is None else self._prep("scheduled_for", when, alias), 1, None, "", carrier,
+            spec.dedupe_key,
+        ]
+
+    def _match_inserted(self, specs: list[JobSpec], jobs: list[Job | None], start: int, part: list[list[Any]],
+                        inserted: list[Job], alias: str) -> None:
+        """Pair inserted rows with their specs; a dedupe conflict returns the existing unfinished job."""
+        if len(inserted) == len(part):
+            # Every row went in; RETURNING/OUTPUT order is not promised, ids are: sort by id.
+            for i, job in enumerate(sorted(inserted, key=lambda j: j.pk)):
+                jobs[start + i] = job
+            return
+        by_key = {j.dedupe_key: j for j in inserted if j.dedupe_key is not None}
+        plain = sorted((j for j in inserted if j.dedupe_key is None), key=lambda j: j.pk)
+        plain_iter = iter(plain)
+        for i, row in enumerate(part):
+            key = row[-1]
+            if key is None:
+                jobs[start + i] = next(plain_iter)
+            elif key in by_key:
+                jobs[start + i] = by_key[key]
+            else:
+                existing = self.using(alias).filter(dedupe_key=key, status_id__in=UNFINISHED).first()
+                if existing is None:  # finished in between: enqueue afresh
+                    existing = self.enqueue_many([specs[start + i]], using=alias)[0]
+                jobs[start + i] = existing
+                by_key[key] = existing
+
+    def _save_subtypes(self, spec: JobSpec, job: Job, alias: str) -> None:
+        for row in spec.subtypes:
+            expected = getattr(row, "job_type_name", None)
+            if expected is not None and expected != spec.job_type:
+                raise SubtypeMismatch(
+                    f"{type(row).__name__} belongs to job type {expected!r}, not {spec.job_type!r}"
+                )
+            row.job = job
+            row.full_clean(exclude=["job"])
+            row.save(using=alias, force_insert=True)
+
+    def _stamped_jobs(self, rows: list[list[Any]], stamped: list[tuple[Any, ...]], using: str) -> list[Job]:
+        """Jobs as a read would return them, from INSERT_COLUMNS rows as sent plus the database's
+        :attr:`~.dialects.base.Dialect.STAMPED` values (no second trip for the rest of the row)."""
+        connection = connections[using]
+        dialect = get_dialect(connection)
+        stamp_convs = self._converters(connection, dialect.STAMPED)
+        payload_convs = self._converters(connection, ("payload",))
+        fast = self._fast_init()
+        out = []
+        for row, raw in zip(rows, stamped, strict=True):
+            values = dict(zip(INSERT_COLUMNS, row, strict=True))
+            values.update(_NOT_YET)
+            values["payload"] = self._convert([dialect.json_text(values["payload"])], payload_convs, connection)[0]
+            values.update(zip(dialect.STAMPED, self._convert(list(raw), stamp_convs, connection), strict=True))
+            out.append(self._instance({c: values[c] for c in JOB_COLUMNS}, using, fast))
+        return out

@@ -1,0 +1,152 @@
+"""Housekeeping: lease renewal, purging finished jobs, reaping jobs stuck without attempts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, models
+from django.utils import timezone
+
+from ..conf import get_settings
+from ..dialects import get_dialect
+from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
+from ..states import FINISHED, Status
+from .rows import RowsMixin
+
+if TYPE_CHECKING:
+    from ..models import Job
+
+
+def purge_statuses(statuses: Iterable[Status | int]) -> list[int]:
+    out = sorted({int(Status(s)) for s in statuses})
+    if not out or any(Status(s) not in FINISHED for s in out):
+        raise InvalidArgument("only finished jobs may be purged: statuses must be some of "
+                              f"{', '.join(s.label for s in sorted(FINISHED))}, got {statuses!r}")
+    return out
+
+
+class HousekeepingMixin(RowsMixin):
+    """Leases, retention and reaping."""
+
+    def renew_leases(self, worker: str, job_ids: Sequence[int], lease_seconds: int, *,
+                     using: str | None = None, incarnation: str | None = None) -> int:
+        """Push the lease of jobs ``worker`` (its ``incarnation``, if given) still holds; return how many.
+
+        No token bump: a lease renewal is not a state change. A job someone else reclaimed has another
+        worker name or incarnation and is left alone (fencing: the late worker's finish is refused by
+        the token).
+        """
+        if not job_ids:
+            return 0
+        alias = self._alias(using)
+        dialect = get_dialect(connections[alias])
+        with connections[alias].cursor() as cursor:
+            dialect.execute(cursor, dialect.renew_leases_sql(len(job_ids), incarnation is not None),
+                            [int(lease_seconds), *job_ids, worker, *([incarnation] if incarnation is not None else [])])
+            return cursor.rowcount
+
+    def purge(self, ids: Sequence[int], *, statuses: Iterable[Status | int], cutoff: datetime,
+              queues: Sequence[str] = (), using: str | None = None) -> int:
+        """Delete those of jobs ``ids`` that :meth:`JobQuerySet.purgeable` still selects, with their
+        history and subtype rows, in one transaction (one per chunk where the database takes fewer
+        parameters than ``ids`` needs); return how many jobs were deleted.
+
+        The ids were read earlier, without a lock: a job retried (back to Pending) or otherwise changed
+        since is kept, rows and all. The jobs that still qualify are locked first, so none can change
+        between the deletion of its rows and its own; the conditions are repeated in the job DELETE.
+        Rows are deleted by job id and never read: no payload is loaded, whatever its size, and no
+        delete signal is sent. Every model referencing ``Job`` must do so with ``on_delete=CASCADE``
+        (history, subtype tables: their rows go too) or ``DO_NOTHING``; see :func:`purge_references`.
+        """
+        if timezone.is_naive(cutoff):
+            raise InvalidArgument("cutoff must be timezone-aware")
+        status_ids = purge_statuses(statuses)
+        ids = [int(i) for i in ids]
+        queues = list(queues)
+        alias = self._alias(using)
+        dialect = get_dialect(connections[alias])
+        room = dialect.max_params - len(status_ids) - len(queues) - 2
+        if room < 1:
+            raise InvalidArgument(f"too many queues for one purge statement on this database: {len(queues)}")
+        when = self._prep("finished_at", cutoff, alias)
+        references = purge_references(self.model)
+        deleted = 0
+        for start in range(0, len(ids), room):
+            deleted += self._purge_chunk(ids[start:start + room], status_ids, when, queues, references, alias)
+        return deleted
+
+    def _purge_chunk(self, ids: list[int], status_ids: list[int], when: Any, queues: list[str],
+                     references: list[tuple[str, str]], alias: str) -> int:
+        connection = connections[alias]
+        dialect = get_dialect(connection)
+        tail = [*status_ids, when, when, *queues]
+        with connection.cursor() as cursor, dialect.exclusive_transaction(cursor):
+            where = dialect.purge_where(len(ids), len(status_ids), len(queues))
+            dialect.execute(cursor, dialect.purge_lock_sql(where), [*ids, *tail])
+            locked = [row[0] for row in cursor.fetchall()]
+            if not locked:
+                return 0
+            for table, column in references:
+                dialect.execute(cursor, dialect.delete_by_job_sql(table, column, len(locked)), locked)
+            where = dialect.purge_where(len(locked), len(status_ids), len(queues))
+            dialect.execute(cursor, dialect.purge_delete_sql(where), [*locked, *tail])
+            return cursor.rowcount
+
+    def reap(self, *, using: str | None = None, limit: int = 500) -> int:
+        """Move Processing jobs with an expired lease and no attempts left to Failed; return how many.
+
+        These would never be claimed again (the claim requires attempts left), so without this they
+        would sit in Processing forever. Each goes through :meth:`modify`, so history is closed.
+        """
+        alias = self._alias(using)
+        dialect = get_dialect(connections[alias])
+        with connections[alias].cursor() as cursor:
+            dialect.execute(cursor, dialect.reap_candidates_sql(), [get_settings().MAX_ATTEMPTS])
+            ids = [r[0] for r in cursor.fetchmany(limit)]
+        done = 0
+        for job_id in ids:
+            try:
+                job = self.get_for_update(job_id, using=alias)
+                self.modify(job, job.version, Status.FAILED,
+                            error=(job.error + "\n" if job.error else "")
+                            + f"lease expired with no attempts left (last worker {job.worker!r})",
+                            using=alias)
+                done += 1
+            except (StaleJob, IllegalTransition, JobNotFound):
+                continue  # someone else moved it meanwhile
+        return done
+
+
+def purge_references(job_model: type[Job]) -> list[tuple[str, str]]:
+    """(table, column) of every model that references a job and is deleted with it: the attempt
+    history and the subtype tables (``on_delete=CASCADE``), in model order.
+
+    :meth:`JobManager.purge` deletes these rows by job id, one level deep, as the database would have
+    them gone; a reference it cannot honour that way (``PROTECT``, ``SET_NULL``, a cascaded model that
+    is itself referenced) is refused up front with :class:`~.exceptions.SqlQueueError` rather than
+    half done or failed by a foreign key at commit.
+    """
+    from ..exceptions import SqlQueueError
+
+    def references(model: Any) -> list[Any]:
+        # Every reverse relation, hidden ones too (the subtypes' related_name is "+").
+        return [f for f in model._meta.get_fields(include_hidden=True) if f.auto_created and not f.concrete
+                and (f.one_to_many or f.one_to_one or f.many_to_many)]
+
+    out = []
+    for rel in references(job_model):
+        related = rel.related_model
+        if rel.on_delete is models.DO_NOTHING or related._meta.proxy:
+            continue
+        where = f"{related._meta.label}.{rel.field.name}"
+        if rel.on_delete is not models.CASCADE or rel.many_to_many:
+            raise SqlQueueError(f"purge_queue deletes jobs by id and cannot honour {where} "
+                                f"(on_delete={getattr(rel.on_delete, '__name__', rel.on_delete)!s}): "
+                                "references to jobs must use CASCADE or DO_NOTHING")
+        if any(r.on_delete is not models.DO_NOTHING for r in references(related)):
+            raise SqlQueueError(f"purge_queue deletes the rows of {related._meta.label} by job id, one level "
+                                f"deep, but other models reference them: delete those first")
+        out.append((related._meta.db_table, rel.field.column))
+    return out

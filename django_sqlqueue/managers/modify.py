@@ -1,0 +1,168 @@
+"""Modify: a job moved from one status to another, checked against the transition table and its token."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+
+from .. import jobtypes, limits
+from ..conf import get_settings
+from ..dialects import get_dialect
+from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
+from ..states import TRANSITIONS, Status
+from .rows import RowsMixin
+from .values import UNSET, check_response, duration_ms, storable_error
+
+if TYPE_CHECKING:
+    from ..models import Job
+
+
+#: Entering Processing is the claim's job (it bumps the attempt and writes history); modify refuses it
+#: except for a job already Processing (a step advance within the same attempt).
+CLAIM_ONLY = frozenset({(Status.PENDING, Status.PROCESSING), (Status.ERROR, Status.PROCESSING)})
+
+
+class ModifyMixin(RowsMixin):
+    """Every other change of a job's status: the transition rules, the token, the history row."""
+
+    def get_for_update(self, job_id: int, *, using: str | None = None) -> Job:
+        """Read the current row (a locking read on SQL Server, so row versioning cannot show a stale one)."""
+        alias = self._alias(using)
+        dialect = get_dialect(connections[alias])
+        with connections[alias].cursor() as cursor:
+            dialect.execute(cursor, dialect.select_job_sql(f"{dialect.n.j['id']} = %s"), [job_id])
+            rows = cursor.fetchall()
+        if not rows:
+            raise JobNotFound(f"no job with id {job_id}")
+        return self._rows_to_jobs(rows, alias)[0]
+
+    def modify(
+        self,
+        job: Job | int,
+        token: int | None,
+        status: Status | int,
+        *,
+        step: str | None = None,
+        response: Any = UNSET,
+        error: str | None = None,
+        scheduled_for: datetime | None = None,
+        run_in: float | None = None,
+        reset_attempts: bool = False,
+        duration: float | None = None,
+        using: str | None = None,
+        _release_note: str = "",
+    ) -> Job:
+        """Move a job to ``status`` if ``token`` still matches its ``version``; return the new row.
+
+        Refuses transitions not in the table (:class:`IllegalTransition`) and writes nothing when the token is stale (:class:`StaleJob`). An Error when attempts are
+        exhausted becomes Failed. Finishing an attempt stamps finished_at and duration and closes the
+        history row; handing a Processing job back to Pending gives its attempt back. ``step`` keeps
+        or advances the step. ``run_in`` sets scheduled_for to the database clock plus that many
+        seconds (so a retry's due time does not depend on the worker host's clock). ``duration``: the
+        seconds the handler itself ran, as the worker measured it, stored as the attempt's duration
+        when it finishes (without it: the time since the claim, by the database clock). ``job`` may be
+        a Job (its status and version are what the caller read) or an id (the current row is read
+        first; ``token=None`` then means "whatever it is now").
+        """
+        alias = self._alias(using)
+        new = Status(status)
+        if not isinstance(job, self.model):
+            job = self.get_for_update(int(job), using=alias)  # type: ignore[arg-type]
+        if token is None:
+            token = job.version
+        if job.version != token:
+            raise StaleJob(f"job {job.pk}: token {token} is stale (now {job.version}); nothing was changed")
+        current = job.state
+        if new not in TRANSITIONS[current] or (current, new) in CLAIM_ONLY:
+            raise IllegalTransition(f"job {job.pk}: {current.label} -> {new.label} is not allowed")
+        if scheduled_for is not None:
+            limits.check_when(scheduled_for)
+        if run_in is not None:
+            if scheduled_for is not None:
+                raise InvalidArgument("give run_in or scheduled_for, not both")
+            limits.check_delay(run_in, "run_in (a retry's delay)")
+        ms = duration_ms(duration)
+        connection = connections[alias]
+        dialect = get_dialect(connection)
+        sql, params = self._modify_statement(dialect, job, current, new, step, response, error, scheduled_for,
+                                             run_in, reset_attempts, alias, ms)
+        with transaction.atomic(using=alias), connection.cursor() as cursor:
+            dialect.execute(cursor, sql, [*params, job.pk, token])
+            rows = cursor.fetchall()
+            if not rows:
+                raise StaleJob(f"job {job.pk} changed since token {token} was read; nothing was changed")
+            updated = self._rows_to_jobs(rows, alias)[0]
+            if current == Status.PROCESSING and new != Status.PROCESSING:
+                self._close_attempt(cursor, dialect, job, updated, released=new == Status.PENDING,
+                                    note=_release_note)
+        return updated
+
+    def _modify_statement(self, dialect: Any, job: Job, current: Status, new: Status, step: str | None,
+                          response: Any, error: str | None, scheduled_for: datetime | None,
+                          run_in: float | None, reset_attempts: bool, alias: str,
+                          run_ms: int | None = None) -> tuple[str, list[Any]]:
+        """Modify's checked values, in database form, as the dialect's statement: (SQL, params before
+        the job's id and token)."""
+        if step is not None and (not isinstance(step, str) or len(step) > 100):
+            raise InvalidArgument("step must be a string of at most 100 characters")
+        if response is not UNSET:
+            check_response(response)
+        sets, params = dialect.modify_sets(
+            current, new, default_max_attempts=get_settings().MAX_ATTEMPTS, step=step,
+            set_response=response is not UNSET,
+            response=None if response is UNSET else self._prep("response", response, alias),
+            error=None if error is None else storable_error(str(error)),
+            scheduled_for=self._prep("scheduled_for", scheduled_for, alias), run_in=run_in,
+            reset_attempts=reset_attempts, run_ms=run_ms)
+        return dialect.modify_sql(sets), params
+
+    def _close_attempt(self, cursor: Any, dialect: Any, before: Job, after: Job, *, released: bool,
+                       note: str = "") -> None:
+        if released and note:
+            dialect.execute(cursor, dialect.close_attempt_sql(),
+                            [int(Status.PENDING), storable_error(note), None, before.step, before.pk,
+                             before.attempt_num])
+            return
+        if released:
+            dialect.execute(cursor, dialect.delete_attempt_sql(), [before.pk, before.attempt_num])
+            return
+        error = after.error if after.status_id in (Status.ERROR, Status.FAILED) else ""
+        dialect.execute(cursor, dialect.close_attempt_sql(),
+                       [after.status_id, error, after.duration_ms, after.step, before.pk, before.attempt_num])
+
+    # ----- conveniences over modify ---------------------------------------------------------------
+    def complete(self, job: Job, response: Any = None, *, duration: float | None = None,
+                 using: str | None = None) -> Job:
+        """Processing -> Completed with ``response`` stored (``duration``: as in :meth:`modify`)."""
+        return self.modify(job, job.version, Status.COMPLETED, response=response, duration=duration,
+                           using=using or job._state.db)
+
+    def fail(self, job: Job, error: str, *, retry_in: float | None = None, duration: float | None = None,
+             using: str | None = None) -> Job:
+        """Processing -> Error, due again after ``retry_in`` seconds (default: the type's backoff).
+
+        Becomes Failed instead when the job has no attempts left.
+        """
+        if retry_in is None:
+            from ..backoff import backoff_seconds
+
+            info = jobtypes.get_type_by_id(job.job_type_id, using=using or job._state.db or self._alias(None))
+            retry_in = backoff_seconds(job.attempt_num, info)
+        return self.modify(job, job.version, Status.ERROR, error=error, run_in=max(0.0, float(retry_in)),
+                           duration=duration, using=using or job._state.db)
+
+    def advance_step(self, job: Job, step: str, *, response: Any = UNSET, using: str | None = None) -> Job:
+        """Record that ``job`` reached ``step`` (still Processing, same attempt)."""
+        return self.modify(job, job.version, Status.PROCESSING, step=step, response=response,
+                           using=using or job._state.db)
+
+    def release(self, job: Job, *, using: str | None = None, note: str = "") -> Job:
+        """Hand a claimed, unstarted job back to Pending without spending its attempt.
+
+        The attempt's history row is dropped, or, with a ``note`` (e.g. "claim reply lost"), kept and
+        closed as Pending with the note as its error, so the history shows what happened.
+        """
+        return self.modify(job, job.version, Status.PENDING, using=using or job._state.db,
+                           _release_note=note)
