@@ -452,12 +452,14 @@ class Soak:
         self.note(f"PostgreSQL back after {seconds} s")
 
     def do_sigterm(self) -> None:
-        # A worker that has been up for a while: one still starting (Django's set-up, before its signal
-        # handlers exist) dies of the signal, as any process would, holding nothing; not what this tests.
-        live = [w for w in self.workers if w.proc.poll() is None and time.monotonic() - w.started > 5.0]
+        live = [w for w in self.workers if w.proc.poll() is None]
         if not live:
-            return  # asked again at the next chaos step
-        w = self.rng.choice(live)
+            return
+        # A worker that has been up for a while (else the one up longest): one still starting (Django's
+        # set-up, before its signal handlers exist) dies of the signal, as any process would, holding
+        # nothing; not what this tests.
+        settled = [w for w in live if time.monotonic() - w.started > 5.0]
+        w = self.rng.choice(settled) if settled else min(live, key=lambda w: w.started)
         w.leaving = True
         started = time.monotonic()
         self.note(f"SIGTERM to worker {w.name} (pid {w.proc.pid})")
