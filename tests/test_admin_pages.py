@@ -311,3 +311,30 @@ def test_the_dashboards_index_reads_send_their_predicate_as_a_literal() -> None:
     assert reads
     for sql in reads:
         assert re.search(r"\.\W?status_id\W? (IN \(1, 3\)|= 2)", sql), sql
+
+
+@pytest.mark.parametrize("key", ["1h", "24h", "7d"])
+def test_throughput_buckets_are_counted_by_the_database_in_the_right_place(key) -> None:
+    """Jobs near bucket edges land in the window's buckets, on every vendor (the database computes
+    minutes or hours since 1970; Python adds them up into the window's buckets)."""
+    from django_sqlqueue.admin_throughput import WINDOWS, rates
+
+    window = WINDOWS[key]
+    now = timezone.now().replace(microsecond=0)
+    start = rates(Job, now, window)["start"]
+    last = window.buckets - 1
+    placed = {0: [timedelta(0), timedelta(seconds=1)], 1: [window.bucket + timedelta(seconds=59)],
+              last: [window.span - timedelta(seconds=1)]}
+    for bucket, offsets in placed.items():
+        for offset in offsets:
+            job = make_job(Status.COMPLETED)
+            at = start + offset
+            Job.objects.filter(pk=job.pk).update(enqueued_at=at, finished_at=at, started_at=at)
+    for outside in (start - timedelta(seconds=1), start + window.span):  # just before and at the end
+        job = make_job(Status.COMPLETED)
+        Job.objects.filter(pk=job.pk).update(enqueued_at=outside, finished_at=outside, started_at=outside)
+    got = rates(Job, now, window)
+    expected = [0] * window.buckets
+    for bucket, offsets in placed.items():
+        expected[bucket] += len(offsets)
+    assert got["finished"] == expected and got["enqueued"] == expected

@@ -135,6 +135,14 @@ class Dialect:
         """Whole milliseconds from ``column_sql`` to now."""
         raise NotImplementedError
 
+    def epoch_bucket_sql(self, column_sql: str, seconds: int) -> str | None:
+        """``floor(unix time of column_sql / seconds)``: which ``seconds``-long bucket since 1970 (UTC) a
+        time falls in, in the database's own date arithmetic (Django's ``Trunc`` runs a Python function
+        per row on SQLite). No parameters, so that a GROUP BY repeats it as the same expression. None:
+        this vendor has none, and the caller truncates with the ORM. Written with ``%%`` for a literal
+        ``%``: it goes into statements that carry parameters."""
+        return None
+
     def index_hint(self, index_name: str) -> str:
         """Clause after a table alias that pins the candidate SELECT to an index ("" = trust the planner)."""
         return ""

@@ -44,6 +44,9 @@ class PostgresDialect(Dialect):
     def ms_since(self, column_sql: str) -> str:
         return f"CAST(EXTRACT(EPOCH FROM (now() - {column_sql})) * 1000 AS bigint)"
 
+    def epoch_bucket_sql(self, column_sql: str, seconds: int) -> str | None:
+        return f"CAST(FLOOR(EXTRACT(EPOCH FROM {column_sql}) / {int(seconds)}) AS bigint)"
+
     def row_lock_clause(self) -> str:
         # A row a concurrent transaction changes is waited for, then its WHERE is checked again.
         return " FOR UPDATE"

@@ -59,6 +59,10 @@ class SqliteDialect(Dialect):
     def ms_since(self, column_sql: str) -> str:
         return f"CAST((julianday('now') - julianday({column_sql})) * 86400000 AS INTEGER)"
 
+    def epoch_bucket_sql(self, column_sql: str, seconds: int) -> str | None:
+        # Whole seconds since the epoch, in C (SQLite keeps datetimes as UTC text); integer division.
+        return f"(CAST(strftime('%%s', {column_sql}) AS INTEGER) / {int(seconds)})"
+
     # ----- the claim ------------------------------------------------------------------------------
     def claim_sql(self, req: ClaimRequest) -> tuple[str, list[Any]]:
         """The claim's UPDATE (its history rows follow, see :meth:`claim`)::
