@@ -90,11 +90,13 @@ class SoakConfig:
 
     @classmethod
     def ci(cls, db: str) -> SoakConfig:
-        """The short run of the test suite: about 3,000 jobs, one kill, one restart (PostgreSQL)."""
+        """The short run of the test suite: about 5,000 jobs on PostgreSQL (long enough for every fault:
+        the starvation and the pause each take the dead-after time and more, one after the other), one
+        kill, one restart; 1,500 on SQLite (fewer faults there)."""
         if db == "sqlite":
             return cls(db=db, jobs=1500, seconds=100, producers=2, workers=2, concurrency=1, kill_every=2.0,
                        max_kills=1, slot_kill_share=0.0, db_restart=False, delay_max=4.0, max_backlog=300)
-        return cls(db=db, jobs=3000, seconds=100, producers=4, workers=2, concurrency=2, kill_every=2.0,
+        return cls(db=db, jobs=5000, seconds=150, producers=4, workers=2, concurrency=2, kill_every=2.0,
                    max_kills=1, slot_kill_share=0.0, delay_max=4.0, max_backlog=600)
 
     def keys(self) -> int:
@@ -451,15 +453,21 @@ class Soak:
         self.chaos["db_restart"] = {"seconds": seconds, "at": round(started - self.t0, 1)}
         self.note(f"PostgreSQL back after {seconds} s")
 
+    def wait_started(self, w: WorkerProc, timeout: float = 20.0) -> None:
+        """Until the worker's supervisor has started its slots: its SIGTERM handler exists by then. A
+        worker still starting (Django's set-up) dies of the signal, as any process would, holding
+        nothing; not what the SIGTERM faults test."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and w.proc.poll() is None and len(slot_pids(w.proc.pid)) < self.c.concurrency:
+            time.sleep(0.05)
+
     def do_sigterm(self) -> None:
         live = [w for w in self.workers if w.proc.poll() is None]
         if not live:
             return
-        # A worker that has been up for a while (else the one up longest): one still starting (Django's
-        # set-up, before its signal handlers exist) dies of the signal, as any process would, holding
-        # nothing; not what this tests.
         settled = [w for w in live if time.monotonic() - w.started > 5.0]
         w = self.rng.choice(settled) if settled else min(live, key=lambda w: w.started)
+        self.wait_started(w)
         w.leaving = True
         started = time.monotonic()
         self.note(f"SIGTERM to worker {w.name} (pid {w.proc.pid})")
@@ -619,6 +627,8 @@ class Soak:
 
     def stop_workers(self) -> None:
         """SIGTERM every worker at once; each must exit 0 within the grace period."""
+        for w in self.workers:
+            self.wait_started(w)
         for w in self.workers:
             w.leaving = True
             if w.proc.poll() is None:

@@ -325,7 +325,7 @@ def test_throughput_buckets_are_counted_by_the_database_in_the_right_place(key) 
     last = window.buckets - 1
     placed = {0: [timedelta(0), timedelta(seconds=1)], 1: [window.bucket + timedelta(seconds=59)],
               last: [window.span - timedelta(seconds=1)]}
-    for bucket, offsets in placed.items():
+    for offsets in placed.values():
         for offset in offsets:
             job = make_job(Status.COMPLETED)
             at = start + offset

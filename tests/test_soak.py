@@ -1,7 +1,7 @@
 """The soak in short (bench/soak.py with SoakConfig.ci), and what the soak found, pinned down as tests.
 
 The short soak runs real ``run_queue_worker`` and producer processes against the test database:
-about 3,000 enqueue calls from 4 producers (1,500 from 2 on SQLite), one ``kill -9`` of a whole
+about 5,000 enqueue calls from 4 producers (1,500 from 2 on SQLite), one ``kill -9`` of a whole
 worker (restarted under the same or a new name), one SIGTERM that must exit 0, one PostgreSQL restart
 (PostgreSQL only), then every check of bench/soak_verify.py. The full run is ``python bench/soak.py``
 (docs/soak.md).
