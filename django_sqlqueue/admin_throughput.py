@@ -25,7 +25,6 @@ from django.core.exceptions import PermissionDenied
 from django.db import connections
 from django.db.models import BigIntegerField, Count
 from django.db.models.expressions import RawSQL
-from django.db.models.functions import TruncHour, TruncMinute
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
@@ -77,18 +76,12 @@ def _series(qs: Any, field: str, start: datetime, window: Window) -> list[int]:
     # Counted per minute or hour (what ``start`` is aligned to), then added up into the window's buckets.
     unit = timedelta(hours=1) if window.bucket >= timedelta(hours=1) else timedelta(minutes=1)
     unit_sql = get_dialect(connection).epoch_bucket_sql(column, int(unit.total_seconds()))
-    if unit_sql is None:  # no date arithmetic of the vendor's own: truncate with the ORM
-        trunc = TruncHour if unit == timedelta(hours=1) else TruncMinute
-        rows = in_window.annotate(t=trunc(field)).values("t").annotate(n=Count("*")).values_list("t", "n")
-        counted = [(t - start, n) for t, n in rows]
-    else:
-        epoch = datetime(1970, 1, 1, tzinfo=UTC)
-        rows = (in_window.annotate(u=RawSQL(unit_sql, [], output_field=BigIntegerField()))
-                .values("u").annotate(n=Count("*")).values_list("u", "n"))
-        counted = [(epoch + int(u) * unit - start, n) for u, n in rows if u is not None]
+    rows = (in_window.annotate(u=RawSQL(unit_sql, [], output_field=BigIntegerField()))
+            .values("u").annotate(n=Count("*")).values_list("u", "n"))
+    epoch = datetime(1970, 1, 1, tzinfo=UTC)
     out = [0] * window.buckets
-    for offset, n in counted:
-        i = offset // window.bucket
+    for u, n in rows:
+        i = (epoch + int(u) * unit - start) // window.bucket
         if 0 <= i < window.buckets:
             out[i] += n
     return out

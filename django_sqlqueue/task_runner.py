@@ -212,7 +212,6 @@ def _history_read_in_an_event_loop(task: Any) -> bool:
 
     from django.tasks.signals import task_finished, task_started
 
-
     if task.takes_context and iscoroutinefunction(task.func):
         return True
     for sig in (task_started, task_finished):

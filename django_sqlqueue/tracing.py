@@ -116,9 +116,7 @@ def run_span(job: Job, type_name: str, worker: str) -> Iterator[Any]:
     tracer = trace.get_tracer(TRACER_NAME)
     with tracer.start_as_current_span(
         f"sqlqueue.run {type_name}", context=parent, kind=trace.SpanKind.CONSUMER,
-        attributes={"messaging.system": "django_sqlqueue", "messaging.operation.type": "process",
-                    "sqlqueue.job.id": job.pk, "sqlqueue.queue": job.queue, "sqlqueue.attempt": job.attempt_num,
-                    "sqlqueue.worker": worker, "sqlqueue.step": job.step or ""},
+        attributes=_run_attributes(job, worker),
         # The runner classifies the handler's exceptions (a Retry is not a crash): end_run says.
         record_exception=False, set_status_on_exception=False,
     ) as span:
@@ -145,12 +143,15 @@ def record_timeout(job: Job, worker: str, seconds: float, error: str) -> None:
     end_ns = time.time_ns()
     span = trace.get_tracer(TRACER_NAME).start_span(
         f"sqlqueue.run {job.job_type.name}", context=_parent(job), kind=trace.SpanKind.CONSUMER,
-        start_time=end_ns - int(seconds * 1e9),
-        attributes={"messaging.system": "django_sqlqueue", "messaging.operation.type": "process",
-                    "sqlqueue.job.id": job.pk, "sqlqueue.queue": job.queue, "sqlqueue.attempt": job.attempt_num,
-                    "sqlqueue.worker": worker, "sqlqueue.step": job.step or "", "sqlqueue.outcome": "timeout"})
+        start_time=end_ns - int(seconds * 1e9), attributes={**_run_attributes(job, worker), "sqlqueue.outcome": "timeout"})
     span.set_status(trace.Status(trace.StatusCode.ERROR, error[-200:]))
     span.end(end_time=end_ns)
+
+
+def _run_attributes(job: Job, worker: str) -> dict[str, Any]:
+    return {"messaging.system": "django_sqlqueue", "messaging.operation.type": "process",
+            "sqlqueue.job.id": job.pk, "sqlqueue.queue": job.queue, "sqlqueue.attempt": job.attempt_num,
+            "sqlqueue.worker": worker, "sqlqueue.step": job.step or ""}
 
 
 def _parent(job: Job) -> Any:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from django.db import transaction
@@ -135,13 +136,12 @@ class Dialect:
         """Whole milliseconds from ``column_sql`` to now."""
         raise NotImplementedError
 
-    def epoch_bucket_sql(self, column_sql: str, seconds: int) -> str | None:
+    def epoch_bucket_sql(self, column_sql: str, seconds: int) -> str:
         """``floor(unix time of column_sql / seconds)``: which ``seconds``-long bucket since 1970 (UTC) a
         time falls in, in the database's own date arithmetic (Django's ``Trunc`` runs a Python function
-        per row on SQLite). No parameters, so that a GROUP BY repeats it as the same expression. None:
-        this vendor has none, and the caller truncates with the ORM. Written with ``%%`` for a literal
-        ``%``: it goes into statements that carry parameters."""
-        return None
+        per row on SQLite). No parameters, so that a GROUP BY repeats it as the same expression. Written
+        with ``%%`` for a literal ``%``: it goes into statements that carry parameters."""
+        raise NotImplementedError
 
     def index_hint(self, index_name: str) -> str:
         """Clause after a table alias that pins the candidate SELECT to an index ("" = trust the planner)."""
@@ -286,6 +286,17 @@ class Dialect:
         j = self.n.j
         return f"j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['scheduled_for']} <= {self.now()}"
 
+    def claim_branches(self, req: ClaimRequest, *, limit: str, lock: str = "") -> tuple[list[str], list[Any]]:
+        """The due branch, and with ``req.reclaim`` the reclaim branch, as each vendor's claim takes
+        them (each a SELECT with its own ``limit`` and ``lock``); and their params, in order."""
+        common, common_params = self.common_filters(req)
+        branches = [self.due_candidates(common, limit=limit, lock=lock)]
+        params = [*common_params, req.limit]
+        if req.reclaim:
+            branches.append(self.reclaim_candidates(common, limit=limit, lock=lock))
+            params += [*self.reclaim_candidates_params(req), *common_params, req.limit]
+        return branches, params
+
     def due_candidates(self, common: str, *, limit: str = "", lock: str = "") -> str:
         """Claim branch "due": claimable (Pending/Error) and due jobs passing ``common``
         (:meth:`common_filters`), as a SELECT of :meth:`candidate_columns` in claim order, seeking the
@@ -394,6 +405,12 @@ class Dialect:
         mid, end = self.returning(self.n.job_columns)
         return f"UPDATE {self.n.job} SET {set_sql}{mid} WHERE {where_sql}{end}"
 
+    @cached_property
+    def attempts_exhausted_sql(self) -> str:
+        """Attempts exhausted, decided by the row and its type, not by the caller (one ``%s``: the
+        default max attempts). The same text for every modify: built once per dialect."""
+        return f"{self.n.j['attempt_num']} >= {self.effective(self.n.job, 'max_attempts')}"
+
     def modify_sets(self, current: Status, new: Status, *, default_max_attempts: int, step: str | None = None,
                     set_response: bool = False, response: Any = None, error: str | None = None,
                     scheduled_for: Any = None, run_in: float | None = None, reset_attempts: bool = False,
@@ -409,8 +426,7 @@ class Dialect:
         j = self.n.j
         sets = [f"{j['version']} = {j['version']} + 1", f"{j['updated_at']} = {self.now()}"]
         params: list[Any] = []
-        # Attempts exhausted: decided by the row and its type, not by the caller.
-        exhausted = f"{j['attempt_num']} >= {self.effective(self.n.job, 'max_attempts')}"
+        exhausted = self.attempts_exhausted_sql
         if new == Status.ERROR:
             sets.append(f"{j['status_id']} = CASE WHEN {exhausted} THEN {int(Status.FAILED)} ELSE {int(Status.ERROR)} END")
             params.append(default_max_attempts)

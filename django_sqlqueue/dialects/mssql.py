@@ -165,7 +165,7 @@ class MssqlDialect(Dialect):
     def ms_since(self, column_sql: str) -> str:
         return f"DATEDIFF_BIG(millisecond, {column_sql}, SYSUTCDATETIME())"
 
-    def epoch_bucket_sql(self, column_sql: str, seconds: int) -> str | None:
+    def epoch_bucket_sql(self, column_sql: str, seconds: int) -> str:
         # Second boundaries crossed since 1970-01-01 (UTC: the columns are datetimeoffset).
         return f"(DATEDIFF_BIG(second, CAST('1970-01-01T00:00:00+00:00' AS datetimeoffset), {column_sql}) / {int(seconds)})"
 

@@ -44,7 +44,7 @@ class PostgresDialect(Dialect):
     def ms_since(self, column_sql: str) -> str:
         return f"CAST(EXTRACT(EPOCH FROM (now() - {column_sql})) * 1000 AS bigint)"
 
-    def epoch_bucket_sql(self, column_sql: str, seconds: int) -> str | None:
+    def epoch_bucket_sql(self, column_sql: str, seconds: int) -> str:
         return f"CAST(FLOOR(EXTRACT(EPOCH FROM {column_sql}) / {int(seconds)}) AS bigint)"
 
     def row_lock_clause(self) -> str:
@@ -70,13 +70,7 @@ class PostgresDialect(Dialect):
         LIMIT counts only rows it actually got.
         """
         n, j = self.n, self.n.j
-        common, common_params = self.common_filters(req)
-        limit, lock = " LIMIT %s", self.CANDIDATE_LOCK
-        branches = [self.due_candidates(common, limit=limit, lock=lock)]
-        params = [*common_params, req.limit]
-        if req.reclaim:
-            branches.append(self.reclaim_candidates(common, limit=limit, lock=lock))
-            params += [*self.reclaim_candidates_params(req), *common_params, req.limit]
+        branches, params = self.claim_branches(req, limit=" LIMIT %s", lock=self.CANDIDATE_LOCK)
         set_sql, set_params = self.claim_set_clause(req, alias="j")
         returning = ", ".join(f"j.{c}" for c in n.job_columns)
         names = self.BRANCH_NAMES[:len(branches)]

@@ -59,7 +59,7 @@ class SqliteDialect(Dialect):
     def ms_since(self, column_sql: str) -> str:
         return f"CAST((julianday('now') - julianday({column_sql})) * 86400000 AS INTEGER)"
 
-    def epoch_bucket_sql(self, column_sql: str, seconds: int) -> str | None:
+    def epoch_bucket_sql(self, column_sql: str, seconds: int) -> str:
         # Whole seconds since the epoch, in C (SQLite keeps datetimes as UTC text); integer division.
         return f"(CAST(strftime('%%s', {column_sql}) AS INTEGER) / {int(seconds)})"
 
@@ -75,13 +75,7 @@ class SqliteDialect(Dialect):
         No row locks: :meth:`write_transaction` (``BEGIN IMMEDIATE``) serialises claimers.
         """
         n, j = self.n, self.n.j
-        common, common_params = self.common_filters(req)
-        limit = " LIMIT %s"
-        branches = [self.due_candidates(common, limit=limit)]
-        params = [*common_params, req.limit]
-        if req.reclaim:
-            branches.append(self.reclaim_candidates(common, limit=limit))
-            params += [*self.reclaim_candidates_params(req), *common_params, req.limit]
+        branches, params = self.claim_branches(req, limit=" LIMIT %s")
         set_sql, set_params = self.claim_set_clause(req)
         sql = (
             f"UPDATE {n.job} SET {set_sql} WHERE {j['id']} IN ("
