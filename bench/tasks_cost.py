@@ -32,6 +32,8 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=4000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quiet-tasks-log", action="store_true")
+    parser.add_argument("--task", choices=("noop", "tick"), default="noop",
+                        help="noop: returns None, like test.Noop (default); tick: returns a short string")
     args = parser.parse_args()
     if not os.environ.get("SQLQUEUE_DATABASE_URL"):
         parser.error("set SQLQUEUE_DATABASE_URL (sqlite:////path or postgres://...)")
@@ -45,9 +47,10 @@ def main() -> int:
     from django_sqlqueue.managers import JobSpec
     from django_sqlqueue.models import Job, JobAttempt
     from django_sqlqueue.worker import Worker, WorkerConfig
-    from testproject.testjobs.tasks import tick
+    from testproject.testjobs import tasks as test_tasks
 
     call_command("migrate", verbosity=0)
+    the_task = getattr(test_tasks, args.task)
     if args.quiet_tasks_log:
         logging.getLogger("django.tasks").setLevel(logging.WARNING)
 
@@ -69,9 +72,9 @@ def main() -> int:
         per_job["native"].append(drain())
         empty()
         for _ in range(args.jobs):
-            tick.enqueue()
+            the_task.enqueue()
         per_job["task"].append(drain())
-    print(f"{connection.vendor}, {args.jobs} jobs x {args.rounds} rounds"
+    print(f"{connection.vendor}, {args.jobs} jobs x {args.rounds} rounds, @task {args.task}"
           f"{', django.tasks logging at WARNING' if args.quiet_tasks_log else ''}")
     for name, values in per_job.items():
         print(f"  {name:6} us/job: {', '.join(f'{v:.0f}' for v in values)} (median {statistics.median(values):.0f})")

@@ -12,14 +12,18 @@ call from ``AppConfig.ready()`` everywhere, and the resolver simply declines eve
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import sys
+import weakref
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from django.utils import timezone
 
 from .handlers import Handler, registry
-from .runner import Fail  # the worker fails these at once instead of retrying
+from .runner import Fail, JobContext  # Fail: the worker fails these at once instead of retrying
 
 if TYPE_CHECKING:
     from .models import Job
@@ -125,17 +129,11 @@ def resolve(name: str) -> Handler | None:
 
     def run(ctx: Any, *args: Any) -> Any:
         # The worker passes a JobContext (the Job is its ``job``); tests may pass the Job itself.
-        job = ctx if isinstance(ctx, _job_model()) else ctx.job
+        job = ctx.job if isinstance(ctx, JobContext) else ctx
         return run_task_job(task, job)
 
     run.__qualname__ = run.__name__ = f"run_task[{name}]"
     return Handler(name, run, options={"description": f"Django task {name}"[:500]})
-
-
-def _job_model() -> type:
-    from .models import Job
-
-    return Job
 
 
 def install() -> None:
@@ -168,20 +166,22 @@ def run_task_job(task: Any, job: Job) -> Any:
     Django's own backends) wrapped in :class:`TaskReturnValueError`, which the worker treats as
     not retryable: the task's work is done, running it again would not change its return value.
     """
-    from django.tasks import TaskContext, TaskResultStatus
-    from django.tasks.signals import task_finished, task_started
-
-    from .tasks import SqlQueueBackend, build_result
-
+    api = _api()
     payload = job.payload if isinstance(job.payload, dict) else {}
-    args = list(payload.get(ARGS) or [])
-    kwargs = dict(payload.get(KWARGS) or {})
-    lazy = not _history_read_in_an_event_loop(task)
-    result = build_result(task, job, backend_alias=payload.get(BACKEND) or task.backend, lazy=lazy)
-    task_started.send(sender=SqlQueueBackend, task_result=result)
+    args = payload.get(ARGS) or ()
+    kwargs = payload.get(KWARGS) or {}
+    alias = payload.get(BACKEND) or task.backend
+    plan = _plan(task, api)
+    if plan.eager_history:
+        result = api.build_result(task, job, backend_alias=alias)
+    else:
+        result = api.running_result(task, job, payload, alias)
+    task_finished, SqlQueueBackend, TaskResultStatus = api.task_finished, api.SqlQueueBackend, api.TaskResultStatus
+    if plan.send_started:
+        api.task_started.send(sender=SqlQueueBackend, task_result=result)
     try:
         if task.takes_context:
-            raw = task.call(TaskContext(task_result=result), *args, **kwargs)
+            raw = task.call(api.TaskContext(task_result=result), *args, **kwargs)
         else:
             raw = task.call(*args, **kwargs)
         value = _normalised_return_value(raw)
@@ -192,38 +192,119 @@ def run_task_job(task: Any, job: Job) -> Any:
         retry = _will_retry(job) and not isinstance(exc, TaskReturnValueError)
         status = TaskResultStatus.READY if retry else TaskResultStatus.FAILED
         _finish(result, status, None)
-        task_finished.send(sender=SqlQueueBackend, task_result=result)
+        if plan.send_finished or status == TaskResultStatus.FAILED:
+            task_finished.send(sender=SqlQueueBackend, task_result=result)
         if isinstance(exc, Exception):
             raise
         raise TaskExited(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}") from exc
     _finish(result, TaskResultStatus.SUCCESSFUL, value)
-    task_finished.send(sender=SqlQueueBackend, task_result=result)
+    if plan.send_finished:
+        task_finished.send(sender=SqlQueueBackend, task_result=result)
     return value
 
 
-def _history_read_in_an_event_loop(task: Any) -> bool:
-    """Whether the result's history may be first read inside an event loop, where the ORM refuses to run.
+class _Plan(NamedTuple):
+    """What a task run must do besides calling the task, read from the connected receivers."""
 
-    An async ``takes_context`` task reads its context in the loop ``async_to_sync`` runs it in, and async
-    receivers of ``task_started`` / ``task_finished`` run in one too: for those runs the history is read
-    up front (one query, as before lazy results), so ``context.attempt`` works there as well.
+    #: Read the result's history up front: it may be first read inside an event loop, where the ORM
+    #: refuses to run (an async ``takes_context`` task reads its context in the loop ``async_to_sync``
+    #: runs it in; async receivers of the signals run in one too).
+    eager_history: bool
+    #: Send ``task_started``, and ``task_finished`` for a run that did not fail: False only when their
+    #: sole receivers are Django's own log receivers and no handler would emit their INFO records
+    #: (:func:`_heard`), so that sending would do nothing observable. A failed run's ``task_finished`` (logged at ERROR) is
+    #: always sent.
+    send_started: bool
+    send_finished: bool
+
+
+def _plan(task: Any, api: _Api) -> _Plan:
+    """One scan of the two signals' receiver lists (a short list; Django keeps (key, receiver, sender,
+    is_async), the receiver usually as a weak reference): cheaper per run than asking the signals for
+    this sender's live receivers, and conservative: any receiver not known to be Django's log receiver,
+    for any sender, keeps the signal sent."""
+    eager = bool(task.takes_context and api.iscoroutinefunction(task.func))
+    quiet = not _heard(api.tasks_log, logging.INFO)
+    send = []
+    for sig, own in ((api.task_started, api.log_started), (api.task_finished, api.log_finished)):
+        try:
+            entries = sig.receivers
+            eager = eager or any(entry[3] for entry in entries)
+            only_own = all(_deref(entry[1]) is own for entry in entries)
+        except (AttributeError, IndexError, TypeError):  # a Django whose Signal is shaped otherwise
+            eager, only_own = True, False
+        send.append(not (quiet and only_own))
+    return _Plan(eager, send[0], send[1])
+
+
+def _heard(logger: logging.Logger, level: int) -> bool:
+    """Whether a record at ``level`` from ``logger`` may reach a handler that emits it.
+
+    Conservative: False only when the logger drops the level, or every handler on its way up drops it
+    by its level or by one of Django's own ``RequireDebugTrue`` / ``RequireDebugFalse`` filters (what
+    Django's default ``LOGGING`` does with INFO records when ``DEBUG`` is off: each task run's two log
+    records were built, then dropped, about a third of a task run's cost). Any other filter, a filter
+    on a logger, or a custom record factory counts as heard.
     """
+    if not logger.isEnabledFor(level):
+        return False
+    if logging.getLogRecordFactory() is not logging.LogRecord:
+        return True
+    from django.conf import settings
+    from django.utils.log import RequireDebugFalse, RequireDebugTrue
+
+    debug, found = bool(settings.DEBUG), False
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.filters:
+            return True
+        for handler in current.handlers:
+            found = True
+            if level < handler.level:
+                continue
+            dropped = any((type(f) is RequireDebugTrue and not debug) or (type(f) is RequireDebugFalse and debug)
+                          for f in handler.filters)
+            if not dropped:
+                return True
+        current = current.parent if current.propagate else None
+    # No handler at all: logging's last resort (WARNING by default) gets the record.
+    return not found and logging.lastResort is not None and level >= logging.lastResort.level
+
+
+def _deref(receiver: Any) -> Any:
+    return receiver() if isinstance(receiver, weakref.ReferenceType) else receiver
+
+
+class _Api(NamedTuple):
+    """What a task run uses from ``django.tasks`` and :mod:`.tasks`, imported once per process (this
+    module must import where ``django.tasks`` does not exist, and an import statement in the run costs
+    a lookup per task)."""
+
+    TaskContext: Any
+    TaskResultStatus: Any
+    task_started: Any
+    task_finished: Any
+    SqlQueueBackend: Any
+    build_result: Any
+    running_result: Any
+    iscoroutinefunction: Any
+    tasks_log: logging.Logger
+    log_started: Any
+    log_finished: Any
+
+
+@functools.cache
+def _api() -> _Api:
     from inspect import iscoroutinefunction
 
+    from django.tasks import TaskContext, TaskResultStatus, signals
     from django.tasks.signals import task_finished, task_started
 
-    if task.takes_context and iscoroutinefunction(task.func):
-        return True
-    for sig in (task_started, task_finished):
-        try:
-            # Any async receiver connected, for any sender (Django keeps (key, receiver, sender, is_async)):
-            # a scan of a short list, about 10 us per run cheaper than asking for this sender's live
-            # receivers. An async receiver of another sender only makes the read eager (still correct).
-            if any(entry[3] for entry in sig.receivers):
-                return True
-        except (AttributeError, IndexError, TypeError):  # a Django whose Signal is shaped otherwise
-            return True
-    return False
+    from .tasks import SqlQueueBackend, build_result, running_result
+
+    return _Api(TaskContext, TaskResultStatus, task_started, task_finished, SqlQueueBackend, build_result,
+                running_result, iscoroutinefunction, signals.logger, signals.log_task_started,
+                signals.log_task_finished)
 
 
 class TaskExited(Exception):
@@ -256,8 +337,6 @@ def _normalised_return_value(raw: Any) -> Any:
 
 
 def _finish(result: Any, status: Any, value: Any) -> None:
-    from django.utils import timezone
-
     object.__setattr__(result, "status", status)
     object.__setattr__(result, "finished_at", timezone.now())
     object.__setattr__(result, "_return_value", value)

@@ -189,3 +189,120 @@ def test_an_async_receiver_still_gets_the_history() -> None:
     finally:
         task_finished.disconnect(on_finished)
     assert seen == [(TaskResultStatus.SUCCESSFUL, ["w1"], 1)]
+
+
+def test_the_worker_result_is_the_one_the_constructor_builds() -> None:
+    # The worker builds its RUNNING result without the dataclass constructor (running_result): every
+    # field the constructor sets must be set, to the same value, for a task with options and arguments.
+    from django_sqlqueue.models import Job
+    from django_sqlqueue.tasks import _FAST_RESULT, build_result, running_result
+
+    assert _FAST_RESULT  # this Django's TaskResult has the fields running_result sets (else the slow path)
+    defs.echo.using(priority=3, queue_name="queue_1").enqueue([1, {"a": None}], when={"k": [2.5, "x"]})
+    job = Job.objects.claim("w1", 1)[0]
+    task = defs.echo
+    fast = running_result(task, job, job.payload, "default")
+    slow = build_result(task, job, backend_alias="default", lazy=True)
+    assert type(fast) is type(slow) is LazyHistoryResult
+    for f in dataclasses.fields(slow):
+        assert getattr(fast, f.name) == getattr(slow, f.name), f.name
+    assert fast.status == TaskResultStatus.RUNNING and fast.attempts == 1 and fast.worker_ids == ["w1"]
+    assert (fast.task.priority, fast.task.queue_name) == (3, "queue_1")
+    assert fast.args is not job.payload["args"]  # the result's lists are its own, as the constructor's
+
+
+class _CountSends:
+    """Counts ``send`` calls of task_started / task_finished (Django's receivers stay connected)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.sent: list[str] = []
+        for name, sig in (("started", task_started), ("finished", task_finished)):
+            monkeypatch.setattr(sig, "send", self._counting(name, sig.send))
+
+    def _counting(self, name: str, send: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.sent.append(name)
+            return send(*args, **kwargs)
+        return counted
+
+
+def _tasks_log_level(monkeypatch: pytest.MonkeyPatch, level: int) -> None:
+    import logging
+
+    monkeypatch.setattr(logging.getLogger("django.tasks"), "level", level)
+    logging.getLogger("django.tasks").manager._clear_cache()
+
+
+def test_signals_nobody_would_hear_are_not_sent(monkeypatch, caplog) -> None:
+    # Only Django's own log receivers listen and their logger drops INFO: sending would do nothing.
+    import logging
+
+    _tasks_log_level(monkeypatch, logging.WARNING)
+    count = _CountSends(monkeypatch)
+    result = defs.noop_task.enqueue()
+    run_one()
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert count.sent == []
+    # A FAILED run's task_finished is logged at ERROR by Django's receiver: still sent, still logged.
+    with caplog.at_level(logging.WARNING, logger="django.tasks"):
+        failed = defs.complex_return_value.enqueue()  # a return value JSON cannot hold: not retried
+        run_one()
+    failed.refresh()
+    assert failed.status == TaskResultStatus.FAILED and count.sent == ["finished"]
+    retried = defs.failing_task_value_error.enqueue()  # READY again: Django would log that at INFO
+    run_one()
+    retried.refresh()
+    assert retried.status == TaskResultStatus.READY and count.sent == ["finished"]
+    assert [(r.levelname, str(failed.id) in r.getMessage()) for r in caplog.records] == [("ERROR", True)]
+
+
+def test_signals_are_sent_when_their_log_lines_are_kept_or_someone_else_listens(monkeypatch, caplog) -> None:
+    import logging
+
+    _tasks_log_level(monkeypatch, logging.INFO)
+    count = _CountSends(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="django.tasks"):
+        result = defs.noop_task.enqueue()
+        run_one()
+    assert count.sent == ["started", "finished"]
+    assert [r.getMessage().split()[-1] for r in caplog.records if str(result.id) in r.getMessage()] == [
+        "state=RUNNING", "state=SUCCESSFUL"]
+    _tasks_log_level(monkeypatch, logging.WARNING)
+    count.sent.clear()
+    with _Receivers(lambda r: r.status) as rec:  # a receiver of our own: Django's log level does not matter
+        defs.noop_task.enqueue()
+        run_one()
+    assert count.sent == ["started", "finished"]
+    assert rec.seen == [("started", TaskResultStatus.RUNNING), ("finished", TaskResultStatus.SUCCESSFUL)]
+
+
+def test_signals_whose_log_lines_every_handler_drops_are_not_sent(monkeypatch, settings) -> None:
+    # Django's default LOGGING (which the test project keeps): "django" logs INFO to a console handler
+    # that RequireDebugTrue filters and to mail_admins at ERROR. With DEBUG off, no handler emits the
+    # task's INFO lines. (pytest's own capture handlers on the root logger are set aside here.)
+    import logging
+
+    from django_sqlqueue.task_runner import _heard
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    _tasks_log_level(monkeypatch, logging.NOTSET)
+    tasks_log = logging.getLogger("django.tasks")
+    assert tasks_log.isEnabledFor(logging.INFO)  # the records would be built: INFO is enabled
+    count = _CountSends(monkeypatch)
+    settings.DEBUG = False
+    assert not _heard(tasks_log, logging.INFO) and _heard(tasks_log, logging.ERROR)  # mail_admins
+    defs.noop_task.enqueue()
+    run_one()
+    assert count.sent == []
+    settings.DEBUG = True  # the console handler now prints them: sent
+    assert _heard(tasks_log, logging.INFO)
+    defs.noop_task.enqueue()
+    run_one()
+    assert count.sent == ["started", "finished"]
+    settings.DEBUG = False
+    kept = logging.StreamHandler()  # a handler of the project's own at INFO: sent
+    monkeypatch.setattr(logging.getLogger("django"), "handlers", [*logging.getLogger("django").handlers, kept])
+    assert _heard(tasks_log, logging.INFO)
+    kept.addFilter(lambda record: False)  # any filter but Django's two counts as possibly passing
+    assert _heard(tasks_log, logging.INFO)

@@ -8,3 +8,8 @@ from django.tasks import task
 @task
 def tick(label: str = "tick") -> str:
     return label
+
+
+@task
+def noop() -> None:
+    """Does nothing: the Tasks twin of the ``test.Noop`` handler, for per-job cost comparisons."""
