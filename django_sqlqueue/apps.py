@@ -22,10 +22,14 @@ class SqlQueueConfig(AppConfig):
 
         # Handlers live in each app's jobs.py, found the way the admin finds admin.py.
         autodiscover_modules("jobs")
+        from django.core.signals import setting_changed
+
+        from .task_runner import forget_heard
         from .task_runner import install as install_task_resolver
 
         # Django tasks: the job type is the task's import path, resolved lazily in worker processes.
         install_task_resolver()
+        setting_changed.connect(forget_heard, dispatch_uid="sqlqueue-forget-heard")
         post_save.connect(clear_cache, sender=JobType, dispatch_uid="sqlqueue-type-cache-save")
         post_delete.connect(clear_cache, sender=JobType, dispatch_uid="sqlqueue-type-cache-delete")
         post_migrate.connect(_sync_types, sender=self, dispatch_uid="sqlqueue-sync-types")

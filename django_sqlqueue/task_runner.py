@@ -16,6 +16,7 @@ import functools
 import logging
 import re
 import sys
+import time
 import weakref
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -224,17 +225,46 @@ def _plan(task: Any, api: _Api) -> _Plan:
     this sender's live receivers, and conservative: any receiver not known to be Django's log receiver,
     for any sender, keeps the signal sent."""
     eager = bool(task.takes_context and api.iscoroutinefunction(task.func))
-    quiet = not _heard(api.tasks_log, logging.INFO)
-    send = []
-    for sig, own in ((api.task_started, api.log_started), (api.task_finished, api.log_finished)):
+    quiet = not api.tasks_log.isEnabledFor(logging.INFO) or not _info_heard(api.tasks_log)
+    send = [True, True]
+    for i, (sig, own) in enumerate(((api.task_started, api.log_started), (api.task_finished, api.log_finished))):
+        only_own = True
         try:
-            entries = sig.receivers
-            eager = eager or any(entry[3] for entry in entries)
-            only_own = all(_deref(entry[1]) is own for entry in entries)
+            for entry in sig.receivers:
+                if entry[3]:
+                    eager = True
+                receiver = entry[1]
+                if isinstance(receiver, weakref.ReferenceType):
+                    receiver = receiver()
+                if receiver is not own:
+                    only_own = False
         except (AttributeError, IndexError, TypeError):  # a Django whose Signal is shaped otherwise
             eager, only_own = True, False
-        send.append(not (quiet and only_own))
+        send[i] = not (quiet and only_own)
     return _Plan(eager, send[0], send[1])
+
+
+#: (when, answer) of the last :func:`_heard` walk for :func:`_info_heard`.
+_HEARD: list[tuple[float, bool]] = []
+#: How long a walk's answer is kept: the walk costs about half of what the signals it may spare cost,
+#: and a logging reconfiguration then applies to task runs within a second.
+HEARD_TTL_SECONDS = 1.0
+
+
+def _info_heard(logger: logging.Logger) -> bool:
+    """:func:`_heard` at INFO, walked at most once per :data:`HEARD_TTL_SECONDS` (and again at once
+    when a setting changes: ``DEBUG`` decides Django's own filters)."""
+    now = time.monotonic()
+    if _HEARD and now - _HEARD[0][0] < HEARD_TTL_SECONDS:
+        return _HEARD[0][1]
+    answer = _heard(logger, logging.INFO)
+    _HEARD[:] = [(now, answer)]
+    return answer
+
+
+def forget_heard(**kwargs: Any) -> None:
+    """``setting_changed`` receiver: the next task run walks the handlers again."""
+    _HEARD.clear()
 
 
 def _heard(logger: logging.Logger, level: int) -> bool:
@@ -269,10 +299,6 @@ def _heard(logger: logging.Logger, level: int) -> bool:
         current = current.parent if current.propagate else None
     # No handler at all: logging's last resort (WARNING by default) gets the record.
     return not found and logging.lastResort is not None and level >= logging.lastResort.level
-
-
-def _deref(receiver: Any) -> Any:
-    return receiver() if isinstance(receiver, weakref.ReferenceType) else receiver
 
 
 class _Api(NamedTuple):
@@ -337,9 +363,10 @@ def _normalised_return_value(raw: Any) -> Any:
 
 
 def _finish(result: Any, status: Any, value: Any) -> None:
-    object.__setattr__(result, "status", status)
-    object.__setattr__(result, "finished_at", timezone.now())
-    object.__setattr__(result, "_return_value", value)
+    put = object.__setattr__
+    put(result, "status", status)
+    put(result, "finished_at", timezone.now())
+    put(result, "_return_value", value)
 
 
 def _will_retry(job: Job) -> bool:

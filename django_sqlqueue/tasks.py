@@ -339,20 +339,22 @@ def running_result(task: Any, job: Any, payload: dict[str, Any], backend_alias: 
     if not _FAST_RESULT:
         return build_result(task, job, backend_alias=backend_alias, lazy=True)
     result = object.__new__(LazyHistoryResult)
-    put = object.__setattr__
-    put(result, "task", _task_as_enqueued(task, job, payload, backend_alias))
-    put(result, "id", str(job.pk))
-    put(result, "status", TaskResultStatus.RUNNING)
-    put(result, "enqueued_at", job.enqueued_at)
-    put(result, "finished_at", None)
-    put(result, "args", list(payload.get(task_runner.ARGS) or ()))
-    put(result, "kwargs", dict(payload.get(task_runner.KWARGS) or {}))
-    put(result, "backend", backend_alias)
-    put(result, "_return_value", None)
-    for name in HISTORY_FIELDS:
-        put(result, name, _UNREAD)
-    put(result, "_history_of", job)
+    values = (_task_as_enqueued(task, job, payload, backend_alias), str(job.pk), TaskResultStatus.RUNNING,
+              job.enqueued_at, None, list(payload.get(task_runner.ARGS) or ()),
+              dict(payload.get(task_runner.KWARGS) or {}), backend_alias, None, *_UNREAD_HISTORY, job)
+    for put, value in zip(_PUT, values, strict=True):
+        put(result, value)
     return result
+
+
+#: The slots :func:`running_result` fills, in the order of its values: set through the slots' own
+#: descriptors (the history fields' properties would add a Python call each).
+_PUT = tuple(
+    (LazyHistoryResult if name == "_history_of" else TaskResult).__dict__[name].__set__
+    for name in ("task", "id", "status", "enqueued_at", "finished_at", "args", "kwargs", "backend",
+                 "_return_value", *HISTORY_FIELDS, "_history_of")
+) if _FAST_RESULT else ()
+_UNREAD_HISTORY = (_UNREAD,) * len(HISTORY_FIELDS)
 
 
 def _task_as_enqueued(task: Any, job: Any, payload: dict[str, Any], backend_alias: str) -> Any:

@@ -277,15 +277,17 @@ def test_signals_are_sent_when_their_log_lines_are_kept_or_someone_else_listens(
     assert rec.seen == [("started", TaskResultStatus.RUNNING), ("finished", TaskResultStatus.SUCCESSFUL)]
 
 
-def test_signals_whose_log_lines_every_handler_drops_are_not_sent(monkeypatch, settings) -> None:
+def test_signals_whose_log_lines_every_handler_drops_are_not_sent(monkeypatch, settings, request) -> None:
     # Django's default LOGGING (which the test project keeps): "django" logs INFO to a console handler
     # that RequireDebugTrue filters and to mail_admins at ERROR. With DEBUG off, no handler emits the
     # task's INFO lines. (pytest's own capture handlers on the root logger are set aside here.)
     import logging
 
-    from django_sqlqueue.task_runner import _heard
+    from django_sqlqueue.task_runner import _heard, forget_heard
 
     monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    forget_heard()  # the answer of a walk is kept for a second (and dropped when a setting changes)
+    request.addfinalizer(forget_heard)  # not this test's handlers for the next test's runs
     _tasks_log_level(monkeypatch, logging.NOTSET)
     tasks_log = logging.getLogger("django.tasks")
     assert tasks_log.isEnabledFor(logging.INFO)  # the records would be built: INFO is enabled
