@@ -156,3 +156,20 @@ def trace_ids(job: JobContext) -> Any:
 
     context = trace.get_current_span().get_span_context()
     return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+
+
+@sqlqueue.handler("test.CancelAware", cancel_grace_seconds=10)
+def cancel_aware(job: JobContext) -> Any:
+    """Work in 50 ms units for ``seconds``; once ``job.cancelled`` says so, log "stopped" and cancel.
+
+    Its grace period is long (10 s) so that a test can tell a cooperative stop from a kill.
+    """
+    _log(job, "start")
+    end = time.monotonic() + float(job.payload.get("seconds", 30))
+    while time.monotonic() < end:
+        if job.cancelled:
+            _log(job, "stopped")
+            job.cancel(f"stopped at the request of {job.cancel_request.requested_by}")
+        time.sleep(0.05)
+    _log(job, "end")
+    return {"done": True}
