@@ -30,6 +30,7 @@ TDS_SKIPS = {
     "tests/test_admin_operator.py": _BUDGET,
     "tests/test_hostile_admin.py": _BUDGET,
     "tests/test_worker_process.py": _BUDGET,
+    "tests/test_cancel_worker.py": _BUDGET,
     "tests/test_schedules_workers.py": _BUDGET,
     "tests/test_concurrency.py": _NEEDS_LOCKING,
     "tests/test_soak.py": _NEEDS_LOCKING + "; a chaos soak of several workers",
