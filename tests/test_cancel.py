@@ -146,3 +146,44 @@ def test_a_cancel_racing_the_finish_either_gets_in_first_or_is_too_late() -> Non
         assert requests == (1 if result["cancel"] == "requested" else 0)
         outcomes.append(result["cancel"])
     assert set(outcomes) <= {"requested", "too late"}
+
+
+# ----- an in-process Worker (no supervisor: cooperative only) --------------------------------------
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_in_process_a_handler_that_stops_after_the_cancel_ends_cancelled_with_the_signal(settings) -> None:
+    from django_sqlqueue import signals
+    from tests import workerutil as wu
+
+    settings.SQLQUEUE = {**getattr(settings, "SQLQUEUE", {}), "CANCEL_CHECK_SECONDS": 0.05}
+    seen: list[dict] = []
+
+    def receiver(sender, **kwargs) -> None:
+        seen.append(kwargs)
+
+    signals.job_cancelled.connect(receiver)
+    try:
+        job = Job.objects.enqueue("test.CancelSelf", {"then": "raise"})
+        counters = wu.run_worker("inproc-cancel")
+    finally:
+        signals.job_cancelled.disconnect(receiver)
+    job = Job.objects.get(pk=job.pk)
+    assert job.state == Status.CANCELLED and job.attempt_num == 1
+    assert job.error.startswith("cancelled by itself: testing (the handler stopped after")
+    assert "its own outcome was: retry" in job.error
+    assert JobAttempt.objects.get(job=job).error == job.error
+    assert [(s["job"].pk, s["reason"]) for s in seen] == [(job.pk, job.error)]
+    assert counters[3] == 1  # CANCELLED
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_in_process_a_handler_that_returns_successfully_after_the_cancel_completes(settings) -> None:
+    from tests import workerutil as wu
+
+    settings.SQLQUEUE = {**getattr(settings, "SQLQUEUE", {}), "CANCEL_CHECK_SECONDS": 0.05}
+    job = Job.objects.enqueue("test.CancelSelf", {"then": "return"})
+    wu.run_worker("inproc-late")
+    job = Job.objects.get(pk=job.pk)
+    assert (job.state, job.response) == (Status.COMPLETED, {"finished": "anyway"})
+    assert CancelRequest.objects.filter(job=job, attempt_num=1).count() == 1  # the record of a late cancel

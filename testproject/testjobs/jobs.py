@@ -173,3 +173,20 @@ def cancel_aware(job: JobContext) -> Any:
         time.sleep(0.05)
     _log(job, "end")
     return {"done": True}
+
+
+@sqlqueue.handler("test.CancelSelf")
+def cancel_self(job: JobContext) -> Any:
+    """Ask for its own cancel (as an operator would), wait until ``job.cancelled`` says it arrived, then
+    ``then``: "return" (success: the cancel came too late) or "raise" (any other end: Cancelled)."""
+    from django_sqlqueue.models import Job
+
+    Job.objects.cancel(job.pk, by="itself", reason="testing")
+    deadline = time.monotonic() + 10
+    while not job.cancelled and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not job.should_stop():
+        raise AssertionError("should_stop() is false after a cancel")
+    if job.payload.get("then") == "return":
+        return {"finished": "anyway"}
+    raise Retry("the handler's own retry, overridden by the cancel")
