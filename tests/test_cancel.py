@@ -125,14 +125,14 @@ def test_a_cancel_racing_the_finish_either_gets_in_first_or_is_too_late() -> Non
         start = threading.Barrier(2)
         result: dict[str, object] = {}
 
-        def finish() -> None:
+        def finish(job: Job, start: threading.Barrier, result: dict[str, object]) -> None:
             start.wait()
             try:
                 result["finish"] = Job.objects.complete(job).state
             finally:
                 connections.close_all()
 
-        thread = threading.Thread(target=finish)
+        thread = threading.Thread(target=finish, args=(job, start, result))
         thread.start()
         start.wait()
         try:
