@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import DateTimeField, F, Q
 from django.db.models.expressions import RawSQL
 
@@ -220,11 +220,13 @@ class Heartbeat:
         """The handler of ``job_id`` starts: look for a cancel request once it has run ``cancel_check``
         seconds, then every ``cancel_check`` seconds. No wake-up, no query: a shorter job costs nothing."""
         self.cancels.clear()  # one job at a time: a request found too late for the last one is moot
-        self._running = (job_id, attempt_num, time.monotonic() + self.cancel_check)
+        with self._lock:
+            self._running = (job_id, attempt_num, time.monotonic() + self.cancel_check)
 
     def stop_running(self, job_id: int) -> Any:
         """The handler returned: stop looking; return the cancel request found for it, if any."""
-        self._running = None
+        with self._lock:
+            self._running = None
         return self.cancels.pop(job_id, None)
 
     def held(self) -> list[int]:
@@ -338,12 +340,15 @@ class Heartbeat:
         from .models import Job
 
         job_id, attempt, _ = running
+        with self._lock:  # the next look, unless the handler returned meanwhile (never revive it)
+            if self._running is not running:
+                return
+            self._running = (job_id, attempt, time.monotonic() + self.cancel_check)
         if job_id in self.cancels:
             return
-        self._running = (job_id, attempt, time.monotonic() + self.cancel_check)
         try:
             request = Job.objects.cancel_request_for(job_id, attempt, using=self.using)
-        except DB_DOWN_ERRORS as exc:
+        except DatabaseError as exc:  # down, or the table not migrated yet: never the heartbeat's death
             log.info("cancel_check_failed worker=%s job=%s error=%s", self.name, job_id, one_line(exc))
             close_connection(self.using)
             return

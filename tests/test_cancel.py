@@ -187,3 +187,13 @@ def test_in_process_a_handler_that_returns_successfully_after_the_cancel_complet
     job = Job.objects.get(pk=job.pk)
     assert (job.state, job.response) == (Status.COMPLETED, {"finished": "anyway"})
     assert CancelRequest.objects.filter(job=job, attempt_num=1).count() == 1  # the record of a late cancel
+
+
+def test_queue_why_says_a_cancel_is_pending() -> None:
+    from django_sqlqueue.diagnose import why_not_running
+
+    job = claimed()
+    assert not any("a cancel was requested" in r for r in why_not_running(Job.objects.get(pk=job.pk)))
+    Job.objects.cancel(job, by="frank")
+    reasons = why_not_running(Job.objects.get(pk=job.pk))
+    assert any("a cancel was requested at" in r and "by frank" in r for r in reasons), reasons
