@@ -193,6 +193,7 @@ class Heartbeat:
         #: monotonic time of the next look), and the requests found (job id -> CancelRequest).
         self.cancel_check = cancel_check
         self._running: tuple[int, int, float] | None = None
+        self._next_check = 0.0  # the heartbeat thread's own: when it looks again
         self.cancels: dict[int, Any] = {}
         self._on_cancel = on_cancel
 
@@ -219,15 +220,15 @@ class Heartbeat:
     def start_running(self, job_id: int, attempt_num: int) -> None:
         """The handler of ``job_id`` starts: look for a cancel request once it has run ``cancel_check``
         seconds, then every ``cancel_check`` seconds. No wake-up, no query: a shorter job costs nothing."""
-        self.cancels.clear()  # one job at a time: a request found too late for the last one is moot
-        with self._lock:
-            self._running = (job_id, attempt_num, time.monotonic() + self.cancel_check)
+        if self.cancels:
+            self.cancels.clear()  # one job at a time: a request found too late for the last one is moot
+        # Written by this (the main) thread only, read by the heartbeat's: no lock on the hot path.
+        self._running = (job_id, attempt_num, time.monotonic() + self.cancel_check)
 
     def stop_running(self, job_id: int) -> Any:
         """The handler returned: stop looking; return the cancel request found for it, if any."""
-        with self._lock:
-            self._running = None
-        return self.cancels.pop(job_id, None)
+        self._running = None
+        return self.cancels.pop(job_id, None) if self.cancels else None
 
     def held(self) -> list[int]:
         with self._lock:
@@ -314,7 +315,7 @@ class Heartbeat:
                     os._exit(1)  # the supervisor is gone, so are we: our jobs are reclaimed by lease or name
                 now = time.monotonic()
                 running = self._running
-                if running is not None and now >= running[2]:
+                if running is not None and now >= max(running[2], self._next_check):
                     self._check_cancel(running)
                 if now < next_beat:  # woken early by a claim: a shorter lease may need an earlier beat
                     next_beat = min(next_beat, (self.ok_at or now) + self.interval())
@@ -332,7 +333,7 @@ class Heartbeat:
     def _check_at(self) -> float:
         running = self._running
         idle = time.monotonic() + self.cancel_check
-        return idle if running is None else min(idle, running[2])
+        return idle if running is None else min(idle, max(running[2], self._next_check))
 
     def _check_cancel(self, running: tuple[int, int, float]) -> None:
         """Look for a cancel request of the running attempt (a seek on a table of requests only); when
@@ -340,10 +341,7 @@ class Heartbeat:
         from .models import Job
 
         job_id, attempt, _ = running
-        with self._lock:  # the next look, unless the handler returned meanwhile (never revive it)
-            if self._running is not running:
-                return
-            self._running = (job_id, attempt, time.monotonic() + self.cancel_check)
+        self._next_check = time.monotonic() + self.cancel_check
         if job_id in self.cancels:
             return
         try:
@@ -352,8 +350,8 @@ class Heartbeat:
             log.info("cancel_check_failed worker=%s job=%s error=%s", self.name, job_id, one_line(exc))
             close_connection(self.using)
             return
-        if request is None or self._running is None or self._running[0] != job_id:
-            return  # none, or the handler returned meanwhile (its outcome stands)
+        if request is None or self._running is not running:
+            return  # none, or the handler returned meanwhile (its outcome stands): the same tuple is the same run
         self.cancels[job_id] = request
         log.warning("cancel_requested worker=%s job=%s attempt=%s by=%r reason=%r", self.name, job_id, attempt,
                     request.requested_by, request.reason)
