@@ -117,8 +117,6 @@ def test_a_cancel_racing_the_finish_either_gets_in_first_or_is_too_late() -> Non
     """Two threads, many rounds: the finish and the cancel at the same moment. Every round ends in one of
     the two defined ways, never an error of the worker's finish: request in (and the job Completed,
     "too late") or CancelTooLate with nothing written."""
-    if connections["default"].vendor == "sqlite" and "memory" in str(connections["default"].settings_dict["NAME"]):
-        pytest.skip("needs a database two threads share")  # pragma: no cover (the test DB is a file)
     outcomes = []
     for _ in range(10):
         job = claimed(f"w-race-{len(outcomes)}")
