@@ -52,7 +52,7 @@ from .admin_views import dashboard_view
 from .conf import get_settings
 from .models import Job, JobAttempt, JobType, Worker
 from .predicates import has_error
-from .states import CLAIMABLE, FINISHED, TRANSITIONS, Status
+from .states import CLAIMABLE, FINISHED, TRANSITIONS, Status, human_label
 
 #: Characters of the error shown in the list (the rest stays in the database until the job is opened).
 ERROR_EXCERPT_CHARS = 120
@@ -258,14 +258,14 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
     fieldsets = (
         (None, {"fields": ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis")}),
         (_("Attempts"), {"fields": ("attempts", "worker", "started", "finished", "duration", "lease",
-                                    "operator_actions")}),
+                                    "operator_actions", "cancel_requests")}),
         (_("Schedule"), {"fields": ("enqueued", "scheduled_full", "updated", "version", "dedupe_key")}),
         (_("Data"), {"fields": ("payload_pretty", "response_pretty", "error_traceback")}),
     )
     readonly_fields = ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis", "attempts",
                        "worker", "started", "finished", "duration", "lease", "enqueued", "scheduled_full", "updated",
                        "version", "dedupe_key", "payload_pretty", "response_pretty", "error_traceback",
-                       "payload_masked", "response_masked", "operator_actions")
+                       "payload_masked", "response_masked", "operator_actions", "cancel_requests")
     #: Shown instead to a user without "Can view sensitive job data" (see :mod:`.sensitive`).
     masked_fields = {"payload_pretty": "payload_masked", "response_pretty": "response_masked"}
 
@@ -463,6 +463,31 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
         if not obj.error:
             return format_html('<span class="quiet">{}</span>', "—")
         return format_html('<pre class="sqlqueue-traceback">{}</pre>', obj.error)
+
+    @admin.display(description=_("cancel requests"))
+    def cancel_requests(self, obj: Job) -> SafeString:
+        """Requests to stop a running attempt: who, when, why, and what became of that attempt (a request
+        whose attempt ended otherwise, e.g. Completed first, came too late)."""
+        from django.utils.html import format_html_join
+
+        requests = list(obj.cancel_requests.order_by("-attempt_num")[:20])
+        if not requests:
+            return format_html('<span class="quiet">{}</span>', _("none"))
+        outcomes = dict(JobAttempt.objects.using(obj._state.db).filter(job=obj, attempt_num__in=[r.attempt_num for r in requests])
+                        .values_list("attempt_num", "outcome_id"))
+
+        def fate(request: Any) -> str:
+            outcome = outcomes.get(request.attempt_num)
+            if outcome is None:
+                return _("waiting for its worker to stop it")
+            if outcome == Status.CANCELLED:
+                return _("done: the attempt was cancelled")
+            return _("too late: the attempt ended %(status)s first") % {"status": human_label(outcome)}
+
+        return format_html('<ul class="sqlqueue-cancel-requests">{}</ul>', format_html_join(
+            "", "<li>{} {} — {} ({}): {}</li>",
+            ((_("attempt #%(n)d") % {"n": r.attempt_num}, stamp(r.requested_at), r.requested_by or "—",
+              r.reason or "—", fate(r)) for r in requests)))
 
     @admin.display(description=_("operator actions"))
     def operator_actions(self, obj: Job) -> SafeString:

@@ -39,7 +39,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from .admin_views import COUNT_CAP
-from .exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
+from .exceptions import CancelTooLate, IllegalTransition, InvalidArgument, JobNotFound, StaleJob
 from .limits import MAX_DELAY_SECONDS, check_when
 from .states import Status
 
@@ -54,8 +54,9 @@ ACTION_BATCH_LIMIT = 2000
 TOKEN_PREFIX = "_token_"
 #: Columns an action reads per job: what modify and the refusal checks need, not the payload.
 _FIELDS = ("id", "status", "version", "attempt_num", "scheduled_for", "job_type", "worker", "lease_expires_at")
-#: Running jobs are only ever stopped with "Mark terminated"; nothing else may take one from its worker.
-_RUNNING_REFUSAL = "running (a worker holds it): only Mark terminated may stop a running job"
+#: Running jobs are stopped by Cancel (which asks their worker) or Mark terminated; nothing else may take
+#: one from its worker.
+_RUNNING_REFUSAL = "running (a worker holds it): only Cancel or Mark terminated may stop a running job"
 
 
 @dataclass
@@ -65,6 +66,8 @@ class Outcome:
     changed: list[Job] = field(default_factory=list)
     refused: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     truncated: bool = False
+    #: Running jobs whose worker was asked to stop them (Cancel on a Processing job).
+    requested: list[Job] = field(default_factory=list)
 
     @property
     def refused_count(self) -> int:
@@ -97,12 +100,15 @@ def run_transition(
     take_running: bool = False,
     limit: int | None = None,
     report: bool = True,
+    on_running: Callable[[Job, int], Job] | None = None,
 ) -> Outcome:
     """Move every selected job to ``target`` through ``modify``; report and log the outcome.
 
     ``options(job)`` gives extra ``modify`` arguments per job; ``refuse(job)`` may return a reason to
     leave a job alone before ``modify`` is asked (for refusals the transition table alone would not make).
     ``take_running``: the action may move a Processing job (Requeue, which refuses all but orphans).
+    ``on_running(job, token)``: what to do with a Processing job instead of refusing it (Cancel: ask its
+    worker to stop it); it may raise as ``modify`` does.
     """
     from .models import Job
 
@@ -118,14 +124,21 @@ def run_transition(
     for job in jobs[:limit]:
         token = tokens.get(job.pk, job.version)
         reason = stale if token != job.version else refuse(job)
-        if reason is None and job.state == Status.PROCESSING and target != Status.TERMINATED and not take_running:
+        running = job.state == Status.PROCESSING
+        if reason is None and running and target != Status.TERMINATED and not take_running and on_running is None:
             reason = _RUNNING_REFUSAL
         if reason is not None:
             outcome.refused[reason].append(job.pk)
             continue
         try:
-            extra = {"_release_note": note} if take_running and job.state == Status.PROCESSING else {}
-            updated = Job.objects.modify(job, token, target, using=job._state.db, **options(job), **extra)
+            if running and on_running is not None:
+                updated = on_running(job, token)
+                if updated.state == Status.PROCESSING:
+                    outcome.requested.append(updated)
+                    continue
+            else:
+                extra = {"_release_note": note} if take_running and running else {}
+                updated = Job.objects.modify(job, token, target, using=job._state.db, **options(job), **extra)
         except StaleJob:  # changed between our read and the UPDATE: modify's WHERE version caught it
             outcome.refused[stale].append(job.pk)
         except IllegalTransition:
@@ -137,6 +150,8 @@ def run_transition(
                 reason = _("%(from)s → %(to)s is not allowed") % {"from": human_label(job.state),
                                                                   "to": human_label(target)}
             outcome.refused[reason].append(job.pk)
+        except CancelTooLate:
+            outcome.refused[_("finished before the cancel reached it (too late)")].append(job.pk)
         except JobNotFound:
             outcome.refused[_("no longer exists")].append(job.pk)
         except InvalidArgument as exc:
@@ -160,6 +175,9 @@ def _log(request: HttpRequest, outcome: Outcome, verb: str, note: str) -> None:
         message = f"{verb}: {before.label} → {Status(after).label}" + (f" ({note})" if note else "")
         LogEntry.objects.log_actions(user_id=request.user.pk, queryset=jobs, action_flag=CHANGE,
                                      change_message=message)
+    if outcome.requested:
+        LogEntry.objects.log_actions(user_id=request.user.pk, queryset=outcome.requested, action_flag=CHANGE,
+                                     change_message=f"{verb}: asked the worker running it to stop it")
 
 
 def merge(outcomes: list[Outcome]) -> Outcome:
@@ -179,7 +197,14 @@ def report(modeladmin: Any, request: HttpRequest, outcome: Outcome, verb: str, l
 
 def _report(modeladmin: Any, request: HttpRequest, outcome: Outcome, verb: str, limit: int) -> None:
     n = len(outcome.changed)
-    if n or not outcome.refused:
+    if outcome.requested:
+        modeladmin.message_user(request, ngettext(
+            "%(verb)s: %(n)d running job: its worker was asked to stop it (within a few seconds; it then "
+            "shows as Cancelled, or Completed if it finished first).",
+            "%(verb)s: %(n)d running jobs: their workers were asked to stop them (within a few seconds; "
+            "they then show as Cancelled, or Completed if they finished first).", len(outcome.requested))
+            % {"verb": verb, "n": len(outcome.requested)}, messages.SUCCESS)
+    if n or not (outcome.refused or outcome.requested):
         modeladmin.message_user(
             request, ngettext("%(verb)s: %(n)d job changed.", "%(verb)s: %(n)d jobs changed.", n)
             % {"verb": verb, "n": n}, messages.SUCCESS if n else messages.INFO)
@@ -370,17 +395,29 @@ def _confirm(modeladmin: Any, request: HttpRequest, queryset: QuerySet, permissi
 
 @admin.action(permissions=["cancel"], description=gettext_lazy("Cancel"))
 def cancel(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
-    """Pending / Error / Paused -> Cancelled (a running job is refused: use Mark terminated).
+    """Pending / Error / Paused -> Cancelled at once; a running job's worker is asked to stop it
+    (:meth:`JobManager.cancel`): its handler is told, then its slot killed after the grace period.
 
     Asks for confirmation first: a cancelled job runs again only through an operator's retry.
     """
+    from .models import Job
+
     page = _confirm(modeladmin, request, queryset, "cancel_job", _("Cancel"),
-                    _("Cancelled jobs do not run; an operator's retry brings one back. Jobs that cannot be "
-                      "cancelled (running, finished) are left alone and reported."), _("Yes, cancel them"))
+                    _("Cancelled jobs do not run; an operator's retry brings one back. A running job is "
+                      "stopped by its worker within a few seconds (Completed instead if it finishes first). "
+                      "Finished jobs are left alone and reported."), _("Yes, cancel them"))
     if page is not None:
         return page
+    user = getattr(request.user, "get_username", lambda: "?")()
+    by = f"operator {user}"
+
+    def ask_worker(job: Job, token: int) -> Job:
+        return Job.objects.cancel(job, by=by, reason=_("cancelled in the admin"), token=token,
+                                  using=job._state.db)
+
     return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Cancel"),
-                                                permission="cancel_job", target=Status.CANCELLED))
+                                                permission="cancel_job", target=Status.CANCELLED,
+                                                on_running=ask_worker))
 
 
 @admin.action(permissions=["pause"], description=gettext_lazy("Pause"))
@@ -488,7 +525,7 @@ def applies(action_name: str, status: Status) -> bool:
         return False
     if action_name == "requeue":
         return status == Status.PROCESSING  # the job page offers it only to orphans
-    if status == Status.PROCESSING and target != Status.TERMINATED:
+    if status == Status.PROCESSING and target not in (Status.TERMINATED, Status.CANCELLED):
         return False
     if action_name == "resume":
         return status == Status.PAUSED

@@ -60,6 +60,12 @@ class QueueSettings:
     SCHEDULES: dict[str, Any] = field(default_factory=dict)
     #: How often each worker (its supervisor) looks for due schedule rows; 0 turns looking off.
     SCHEDULES_CHECK_SECONDS: float = 1.0
+    #: Cancelling a running job: a slot whose job has run this long looks for a cancel request of it
+    #: every CANCEL_CHECK_SECONDS (one primary-key read on a small table; shorter jobs never look).
+    CANCEL_CHECK_SECONDS: float = 1.0
+    #: Seconds a cancelled handler gets to stop by itself (``ctx.cancelled``) before its slot process
+    #: is killed, as a timeout kills it; a handler may set its own (``cancel_grace_seconds=``).
+    CANCEL_GRACE_SECONDS: float = 2.0
 
 
 _NUMERIC_MINIMUMS = {
@@ -80,6 +86,8 @@ _NUMERIC_MINIMUMS = {
     "BATCH_SECONDS": 0.001,
     "RECLAIM_SECONDS": 0,
     "SCHEDULES_CHECK_SECONDS": 0,
+    "CANCEL_CHECK_SECONDS": 0.05,
+    "CANCEL_GRACE_SECONDS": 0,
 }
 
 

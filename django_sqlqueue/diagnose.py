@@ -56,4 +56,10 @@ def _held(job: Job, now) -> list[str]:  # type: ignore[no-untyped-def]
     if lease is not None and lease < now:
         return [f"it is held by {job.worker!r}, whose lease expired at {lease:%H:%M:%S}: the next claim takes it over"]
     until = f" until {lease:%H:%M:%S} UTC (renewed while the worker lives)" if lease else ""
-    return [f"it is running: held by worker {job.worker!r}{until}"]
+    reasons = [f"it is running: held by worker {job.worker!r}{until}"]
+    request = Job.objects.cancel_request_for(job.pk, job.attempt_num, using=job._state.db)
+    if request is not None:
+        reasons.append(f"a cancel was requested at {request.requested_at:%H:%M:%S} UTC by "
+                       f"{request.requested_by or 'an unnamed caller'}: its worker stops it (within "
+                       f"CANCEL_CHECK_SECONDS + CANCEL_GRACE_SECONDS), or it completes first")
+    return reasons

@@ -50,3 +50,7 @@ class JobNotFound(SqlQueueError, LookupError):
 
 class SubtypeMismatch(SqlQueueError, ValueError):
     """That subtype row does not belong to a job of this type."""
+
+
+class CancelTooLate(IllegalTransition):
+    """The job finished before the cancel reached it (e.g. Completed first): nothing was changed."""

@@ -32,6 +32,9 @@ class Handler:
     steps: tuple[str, ...] = ()
     #: Defaults for the job type row created for this handler (None: the SQLQUEUE default).
     options: dict[str, Any] = field(default_factory=dict)
+    #: Seconds a cancelled run gets to stop by itself before its slot is killed (None:
+    #: ``SQLQUEUE['CANCEL_GRACE_SECONDS']``). The code's, not the job type row's: it is about the code.
+    cancel_grace_seconds: float | None = None
 
 
 #: The JobType fields a handler's options set; an operator may change each in the admin.
@@ -93,8 +96,14 @@ class Registry:
         self._unresolved.add(name)
         return None
 
-    def register(self, name: str, func: HandlerFunc, *, steps: Sequence[str] = (), **options: Any) -> Handler:
+    def register(self, name: str, func: HandlerFunc, *, steps: Sequence[str] = (),
+                 cancel_grace_seconds: float | None = None, **options: Any) -> Handler:
         validate_name(name)
+        if cancel_grace_seconds is not None and (
+                not isinstance(cancel_grace_seconds, int | float) or isinstance(cancel_grace_seconds, bool)
+                or not 0 <= cancel_grace_seconds <= 86400):
+            raise InvalidArgument(f"handler option cancel_grace_seconds of {name!r} must be a number of seconds "
+                                  f"from 0 to 86400, got {cancel_grace_seconds!r}")
         unknown = set(options) - _TYPE_OPTIONS
         if unknown:
             raise InvalidArgument(f"unknown handler option(s) for {name!r}: {', '.join(sorted(unknown))}")
@@ -107,7 +116,8 @@ class Registry:
             same = getattr(existing.func, "__qualname__", None) == getattr(func, "__qualname__", None)
             if not same:  # re-import of the same module (autoreload) is fine; two handlers are not
                 raise InvalidArgument(f"job type {name!r} already has a handler: {existing.func!r}")
-        handler = Handler(name, func, tuple(steps), dict(options))
+        handler = Handler(name, func, tuple(steps), dict(options),
+                          None if cancel_grace_seconds is None else float(cancel_grace_seconds))
         self._handlers[name] = handler
         self._unresolved.discard(name)
         return handler

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import DateTimeField, F, Q
 from django.db.models.expressions import RawSQL
 
@@ -162,7 +162,8 @@ class Heartbeat:
 
     def __init__(self, name: str, using: str, heartbeat_seconds: float, *, exit_with_parent: bool,
                  incarnation: str = "", dead_after: float = 60.0,
-                 on_beat: Callable[[Heartbeat], None] | None = None) -> None:
+                 on_beat: Callable[[Heartbeat], None] | None = None, cancel_check: float = 1.0,
+                 on_cancel: Callable[[int, Any], None] | None = None) -> None:
         self.name = name
         self.using = using
         self.heartbeat_seconds = heartbeat_seconds
@@ -188,6 +189,13 @@ class Heartbeat:
         #: Why this process must stop although its row is its own (the database was swapped under it).
         self.fatal: str | None = None
         self._identity: Any = _UNSET
+        #: Cancelling a running job: how often to look for a request, the job being run (id, attempt,
+        #: monotonic time of the next look), and the requests found (job id -> CancelRequest).
+        self.cancel_check = cancel_check
+        self._running: tuple[int, int, float] | None = None
+        self._next_check = 0.0  # the heartbeat thread's own: when it looks again
+        self.cancels: dict[int, Any] = {}
+        self._on_cancel = on_cancel
 
     # ----- called by the worker's main thread ----------------------------------------------------
     def hold(self, leases: dict[int, float], claimed_at: float | None = None) -> None:
@@ -208,6 +216,19 @@ class Heartbeat:
             self._claimed.pop(job_id, None)
             self.lost.discard(job_id)
             self._done += finished
+
+    def start_running(self, job_id: int, attempt_num: int) -> None:
+        """The handler of ``job_id`` starts: look for a cancel request once it has run ``cancel_check``
+        seconds, then every ``cancel_check`` seconds. No wake-up, no query: a shorter job costs nothing."""
+        if self.cancels:
+            self.cancels.clear()  # one job at a time: a request found too late for the last one is moot
+        # Written by this (the main) thread only, read by the heartbeat's: no lock on the hot path.
+        self._running = (job_id, attempt_num, time.monotonic() + self.cancel_check)
+
+    def stop_running(self, job_id: int) -> Any:
+        """The handler returned: stop looking; return the cancel request found for it, if any."""
+        self._running = None
+        return self.cancels.pop(job_id, None) if self.cancels else None
 
     def held(self) -> list[int]:
         with self._lock:
@@ -284,13 +305,18 @@ class Heartbeat:
         next_beat = time.monotonic()  # the first beat at once: the slot claims nothing before it
         try:
             while not self._stop:
-                self._wake.wait(max(0.0, next_beat - time.monotonic()))
+                # Never asleep longer than cancel_check: a job that started meanwhile is looked at in time.
+                wake_at = min(next_beat, self._check_at())
+                self._wake.wait(max(0.0, wake_at - time.monotonic()))
                 self._wake.clear()
                 if self._stop:
                     break
                 if self._parent is not None and os.getppid() != self._parent:
                     os._exit(1)  # the supervisor is gone, so are we: our jobs are reclaimed by lease or name
                 now = time.monotonic()
+                running = self._running
+                if running is not None and now >= max(running[2], self._next_check):
+                    self._check_cancel(running)
                 if now < next_beat:  # woken early by a claim: a shorter lease may need an earlier beat
                     next_beat = min(next_beat, (self.ok_at or now) + self.interval())
                     if now < next_beat:
@@ -303,6 +329,34 @@ class Heartbeat:
             log.exception("heartbeat_thread_died worker=%s", self.name)
         finally:
             connections.close_all()  # this thread's connections only
+
+    def _check_at(self) -> float:
+        running = self._running
+        idle = time.monotonic() + self.cancel_check
+        return idle if running is None else min(idle, max(running[2], self._next_check))
+
+    def _check_cancel(self, running: tuple[int, int, float]) -> None:
+        """Look for a cancel request of the running attempt (a seek on a table of requests only); when
+        there is one, keep it and tell the slot (``on_cancel``), which starts the grace period."""
+        from .models import Job
+
+        job_id, attempt, _ = running
+        self._next_check = time.monotonic() + self.cancel_check
+        if job_id in self.cancels:
+            return
+        try:
+            request = Job.objects.cancel_request_for(job_id, attempt, using=self.using)
+        except DatabaseError as exc:  # down, or the table not migrated yet: never the heartbeat's death
+            log.info("cancel_check_failed worker=%s job=%s error=%s", self.name, job_id, one_line(exc))
+            close_connection(self.using)
+            return
+        if request is None or self._running is not running:
+            return  # none, or the handler returned meanwhile (its outcome stands): the same tuple is the same run
+        self.cancels[job_id] = request
+        log.warning("cancel_requested worker=%s job=%s attempt=%s by=%r reason=%r", self.name, job_id, attempt,
+                    request.requested_by, request.reason)
+        if self._on_cancel is not None:
+            self._on_cancel(job_id, request)
 
     def _beat_logged(self) -> None:
         sent = time.monotonic()

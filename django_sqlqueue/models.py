@@ -274,6 +274,38 @@ class JobAttempt(models.Model):
         return f"job {self.job_id} attempt {self.attempt_num}"
 
 
+class CancelRequest(models.Model):
+    """An operator's (or code's) request to stop one running attempt of a job: who, when, why.
+
+    Written by :meth:`JobManager.cancel <django_sqlqueue.managers.cancel.CancelMixin.cancel>` for a
+    Processing job, read by the slot running that attempt (its heartbeat thread polls while a job runs
+    longer than ``CANCEL_CHECK_SECONDS``). A table of its own, not columns of the job: the claim, the
+    lease renewal and the finish never read or write it, so jobs nobody cancels do not pay for it, and a
+    request is tied to the attempt it was made for (a later attempt is not cancelled by an old request).
+    A request whose attempt ended otherwise (Completed first) stays as the record of a cancel that came
+    too late.
+    """
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="cancel_requests", db_index=False)
+    attempt_num = models.PositiveIntegerField()
+    requested_at = models.DateTimeField()
+    requested_by = models.CharField(max_length=200, blank=True, default="")
+    reason = models.CharField(max_length=1000, blank=True, default="")
+
+    class Meta:
+        verbose_name = _("cancel request")
+        ordering = ["job_id", "attempt_num"]
+        constraints = [models.UniqueConstraint(fields=["job", "attempt_num"], name="sqlqueue_cancel_attempt")]
+
+    def __str__(self) -> str:
+        return f"cancel job {self.job_id} attempt {self.attempt_num}"
+
+    def describe(self) -> str:
+        """The line the attempt's history row and the job's error carry: who asked, and why."""
+        who = self.requested_by or "unknown"
+        return f"cancelled by {who}" + (f": {self.reason}" if self.reason else "")
+
+
 class Worker(models.Model):
     """A running (or stopped) worker slot, kept alive by its heartbeat."""
 

@@ -125,7 +125,8 @@ class JobContext:
     """What a handler receives: the job row plus helpers. Unknown attributes read through to the Job."""
 
     def __init__(self, job: Job, handler: Handler, worker: str,
-                 stop_requested: Callable[[], bool] | None = None) -> None:
+                 stop_requested: Callable[[], bool] | None = None,
+                 cancel_request: Callable[[], Any] | None = None) -> None:
         self.job = job
         self.handler = handler
         self.worker = worker
@@ -134,6 +135,7 @@ class JobContext:
         #: Multi-step handlers: each finished step's return value, by step name (kept across retries).
         self.results: dict[str, Any] = {}
         self._stop_requested = stop_requested
+        self._cancel_request = cancel_request
         self._subtypes: list[JobData] | None = None
 
     def __getattr__(self, name: str) -> Any:
@@ -164,8 +166,24 @@ class JobContext:
         """This job's row in subtype table ``model``, or None."""
         return next((r for r in self.subtypes if isinstance(r, model)), None)
 
+    @property
+    def cancelled(self) -> bool:
+        """True once someone asked to cancel this run (``Job.objects.cancel``, the admin's Cancel).
+
+        A long handler checks it (or :meth:`should_stop`) between units of work and stops, e.g. with
+        ``job.cancel()``: the job ends Cancelled (whatever the handler raises; a handler that returns
+        successfully instead completes it, the cancel came too late). Under ``run_queue_worker`` a
+        handler that does not stop within the grace period has its slot process killed.
+        """
+        return self._cancel_request is not None and self._cancel_request() is not None
+
+    @property
+    def cancel_request(self) -> Any:
+        """The :class:`~django_sqlqueue.models.CancelRequest` (who asked, when, why), or None."""
+        return None if self._cancel_request is None else self._cancel_request()
+
     def should_stop(self) -> bool:
-        """True once this run should end: the worker is shutting down, or this job's lease is at risk
+        """True once this run should end: the job was cancelled (:attr:`cancelled`), the worker is shutting down, or this job's lease is at risk
         (the slot's heartbeat has not been written for most of the lease, or a renewal found the job
         taken over), so another worker may soon run it. A long handler checks it between units of work
         and stops early (and Retry); the supervisor kills a slot whose lease is lost anyway."""

@@ -294,7 +294,7 @@ class Supervisor:
         if not lock.acquire(timeout=0.05):
             return
         try:
-            job_id, deadline, timeout = int(current[0]), current[1], current[2]
+            job_id, deadline, timeout, cancelled = int(current[0]), current[1], current[2], bool(current[3])
             if not job_id:
                 return
             # Once its handler has returned (deadline inf) nothing can run twice any more: let it record.
@@ -311,6 +311,10 @@ class Supervisor:
             # Its lease is (or is about to be) someone else's: running on would run the job twice at once.
             log.warning("slot_killed worker=%s reason=lease-at-risk job=%s (its heartbeat could not renew the "
                         "lease, or the job was taken over)", slot.name, job_id)
+        elif cancelled:
+            log.warning("slot_killed worker=%s reason=cancelled job=%s (its handler did not stop within the "
+                        "cancel's grace period)", slot.name, job_id)
+            self._mark_cancelled(slot, job_id)
         else:
             log.error("job_timed_out worker=%s job=%s timeout=%ss", slot.name, job_id, int(timeout))
             self._mark_timed_out(slot, job_id, timeout)
@@ -365,6 +369,31 @@ class Supervisor:
         else:
             self._extra[FAILED] += 1
             send(signals.job_failed, Worker, job=new, worker=name, error=new.error, duration=timeout)
+
+    def _mark_cancelled(self, slot: Slot, job_id: int) -> Call:
+        return self._db.submit(f"mark_cancelled:{job_id}", self._mark_cancelled_now, slot.name, job_id)
+
+    def _mark_cancelled_now(self, name: str, job_id: int) -> None:
+        """Record a killed cancelled job Cancelled, with who cancelled it and why (its request)."""
+        from .managers import cancel_text
+        from .models import Job
+
+        try:
+            job = Job.objects.get_for_update(job_id, using=self._using)
+            if job.state != Status.PROCESSING or job.worker != name:
+                return  # finished just before the kill, or already someone else's
+            request = Job.objects.cancel_request_for(job_id, job.attempt_num, using=self._using)
+            who = cancel_text(request.requested_by, request.reason) if request is not None else "cancelled"
+            error = f"{who} (the handler did not stop within the grace period: worker {name} was killed)"
+            new = Job.objects.modify(job, job.version, Status.CANCELLED, error=error, using=self._using)
+        except (StaleJob, IllegalTransition, JobNotFound):
+            return
+        except DatabaseError as exc:
+            self._db_failed("cancel_not_recorded", exc, job=job_id)  # reclaimed by lease, request kept
+            return
+        self._extra[CANCELLED] += 1
+        send(signals.job_cancelled, Worker, job=new, worker=name, reason=error,
+             duration=(new.duration_ms or 0) / 1000)
 
     def _after_death(self, slot: Slot, running: int) -> Call:
         """A slot died: hand back its claimed-but-unstarted jobs and mark its row stopped, so that its

@@ -84,8 +84,11 @@ class Worker:
         self.heartbeat = Heartbeat(self.name, self.using, self.settings.HEARTBEAT_SECONDS,
                                    exit_with_parent=channel is not None, incarnation=self.incarnation,
                                    dead_after=self.settings.WORKER_DEAD_AFTER_SECONDS,
-                                   on_beat=self._on_beat if channel is not None else None)
+                                   on_beat=self._on_beat if channel is not None else None,
+                                   cancel_check=self.settings.CANCEL_CHECK_SECONDS, on_cancel=self._on_cancel)
         self._running_id: int | None = None
+        #: The grace period of the running job's handler (seconds to stop by itself once cancelled).
+        self._cancel_grace = self.settings.CANCEL_GRACE_SECONDS
         #: Successes recorded together (with the next claim when the batch is done): see recorder.py.
         self.recorder = Recorder(self, sender=Worker)
         self.sizer = BatchSizer(config.batch, self.settings.BATCH_MAX, self.settings.BATCH_SECONDS)
@@ -149,6 +152,13 @@ class Worker:
         lost = heartbeat.replaced or running in heartbeat.lost
         self.channel.set_safe_until(running, 0.0 if lost else heartbeat.job_deadline(running, STOP_SHARE),
                                     heartbeat.ok_at is not None or heartbeat.replaced)
+
+    def _on_cancel(self, job_id: int, request: Any) -> None:
+        """The heartbeat found a cancel request for the running job (its thread): the handler sees it
+        (``ctx.cancelled``, ``should_stop()``) and, under a supervisor, has the grace period to stop before
+        its slot is killed. An in-process worker cannot kill its own thread: it relies on the handler."""
+        if self.channel is not None:
+            self.channel.request_cancel(job_id, self._cancel_grace)
 
     def _loop(self) -> None:
         s = self.settings
@@ -342,13 +352,21 @@ class Worker:
             if self.channel is not None:
                 self.channel.set_current(job.pk, info.timeout_seconds)
                 self._on_beat(self.heartbeat)
-            job_id = job.pk
+            job_id, beat = job.pk, self.heartbeat
+            grace = handler.cancel_grace_seconds
+            self._cancel_grace = self.settings.CANCEL_GRACE_SECONDS if grace is None else grace
+            beat.start_running(job_id, job.attempt_num)
             try:
                 outcome = runner.run(runner.JobContext(
-                    job, handler, self.name, lambda: self.stop_requested() or self.heartbeat.at_risk(job_id)))
+                    job, handler, self.name,
+                    lambda: self.stop_requested() or beat.at_risk(job_id) or job_id in beat.cancels,
+                    lambda: beat.cancels.get(job_id)))
             finally:
                 if self.channel is not None:
                     self.channel.handler_returned()
+                request = beat.stop_running(job_id)
+            if request is not None:
+                outcome = self._cancelled(outcome, request)
         if outcome.kind is runner.Kind.SUCCESS:
             self.recorder.add(outcome)  # published to the supervisor as run-but-unrecorded first
         else:
@@ -358,6 +376,21 @@ class Worker:
         if outcome.kind is not runner.Kind.SUCCESS:
             self.heartbeat.drop(job.pk, finished=True)  # the recorder drops a success once recorded
         self._running_id = None
+
+    def _cancelled(self, outcome: runner.Outcome, request: Any) -> runner.Outcome:
+        """The outcome of a run that was asked to stop: a handler that returned successfully wins (its
+        work is done: the cancel came too late); any other end (Cancel, Retry, an exception raised on
+        the way out) is Cancelled with the request's who and why, never retried."""
+        from .managers import cancel_text
+
+        if outcome.kind is runner.Kind.SUCCESS:
+            log.warning("cancel_too_late worker=%s job=%s by=%r (the handler returned successfully first: the "
+                        "job completes)", self.name, outcome.job.pk, request.requested_by)
+            return outcome
+        text = (f"{cancel_text(request.requested_by, request.reason)} (the handler stopped after "
+                f"{outcome.duration:.1f} s; its own outcome was: {outcome.kind.value}"
+                + (f": {(outcome.error.strip().splitlines() or [''])[-1][:200]}" if outcome.error else "") + ")")
+        return runner.Outcome(runner.Kind.CANCEL, outcome.job, error=text, duration=outcome.duration)
 
     def _record(self, outcome: runner.Outcome) -> None:
         """Record an attempt that did not succeed, at once (successes go to the recorder, batched)."""

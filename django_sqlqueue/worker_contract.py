@@ -51,9 +51,10 @@ class SlotChannel:
         self.stop = stop  # multiprocessing Event: "stop after the current job"
         self.counters = counters  # RawArray of N_COUNTERS, written by the slot only
         self.budget = budget  # shared Value of jobs left to claim (--max-jobs), or None
-        # [job id, monotonic deadline, timeout seconds]; a fresh array per incarnation, so a lock
+        # [job id, monotonic deadline, timeout seconds, 1 once the job was cancelled (the deadline is then
+        # the end of the cancel's grace period, if sooner)]; a fresh array per incarnation, so a lock
         # left held by a killed process is never waited for again.
-        self.current = ctx.Array("d", 3)
+        self.current = ctx.Array("d", 4)
         # Jobs whose handler returned success but whose outcome the slot has not recorded yet (it
         # records successes in batches, see recorder.py): [count, id, id, ...]. If the slot dies,
         # these ran: they must not be handed back as unstarted.
@@ -99,6 +100,18 @@ class SlotChannel:
     def set_current(self, job_id: int, timeout: float) -> None:
         with self.current.get_lock():
             self.current[0], self.current[1], self.current[2] = job_id, time.monotonic() + timeout, timeout
+            self.current[3] = 0
+
+    def request_cancel(self, job_id: int, grace: float) -> bool:
+        """The running job ``job_id`` was cancelled: the supervisor kills the slot ``grace`` seconds from
+        now (or at its timeout, if sooner) unless the handler returns first. False (nothing changed) when
+        the slot has moved on, or the handler has returned already (deadline inf: its outcome stands)."""
+        with self.current.get_lock():
+            if int(self.current[0]) != job_id or self.current[1] == float("inf"):
+                return False
+            self.current[1] = min(self.current[1], time.monotonic() + grace)
+            self.current[3] = 1
+            return True
 
     def handler_returned(self) -> None:
         """The handler is done (no deadline any more), but its outcome is not recorded yet: if the slot
@@ -108,7 +121,7 @@ class SlotChannel:
 
     def clear_current(self) -> None:
         with self.current.get_lock():
-            self.current[0] = self.current[1] = self.current[2] = 0
+            self.current[0] = self.current[1] = self.current[2] = self.current[3] = 0
 
     def reserve(self, n: int) -> int:
         lock = self.budget.get_lock()

@@ -30,6 +30,7 @@ TDS_SKIPS = {
     "tests/test_admin_operator.py": _BUDGET,
     "tests/test_hostile_admin.py": _BUDGET,
     "tests/test_worker_process.py": _BUDGET,
+    "tests/test_cancel_worker.py": _BUDGET,
     "tests/test_schedules_workers.py": _BUDGET,
     "tests/test_concurrency.py": _NEEDS_LOCKING,
     "tests/test_soak.py": _NEEDS_LOCKING + "; a chaos soak of several workers",
@@ -40,6 +41,7 @@ TDS_SKIPS = {
     "tests/test_admin_dashboard.py::test_pause_and_resume_job_types": _FK_BUG,
     "tests/test_security.py::test_admin_actions_keep_csrf_protection": _FK_BUG,
     "tests/test_admin_schedules.py::test_run_now_needs_its_permission": _FK_BUG,
+    "tests/test_admin_cancel.py::test_cancel_of_a_running_job_needs_the_cancel_permission": _FK_BUG,
 }
 
 

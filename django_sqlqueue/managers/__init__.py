@@ -15,6 +15,7 @@ from django.db import models
 from django.utils import timezone
 
 from ..states import CLAIMABLE, Status
+from .cancel import CancelMixin, cancel_text
 from .claim import CLAIM_RETRIES, ClaimMixin
 from .enqueue import INSERT_COLUMNS, EnqueueMixin, JobSpec
 from .housekeeping import HousekeepingMixin, purge_references, purge_statuses
@@ -32,7 +33,7 @@ from .values import (
 )
 
 __all__ = ["CLAIM_ONLY", "CLAIM_RETRIES", "INSERT_COLUMNS", "MAX_DELAY_SECONDS", "MAX_ERROR_CHARS", "UNSET",
-           "JobManager", "JobQuerySet", "JobSpec", "duration_ms", "finite_seconds", "new_incarnation",
+           "JobManager", "JobQuerySet", "JobSpec", "cancel_text", "duration_ms", "finite_seconds", "new_incarnation",
            "offending_path", "purge_references", "storable_error", "unstorable"]
 
 
@@ -57,11 +58,12 @@ class JobQuerySet(models.QuerySet):
         return qs.filter(queue__in=list(queues)) if queues else qs
 
 
-class JobManager(EnqueueMixin, ClaimMixin, ModifyMixin, HousekeepingMixin,
+class JobManager(EnqueueMixin, ClaimMixin, ModifyMixin, CancelMixin, HousekeepingMixin,
                  models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
     """Enqueue, claim and modify jobs. ``using`` picks the database (default: SQLQUEUE['DATABASE']).
 
     One part per concern: :class:`~.enqueue.EnqueueMixin`, :class:`~.claim.ClaimMixin` (claim and batched
-    completion), :class:`~.modify.ModifyMixin` (every other transition), :class:`~.housekeeping.HousekeepingMixin`
+    completion), :class:`~.modify.ModifyMixin` (every other transition), :class:`~.cancel.CancelMixin` (cancel, of a running job too),
+    :class:`~.housekeeping.HousekeepingMixin`
     (leases, purge, reap), all on :class:`~.rows.RowsMixin` (database choice, rows to Job objects).
     """

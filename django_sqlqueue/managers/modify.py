@@ -128,7 +128,8 @@ class ModifyMixin(RowsMixin):
         if released:
             dialect.execute(cursor, dialect.delete_attempt_sql(), [before.pk, before.attempt_num])
             return
-        error = after.error if after.status_id in (Status.ERROR, Status.FAILED) else ""
+        # A cancel's reason (who cancelled it, and why) is the attempt's record too.
+        error = after.error if after.status_id in (Status.ERROR, Status.FAILED, Status.CANCELLED) else ""
         dialect.execute(cursor, dialect.close_attempt_sql(),
                        [after.status_id, error, after.duration_ms, after.step, before.pk, before.attempt_num])
 

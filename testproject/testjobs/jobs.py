@@ -156,3 +156,37 @@ def trace_ids(job: JobContext) -> Any:
 
     context = trace.get_current_span().get_span_context()
     return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
+
+
+@sqlqueue.handler("test.CancelAware", cancel_grace_seconds=10)
+def cancel_aware(job: JobContext) -> Any:
+    """Work in 50 ms units for ``seconds``; once ``job.cancelled`` says so, log "stopped" and cancel.
+
+    Its grace period is long (10 s) so that a test can tell a cooperative stop from a kill.
+    """
+    _log(job, "start")
+    end = time.monotonic() + float(job.payload.get("seconds", 30))
+    while time.monotonic() < end:
+        if job.cancelled:
+            _log(job, "stopped")
+            job.cancel(f"stopped at the request of {job.cancel_request.requested_by}")
+        time.sleep(0.05)
+    _log(job, "end")
+    return {"done": True}
+
+
+@sqlqueue.handler("test.CancelSelf")
+def cancel_self(job: JobContext) -> Any:
+    """Ask for its own cancel (as an operator would), wait until ``job.cancelled`` says it arrived, then
+    ``then``: "return" (success: the cancel came too late) or "raise" (any other end: Cancelled)."""
+    from django_sqlqueue.models import Job
+
+    Job.objects.cancel(job.pk, by="itself", reason="testing")
+    deadline = time.monotonic() + 10
+    while not job.cancelled and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not job.should_stop():
+        raise AssertionError("should_stop() is false after a cancel")
+    if job.payload.get("then") == "return":
+        return {"finished": "anyway"}
+    raise Retry("the handler's own retry, overridden by the cancel")

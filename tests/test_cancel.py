@@ -1,0 +1,197 @@
+"""Job.objects.cancel(): at once for a job not running, a request for a running one, and the races.
+
+Real rows on every vendor (tds included): the request is a row of its own, the job's token is not
+bumped by it, so the worker's own finish still goes through; a finish that came first makes the cancel
+"too late", refused without writing anything.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connections
+
+from django_sqlqueue import IllegalTransition, InvalidArgument, StaleJob, Status, enqueue
+from django_sqlqueue.exceptions import CancelTooLate
+from django_sqlqueue.models import CancelRequest, Job, JobAttempt
+from django_sqlqueue.runner import JobContext
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("noop_type")]
+
+
+def claimed(name: str = "w-cancel") -> Job:
+    job = enqueue("Noop")
+    got = Job.objects.claim(name, 1)
+    assert [j.pk for j in got] == [job.pk]
+    return got[0]
+
+
+@pytest.mark.parametrize("status", [Status.PENDING, Status.ERROR, Status.PAUSED])
+def test_a_job_not_running_is_cancelled_at_once_saying_who(status: Status) -> None:
+    if status is Status.ERROR:
+        job = Job.objects.fail(claimed(), "boom", retry_in=60)
+        assert job.state == Status.ERROR
+    else:
+        job = enqueue("Noop")
+    if status is Status.PAUSED:
+        job = Job.objects.modify(job, job.version, Status.PAUSED)
+    done = Job.objects.cancel(job.pk, by="alice", reason="duplicate order")
+    assert done.state == Status.CANCELLED
+    assert done.error == "cancelled by alice: duplicate order"
+    assert not CancelRequest.objects.exists()
+
+
+def test_a_running_job_gets_a_request_and_keeps_its_token() -> None:
+    job = claimed()
+    asked = Job.objects.cancel(job, by="bob", reason="wrong customer")
+    assert asked.state == Status.PROCESSING
+    assert asked.version == job.version  # not a state change: the worker's own writes still go through
+    request = asked.cancel_request
+    assert (request.job_id, request.attempt_num, request.requested_by, request.reason) == (
+        job.pk, 1, "bob", "wrong customer")
+    assert request.requested_at is not None
+    assert Job.objects.cancel_request_for(job.pk, 1) == request
+    assert Job.objects.cancel_request_for(job.pk, 2) is None  # another attempt is not cancelled by it
+    # Asking again keeps the first request.
+    again = Job.objects.cancel(job.pk, by="carol", reason="me too")
+    assert again.cancel_request.pk == request.pk and again.cancel_request.requested_by == "bob"
+    assert CancelRequest.objects.count() == 1
+
+
+def test_completed_wins_over_a_request_that_arrives_while_it_finishes() -> None:
+    """The request got in, but the handler returned successfully first: the worker's finish (with the
+    token it read at the claim) is not refused, and the request stays as the record of a late cancel."""
+    job = claimed()
+    Job.objects.cancel(job, by="bob")
+    done = Job.objects.complete(job, {"ok": True})
+    assert done.state == Status.COMPLETED
+    assert CancelRequest.objects.filter(job=job).count() == 1
+    assert JobAttempt.objects.get(job=job).outcome_id == Status.COMPLETED
+
+
+def test_cancel_of_a_job_that_just_finished_is_refused_cleanly() -> None:
+    job = claimed()
+    done = Job.objects.complete(job)
+    with pytest.raises(CancelTooLate, match="Completed already: the cancel came too late"):
+        Job.objects.cancel(job.pk, by="bob")
+    after = Job.objects.get(pk=job.pk)
+    assert (after.state, after.version, after.error) == (Status.COMPLETED, done.version, "")
+    assert not CancelRequest.objects.exists()
+    assert issubclass(CancelTooLate, IllegalTransition)
+
+
+def test_a_stale_token_is_refused() -> None:
+    job = enqueue("Noop")
+    with pytest.raises(StaleJob):
+        Job.objects.cancel(job, token=job.version + 1)
+    assert Job.objects.get(pk=job.pk).state == Status.PENDING
+
+
+def test_bad_arguments_are_refused_before_anything_is_read() -> None:
+    job = enqueue("Noop")
+    with pytest.raises(InvalidArgument):
+        Job.objects.cancel(job, reason="x" * 1001)
+    with pytest.raises(InvalidArgument):
+        Job.objects.cancel(job, by=7)  # type: ignore[arg-type]
+
+
+def test_a_cancelled_attempt_keeps_who_cancelled_it_in_its_history_row() -> None:
+    job = claimed()
+    Job.objects.modify(job, job.version, Status.CANCELLED, error="cancelled by dave: no longer needed")
+    attempt = JobAttempt.objects.get(job=job)
+    assert (attempt.outcome_id, attempt.error) == (Status.CANCELLED, "cancelled by dave: no longer needed")
+
+
+def test_the_handler_context_says_cancelled_only_for_its_own_request() -> None:
+    job = claimed()
+    found: dict[int, CancelRequest] = {}
+    ctx = JobContext(job, None, "w", lambda: job.pk in found, lambda: found.get(job.pk))  # type: ignore[arg-type]
+    assert not ctx.cancelled and not ctx.should_stop() and ctx.cancel_request is None
+    found[job.pk] = Job.objects.cancel(job, by="erin").cancel_request
+    assert ctx.cancelled and ctx.should_stop() and ctx.cancel_request.requested_by == "erin"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_racing_the_finish_either_gets_in_first_or_is_too_late() -> None:
+    """Two threads, many rounds: the finish and the cancel at the same moment. Every round ends in one of
+    the two defined ways, never an error of the worker's finish: request in (and the job Completed,
+    "too late") or CancelTooLate with nothing written."""
+    outcomes = []
+    for _ in range(10):
+        job = claimed(f"w-race-{len(outcomes)}")
+        start = threading.Barrier(2)
+        result: dict[str, object] = {}
+
+        def finish(job: Job, start: threading.Barrier, result: dict[str, object]) -> None:
+            start.wait()
+            try:
+                result["finish"] = Job.objects.complete(job).state
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=finish, args=(job, start, result))
+        thread.start()
+        start.wait()
+        try:
+            Job.objects.cancel(job.pk, by="racer")
+            result["cancel"] = "requested"
+        except CancelTooLate:
+            result["cancel"] = "too late"
+        thread.join(30)
+        assert result["finish"] == Status.COMPLETED
+        requests = CancelRequest.objects.filter(job_id=job.pk).count()
+        assert requests == (1 if result["cancel"] == "requested" else 0)
+        outcomes.append(result["cancel"])
+    assert set(outcomes) <= {"requested", "too late"}
+
+
+# ----- an in-process Worker (no supervisor: cooperative only) --------------------------------------
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_in_process_a_handler_that_stops_after_the_cancel_ends_cancelled_with_the_signal(settings) -> None:
+    from django_sqlqueue import signals
+    from tests import workerutil as wu
+
+    settings.SQLQUEUE = {**getattr(settings, "SQLQUEUE", {}), "CANCEL_CHECK_SECONDS": 0.05}
+    seen: list[dict] = []
+
+    def receiver(sender, **kwargs) -> None:
+        seen.append(kwargs)
+
+    signals.job_cancelled.connect(receiver)
+    try:
+        job = Job.objects.enqueue("test.CancelSelf", {"then": "raise"})
+        counters = wu.run_worker("inproc-cancel")
+    finally:
+        signals.job_cancelled.disconnect(receiver)
+    job = Job.objects.get(pk=job.pk)
+    assert job.state == Status.CANCELLED and job.attempt_num == 1
+    assert job.error.startswith("cancelled by itself: testing (the handler stopped after")
+    assert "its own outcome was: retry" in job.error
+    assert JobAttempt.objects.get(job=job).error == job.error
+    assert [(s["job"].pk, s["reason"]) for s in seen] == [(job.pk, job.error)]
+    assert counters[3] == 1  # CANCELLED
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_in_process_a_handler_that_returns_successfully_after_the_cancel_completes(settings) -> None:
+    from tests import workerutil as wu
+
+    settings.SQLQUEUE = {**getattr(settings, "SQLQUEUE", {}), "CANCEL_CHECK_SECONDS": 0.05}
+    job = Job.objects.enqueue("test.CancelSelf", {"then": "return"})
+    wu.run_worker("inproc-late")
+    job = Job.objects.get(pk=job.pk)
+    assert (job.state, job.response) == (Status.COMPLETED, {"finished": "anyway"})
+    assert CancelRequest.objects.filter(job=job, attempt_num=1).count() == 1  # the record of a late cancel
+
+
+def test_queue_why_says_a_cancel_is_pending() -> None:
+    from django_sqlqueue.diagnose import why_not_running
+
+    job = claimed()
+    assert not any("a cancel was requested" in r for r in why_not_running(Job.objects.get(pk=job.pk)))
+    Job.objects.cancel(job, by="frank")
+    reasons = why_not_running(Job.objects.get(pk=job.pk))
+    assert any("a cancel was requested at" in r and "by frank" in r for r in reasons), reasons
