@@ -1,0 +1,482 @@
+"""Workflows: jobs that wait for other jobs (dependencies), and batches with callbacks.
+
+A job enqueued ``after=[a, b]`` is inserted Waiting (not claimable: the claim and its indexes are
+untouched) with one :class:`~.models.JobDependency` row per dependency, and each dependency is marked
+``has_dependents``. A job put in a batch carries ``batch_id``. Those two columns come back in every row
+the finish path already returns, so only a job that has one of them set costs anything when it
+finishes: :func:`after_finish` then looks for its dependents and its batch.
+
+Why the release runs AFTER the finish has committed, in a transaction of its own (not inside it):
+under READ COMMITTED with row versioning (PostgreSQL, SQL Server's READ_COMMITTED_SNAPSHOT) two
+dependencies finishing at once in two transactions may each see the other as unfinished, and neither
+would release the dependent. Run after the commit, the release of whichever finish committed LAST
+starts after both commits, so its snapshot sees both dependencies finished: someone always releases.
+Two releases that both see it are serialised by the dependent's concurrency token (modify refuses
+the second with StaleJob), so a job is released once. A worker that dies between its commit and the
+release loses nothing: :func:`backstop` (the supervisor's periodic look, with the reaper) finds Waiting
+jobs whose dependencies are all finished and batches whose members are, and completes the work.
+
+A batch's callbacks are enqueued by the transaction that first sets the batch's ``finished_at`` (a
+conditional UPDATE, ``finished_at IS NULL``), in the same transaction as their INSERT: exactly once
+however many members finish at the same moment. No counter is written when a member finishes; counts
+are read from the members (index ``sqlqueue_job_batch``). See docs/workflows.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.db.models import Count, Exists, OuterRef
+from django.db.models.functions import Now
+
+from .exceptions import InvalidArgument, JobNotFound, SqlQueueError, StaleJob
+from .states import FINISHED, UNFINISHED, Status
+
+if TYPE_CHECKING:
+    from .managers import JobSpec
+    from .models import Batch, Job
+
+log = logging.getLogger("django_sqlqueue.workflows")
+
+CANCEL = "cancel"
+RUN = "run"
+POLICIES = (CANCEL, RUN)
+#: Most ids in one IN list (SQL Server takes 2,100 parameters a statement).
+_CHUNK = 500
+
+
+class DependencyError(InvalidArgument):
+    """A dependency cannot be recorded (missing job, cycle, or a combination enqueue does not allow)."""
+
+
+class BatchClosed(InvalidArgument):
+    """The batch is closed (or gone): no member may be added to it."""
+
+
+@dataclass(frozen=True)
+class Dependency:
+    """One entry of ``after``: a job (or its id, or a JobSpec of the same ``enqueue_many`` call) and the
+    policy when it ends other than Completed: ``"cancel"`` the dependent (default) or ``"run"`` it anyway."""
+
+    target: Any
+    on_failure: str = CANCEL
+
+
+def dependencies(after: Iterable[Any] | None, default: str = CANCEL) -> tuple[Dependency, ...]:
+    """``after`` as given to enqueue (jobs, ids, JobSpecs, ``(one of those, policy)`` pairs or
+    :class:`Dependency`) as Dependency entries, checked."""
+    if after is None:
+        return ()
+    if isinstance(after, str | bytes | int) or hasattr(after, "pk") or not isinstance(after, Iterable):
+        raise DependencyError("after must be a list of jobs, job ids or JobSpecs")
+    out = []
+    for item in after:
+        dep = item if isinstance(item, Dependency) else (
+            Dependency(item[0], item[1]) if isinstance(item, tuple) and len(item) == 2 else Dependency(item, default))
+        if dep.on_failure not in POLICIES:
+            raise DependencyError(f"on_failure must be one of {', '.join(POLICIES)}, got {dep.on_failure!r}")
+        target = dep.target
+        if isinstance(target, bool) or not (isinstance(target, int) or hasattr(target, "pk")
+                                            or type(target).__name__ == "JobSpec"):
+            raise DependencyError(f"a dependency must be a job, a job id or a JobSpec, got {target!r}")
+        out.append(dep)
+    return tuple(out)
+
+
+# ----- enqueue ---------------------------------------------------------------------------------------
+def check_specs(specs: Sequence[JobSpec]) -> None:
+    """Refuse what cannot be enqueued, before anything is written: a cycle among the specs of one
+    call (a spec may name another spec of the same call), a spec named that is not in the call, a
+    dependency together with a dedupe key (a deduplicated enqueue returns another job)."""
+    index = {id(s): i for i, s in enumerate(specs)}
+    edges: dict[int, list[int]] = {}
+    for i, spec in enumerate(specs):
+        if spec.after and spec.dedupe_key is not None:
+            raise DependencyError("a job with dependencies cannot have a dedupe_key (a deduplicated enqueue "
+                                  "returns an existing job, which would not get them)")
+        for dep in spec.after:
+            if type(dep.target).__name__ == "JobSpec":
+                if id(dep.target) not in index:
+                    raise DependencyError("a JobSpec named in after must be enqueued in the same enqueue_many call")
+                edges.setdefault(i, []).append(index[id(dep.target)])
+    # Depth-first search for a cycle (white 0, grey 1, black 2).
+    colour = [0] * len(specs)
+    for root in range(len(specs)):
+        if colour[root]:
+            continue
+        stack: list[tuple[int, Iterator[int]]] = [(root, iter(edges.get(root, ())))]
+        colour[root] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                colour[node] = 2
+                stack.pop()
+            elif colour[child] == 1:
+                raise DependencyError(f"the dependencies form a cycle (job spec {child} waits for itself "
+                                      f"through spec {node}): nothing was enqueued")
+            elif colour[child] == 0:
+                colour[child] = 1
+                stack.append((child, iter(edges.get(child, ()))))
+
+
+def link(specs: Sequence[JobSpec], jobs: Sequence[Job], alias: str) -> None:
+    """Record the dependencies and batch memberships of freshly inserted ``jobs`` (inside the enqueue's
+    transaction), and resolve at once the Waiting jobs whose dependencies have all finished already.
+
+    Every dependency is marked (and so locked) before its status is read: a dependency that finishes
+    concurrently either committed before (its status is read here) or waits for this transaction and
+    then sees the mark (its finish path releases the dependent).
+    """
+    from .models import Batch, Job, JobDependency
+
+    index = {id(s): i for i, s in enumerate(specs)}
+    rows: list[JobDependency] = []
+    for spec, job in zip(specs, jobs, strict=True):
+        for dep in spec.after:
+            t = dep.target
+            target = jobs[index[id(t)]].pk if type(t).__name__ == "JobSpec" else int(getattr(t, "pk", t))
+            rows.append(JobDependency(job_id=job.pk, depends_on_id=target, on_failure=dep.on_failure))
+    manager = Job.objects.db_manager(alias)
+    if rows:
+        targets = sorted({r.depends_on_id for r in rows})
+        marked = 0
+        for start in range(0, len(targets), _CHUNK):
+            marked += manager.filter(pk__in=targets[start:start + _CHUNK]).update(has_dependents=True)
+        if marked != len(targets):
+            found = set()
+            for start in range(0, len(targets), _CHUNK):
+                found.update(manager.filter(pk__in=targets[start:start + _CHUNK]).values_list("pk", flat=True))
+            missing = sorted(set(targets) - found)
+            raise JobNotFound(f"cannot wait for job(s) {', '.join(map(str, missing[:10]))}: no such job; "
+                              "nothing was enqueued")
+        JobDependency.objects.using(alias).bulk_create(rows, batch_size=_CHUNK)
+    by_batch: dict[int, list[int]] = {}
+    for spec, job in zip(specs, jobs, strict=True):
+        if spec.batch is not None:
+            by_batch.setdefault(int(getattr(spec.batch, "pk", spec.batch)), []).append(job.pk)
+    for batch_id, ids in by_batch.items():
+        # Locks the batch row until commit: a close waits for the members being added, so the batch
+        # cannot finish (and fire) without them.
+        if not Batch.objects.using(alias).filter(pk=batch_id, closed_at__isnull=True).update(closed_at=None):
+            raise BatchClosed(f"batch {batch_id} is closed or does not exist: nothing was enqueued")
+        for start in range(0, len(ids), _CHUNK):
+            manager.filter(pk__in=ids[start:start + _CHUNK]).update(batch_id=batch_id)
+        for job in jobs:
+            if job.pk in ids:
+                job.batch_id = batch_id
+    waiting = [j for j in jobs if j.status_id == Status.WAITING]
+    if waiting:
+        settled = {j.pk: j for j in _resolve_many([j.pk for j in waiting], alias)}
+        for job in jobs:
+            new = settled.get(job.pk)
+            if new is not None:
+                job.__dict__.update({f.attname: getattr(new, f.attname) for f in Job._meta.concrete_fields})
+        if any(j.state in FINISHED for j in settled.values()):
+            # cancelled at once (a dependency had failed): its own dependents in this call follow
+            _settle([j for j in settled.values() if j.state in FINISHED], alias)
+    parents = {r.depends_on_id for r in rows}
+    for job in jobs:
+        if job.pk in parents:
+            job.has_dependents = True
+
+
+# ----- release ------------------------------------------------------------------------------------
+def after_finish(jobs: Iterable[Job], alias: str) -> None:
+    """Called by the manager for jobs it has just moved to a finished status: once that has committed,
+    release (or cancel) their dependents and finish their batches. Errors are logged, not raised: the
+    finish itself is committed, and :func:`backstop` redoes what was missed."""
+    marked = [j for j in jobs if j.has_dependents or j.batch_id]
+    if not marked:
+        return
+
+    def run() -> None:
+        try:
+            _settle(marked, alias)
+        except Exception:
+            log.exception("workflow_release_failed jobs=%s (the periodic backstop will retry)",
+                          ",".join(str(j.pk) for j in marked[:20]))
+
+    transaction.on_commit(run, using=alias)
+
+
+def _settle(finished: list[Job], alias: str) -> None:
+    """Release or cancel the Waiting dependents of ``finished`` jobs, following cancellations down the
+    chain, then finish the batches of every job finished on the way."""
+    from .models import JobDependency
+
+    batches = {j.batch_id for j in finished if j.batch_id}
+    frontier = sorted({j.pk for j in finished if j.has_dependents})
+    while frontier:
+        waiting: set[int] = set()
+        for start in range(0, len(frontier), _CHUNK):
+            waiting.update(JobDependency.objects.using(alias).filter(
+                depends_on_id__in=frontier[start:start + _CHUNK], job__status_id=Status.WAITING,
+            ).values_list("job_id", flat=True))
+        done = [j for j in _resolve_many(sorted(waiting), alias) if j.state in FINISHED]
+        batches.update(j.batch_id for j in done if j.batch_id)
+        frontier = sorted(j.pk for j in done if j.has_dependents)
+    for batch_id in sorted(batches):
+        finish_batch(batch_id, alias)
+
+
+def _resolve_many(ids: list[int], alias: str) -> list[Job]:
+    out = []
+    for job_id in ids:
+        new = resolve(job_id, alias)
+        if new is not None:
+            out.append(new)
+    return out
+
+
+def decide(job_id: int, alias: str) -> tuple[Status | None, str]:
+    """What a Waiting job should become now, read from its dependencies' current statuses: Cancelled
+    (a dependency under the "cancel" policy ended other than Completed), Pending (all have finished),
+    or None (still waiting); with the reason."""
+    from .models import JobDependency
+
+    deps = list(JobDependency.objects.using(alias).filter(job_id=job_id)
+                .values_list("depends_on_id", "depends_on__status_id", "on_failure").order_by("depends_on_id"))
+    for dep_id, status, policy in deps:
+        if policy == CANCEL and status in FINISHED and status != Status.COMPLETED:
+            return Status.CANCELLED, f"cancelled: job {dep_id}, which it waited for, ended {Status(status).label}"
+    if all(status in FINISHED for _, status, _ in deps):
+        return Status.PENDING, ""
+    return None, ""
+
+
+def resolve(job_id: int, alias: str) -> Job | None:
+    """Move Waiting job ``job_id`` on if its dependencies allow it; return its new row, or None when it
+    stays (or someone else moved it first: the token decides, so it moves once)."""
+    from .models import Job
+
+    manager = Job.objects.db_manager(alias)
+    try:
+        job = manager.get_for_update(job_id, using=alias)
+    except JobNotFound:
+        return None
+    if job.state != Status.WAITING:
+        return None
+    new, reason = decide(job_id, alias)  # a new statement: sees every finish committed before it
+    if new is None:
+        return None
+    try:
+        return manager.modify(job, job.version, new, error=reason or None, using=alias)
+    except StaleJob:
+        return None
+
+
+# ----- batches ------------------------------------------------------------------------------------
+class _NotDone(SqlQueueError):
+    """A member became unfinished between the look and the lock: roll the attempt back."""
+
+
+def batch_counts(batch_id: int, alias: str | None = None) -> dict[Status, int]:
+    """The batch's members by status (one index range on ``sqlqueue_job_batch``)."""
+    from .models import Job
+
+    qs = Job.objects.db_manager(alias) if alias else Job.objects
+    rows = qs.filter(batch_id=batch_id).order_by().values_list("status_id").annotate(n=Count("id"))
+    return {Status(s): n for s, n in rows}
+
+
+def finish_batch(batch_id: int, alias: str) -> list[int]:
+    """If batch ``batch_id`` is closed, unfinished, and all its members have finished, enqueue its
+    callbacks, once; return their ids ([] when it is not time, or another process did it)."""
+    from .models import Batch, Job
+
+    batch = Batch.objects.using(alias).filter(pk=batch_id).first()
+    if batch is None or batch.finished_at is not None or batch.closed_at is None:
+        return []
+    counts = batch_counts(batch_id, alias)
+    if any(s in UNFINISHED for s in counts):
+        return []
+    try:
+        with transaction.atomic(using=alias):
+            # The guard: the first transaction to set finished_at enqueues; a racing one waits for the
+            # row lock, then finds finished_at set and updates nothing.
+            if not Batch.objects.using(alias).filter(pk=batch_id, finished_at__isnull=True).update(finished_at=Now()):
+                return []
+            counts = batch_counts(batch_id, alias)  # again, in a new statement, under the batch's lock
+            if any(s in UNFINISHED for s in counts):
+                raise _NotDone
+            succeeded = all(s == Status.COMPLETED for s in counts)
+            ids = []
+            for spec in (batch.on_success if succeeded else batch.on_failure, batch.on_finish):
+                if spec:
+                    payload = spec.get("payload")
+                    if payload is None or isinstance(payload, dict):
+                        payload = {"batch_id": batch_id, **(payload or {})}
+                    ids.append(Job.objects.db_manager(alias).enqueue(
+                        spec["job_type"], payload, queue=spec.get("queue", "default"),
+                        priority=spec.get("priority", 0), using=alias).pk)
+            Batch.objects.using(alias).filter(pk=batch_id).update(succeeded=succeeded, callback_ids=ids)
+    except _NotDone:
+        return []
+    log.info("batch_finished batch=%s succeeded=%s callbacks=%s", batch_id, succeeded, ids)
+    return ids
+
+
+def _callback(value: Any, what: str) -> dict[str, Any] | None:
+    """A callback as given (a job type name, or ``(job type, payload)``, or a dict) as stored."""
+    from .managers.values import encode_json
+
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = {"job_type": value}
+    elif isinstance(value, tuple) and len(value) == 2:
+        value = {"job_type": value[0], "payload": value[1]}
+    if not isinstance(value, dict) or not isinstance(value.get("job_type"), str) or not value["job_type"]:
+        raise InvalidArgument(f"{what} must be a job type name, a (job type, payload) pair or a dict with "
+                              f"a 'job_type', got {value!r}")
+    unknown = set(value) - {"job_type", "payload", "queue", "priority"}
+    if unknown:
+        raise InvalidArgument(f"{what}: unknown keys {', '.join(sorted(unknown))}")
+    encode_json(value, what)
+    return value
+
+
+class BatchHandle:
+    """What ``with batch(...) as b`` gives: add members, then close (at the end of the block)."""
+
+    def __init__(self, batch: Batch, alias: str) -> None:
+        self.batch = batch
+        self.alias = alias
+
+    @property
+    def pk(self) -> int:
+        return self.batch.pk
+
+    def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> Job:
+        """:meth:`JobManager.enqueue` of a member of this batch."""
+        from .models import Job
+
+        return Job.objects.enqueue(job_type, payload, batch=self.batch.pk, using=self.alias, **options)
+
+    def enqueue_many(self, specs: Iterable[JobSpec]) -> list[Job]:
+        """:meth:`JobManager.enqueue_many` of members of this batch."""
+        from .models import Job
+
+        specs = list(specs)
+        for spec in specs:
+            spec.batch = self.batch.pk
+        return Job.objects.enqueue_many(specs, using=self.alias)
+
+    def close(self) -> None:
+        """No more members; the callbacks fire once all have finished (at once if they have)."""
+        close_batch(self.batch.pk, using=self.alias)
+
+    def counts(self) -> dict[Status, int]:
+        return batch_counts(self.batch.pk, self.alias)
+
+
+def create_batch(*, on_success: Any = None, on_failure: Any = None, on_finish: Any = None, description: str = "",
+                 using: str | None = None) -> Batch:
+    """A new, open batch. Callbacks: a job type name, a ``(job type, payload)`` pair, or a dict with
+    ``job_type`` and optionally ``payload``, ``queue``, ``priority``. A dict payload gets ``batch_id``."""
+    from .conf import get_settings
+    from .models import Batch
+
+    if not isinstance(description, str) or len(description) > 200:
+        raise InvalidArgument("description must be a string of at most 200 characters")
+    return Batch.objects.using(using or get_settings().DATABASE or "default").create(
+        on_success=_callback(on_success, "on_success"), on_failure=_callback(on_failure, "on_failure"),
+        on_finish=_callback(on_finish, "on_finish"), description=description)
+
+
+def close_batch(batch_id: int, *, using: str | None = None) -> None:
+    """Close a batch: no more members; its callbacks are enqueued when (or if already) all have finished."""
+    from .conf import get_settings
+    from .models import Batch
+
+    alias = using or get_settings().DATABASE or "default"
+    Batch.objects.using(alias).filter(pk=batch_id, closed_at__isnull=True).update(closed_at=Now())
+    transaction.on_commit(lambda: finish_batch(batch_id, alias), using=alias, robust=True)
+
+
+@contextmanager
+def batch(*, on_success: Any = None, on_failure: Any = None, on_finish: Any = None, description: str = "",
+          close: bool = True, using: str | None = None) -> Iterator[BatchHandle]:
+    """``with batch(on_success=...) as b: b.enqueue(...)``: one transaction for the batch and its
+    members (an exception rolls back all of it); closed at the end unless ``close=False`` (add more
+    later with :func:`open_batch`, then ``close()``)."""
+    from .conf import get_settings
+
+    alias = using or get_settings().DATABASE or "default"
+    with transaction.atomic(using=alias):
+        handle = BatchHandle(create_batch(on_success=on_success, on_failure=on_failure, on_finish=on_finish,
+                                          description=description, using=alias), alias)
+        yield handle
+        if close:
+            handle.close()
+
+
+def open_batch(batch_id: int, *, using: str | None = None) -> BatchHandle:
+    """A handle on an existing batch, to add members (refused at enqueue once it is closed) or close it."""
+    from .conf import get_settings
+    from .models import Batch
+
+    alias = using or get_settings().DATABASE or "default"
+    found = Batch.objects.using(alias).filter(pk=batch_id).first()
+    if found is None:
+        raise BatchClosed(f"no batch with id {batch_id}")
+    return BatchHandle(found, alias)
+
+
+# ----- the backstop -------------------------------------------------------------------------------
+def backstop(using: str | None = None, limit: int = 200) -> tuple[int, int]:
+    """Finish what a dead worker left between its commit and its release: move Waiting jobs whose
+    dependencies allow it, and fire batches whose members have all finished. Returns (jobs moved,
+    batches finished). Run by the supervisor with the reaper; cheap when nothing waits (an index
+    seek on status Waiting, and on the unfinished batches' partial index)."""
+    from .conf import get_settings
+    from .models import Batch, Job, JobDependency
+
+    alias = using or get_settings().DATABASE or "default"
+    deps = JobDependency.objects.using(alias).filter(job_id=OuterRef("pk"))
+    unfinished = deps.filter(depends_on__status_id__in=sorted(UNFINISHED))
+    failed = deps.filter(on_failure=CANCEL, depends_on__status_id__in=sorted(FINISHED - {Status.COMPLETED}))
+    waiting = Job.objects.db_manager(alias).filter(status_id=Status.WAITING)
+    ready = list(waiting.filter(~Exists(unfinished) | Exists(failed)).order_by("pk").values_list("pk", flat=True)[:limit])
+    moved = _resolve_many(ready, alias)
+    if moved:
+        _settle([j for j in moved if j.state in FINISHED], alias)
+    members = Job.objects.db_manager(alias).filter(batch_id=OuterRef("pk"), status_id__in=sorted(UNFINISHED))
+    due = list(Batch.objects.using(alias).filter(finished_at__isnull=True, closed_at__isnull=False)
+               .filter(~Exists(members)).order_by("pk").values_list("pk", flat=True)[:limit])
+    fired = sum(1 for b in due if finish_batch(b, alias))
+    if moved or fired:
+        log.warning("workflow_backstop moved=%s batches=%s (a release was missed, e.g. a worker died)",
+                    len(moved), fired)
+    return len(moved), fired
+
+
+# ----- Django Tasks ---------------------------------------------------------------------------------
+_TASK_OPTIONS: ContextVar[dict[str, Any] | None] = ContextVar("sqlqueue_task_workflow", default=None)
+
+
+@contextmanager
+def task_options(*, after: Iterable[Any] = (), batch: Any = None, on_dependency_failure: str = CANCEL) -> Iterator[None]:
+    """Tasks enqueued inside (``my_task.enqueue(...)`` on the SqlQueueBackend) wait ``after`` these jobs
+    or task results, and/or join ``batch``. Django's ``Task.using()`` has no room for such options."""
+    targets = [getattr(a, "id", a) if not hasattr(a, "pk") and not isinstance(a, int | tuple) else a for a in after]
+    targets = [int(t) if isinstance(t, str) else t for t in targets]
+    token = _TASK_OPTIONS.set({"after": dependencies(targets, on_dependency_failure) or None,
+                               "batch": getattr(batch, "pk", batch)})
+    try:
+        yield
+    finally:
+        _TASK_OPTIONS.reset(token)
+
+
+def current_task_options() -> dict[str, Any]:
+    """The options of the innermost :func:`task_options` block ({} outside one)."""
+    return _TASK_OPTIONS.get() or {}
+
