@@ -24,7 +24,7 @@ from django.tasks.signals import task_enqueued
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
-from . import jobtypes, task_runner
+from . import jobtypes, task_runner, workflows
 from .conf import get_settings
 from .exceptions import InvalidPayload
 from .states import Status
@@ -36,6 +36,7 @@ STATUS_MAP: dict[Status, TaskResultStatus] = {
     Status.PENDING: TaskResultStatus.READY,
     Status.ERROR: TaskResultStatus.READY,
     Status.PAUSED: TaskResultStatus.READY,
+    Status.WAITING: TaskResultStatus.READY,  # waits for other jobs (workflows.py)
     Status.PROCESSING: TaskResultStatus.RUNNING,
     Status.COMPLETED: TaskResultStatus.SUCCESSFUL,
     Status.FAILED: TaskResultStatus.FAILED,
@@ -142,6 +143,7 @@ class SqlQueueBackend(BaseTaskBackend):
         using = get_settings().DATABASE
         # The task's type row is created on first use, so an operator can tune it per task.
         jobtypes.get_type(task.module_path, using=using, create=True, task=True)
+        flow = workflows.current_task_options()  # inside workflows.task_options(after=..., batch=...)
         job = Job.objects.enqueue(
             task.module_path,
             payload,
@@ -150,6 +152,7 @@ class SqlQueueBackend(BaseTaskBackend):
             scheduled_for=task.run_after,
             max_attempts=self.max_attempts,
             using=using,
+            **flow,
         )
         result = build_result(task, job, backend_alias=self.alias, history=[])
         task_enqueued.send(type(self), task_result=result)

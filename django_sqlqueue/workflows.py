@@ -466,10 +466,22 @@ _TASK_OPTIONS: ContextVar[dict[str, Any] | None] = ContextVar("sqlqueue_task_wor
 def task_options(*, after: Iterable[Any] = (), batch: Any = None, on_dependency_failure: str = CANCEL) -> Iterator[None]:
     """Tasks enqueued inside (``my_task.enqueue(...)`` on the SqlQueueBackend) wait ``after`` these jobs
     or task results, and/or join ``batch``. Django's ``Task.using()`` has no room for such options."""
-    targets = [getattr(a, "id", a) if not hasattr(a, "pk") and not isinstance(a, int | tuple) else a for a in after]
-    targets = [int(t) if isinstance(t, str) else t for t in targets]
-    token = _TASK_OPTIONS.set({"after": dependencies(targets, on_dependency_failure) or None,
-                               "batch": getattr(batch, "pk", batch)})
+    def target(item: Any) -> Any:
+        if isinstance(item, tuple) and len(item) == 2:
+            return (target(item[0]), item[1])
+        if hasattr(item, "pk") or isinstance(item, int):
+            return item
+        try:  # a TaskResult: its id is the job's id, as text
+            return int(item.id)
+        except (AttributeError, TypeError, ValueError):
+            raise DependencyError(f"after takes jobs, job ids or task results, got {item!r}") from None
+
+    options: dict[str, Any] = {}
+    if after:
+        options["after"] = dependencies([target(a) for a in after], on_dependency_failure)
+    if batch is not None:
+        options["batch"] = getattr(batch, "pk", batch)
+    token = _TASK_OPTIONS.set(options)
     try:
         yield
     finally:
