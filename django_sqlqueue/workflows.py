@@ -381,14 +381,21 @@ def create_batch(*, on_success: Any = None, on_failure: Any = None, on_finish: A
                  using: str | None = None) -> Batch:
     """A new, open batch. Callbacks: a job type name, a ``(job type, payload)`` pair, or a dict with
     ``job_type`` and optionally ``payload``, ``queue``, ``priority``. A dict payload gets ``batch_id``."""
+    from . import jobtypes, limits
     from .conf import get_settings
+    from .handlers import registry
     from .models import Batch
 
     if not isinstance(description, str) or len(description) > 200:
         raise InvalidArgument("description must be a string of at most 200 characters")
-    return Batch.objects.using(using or get_settings().DATABASE or "default").create(
-        on_success=_callback(on_success, "on_success"), on_failure=_callback(on_failure, "on_failure"),
-        on_finish=_callback(on_finish, "on_finish"), description=description)
+    alias = using or get_settings().DATABASE or "default"
+    callbacks = {"on_success": _callback(on_success, "on_success"), "on_failure": _callback(on_failure, "on_failure"),
+                 "on_finish": _callback(on_finish, "on_finish")}
+    for spec in filter(None, callbacks.values()):
+        # Now, not when the batch finishes: an unknown type would fail then, long after the caller left.
+        limits.check_type_name(spec["job_type"])
+        jobtypes.get_type(spec["job_type"], using=alias, create=registry.is_registered(spec["job_type"]))
+    return Batch.objects.using(alias).create(description=description, **callbacks)
 
 
 def close_batch(batch_id: int, *, using: str | None = None) -> None:

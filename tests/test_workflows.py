@@ -213,6 +213,19 @@ def test_an_open_batch_takes_members_later_and_fires_only_when_closed(noop_type)
     assert len(Batch.objects.get(pk=b.pk).callback_ids) == 1
 
 
+def test_a_batch_with_an_unknown_callback_type_is_refused_at_once(noop_type) -> None:
+    from django_sqlqueue import InvalidArgument, InvalidPayload, UnknownJobType
+
+    with pytest.raises(UnknownJobType):
+        with batch(on_success="NoSuchType") as b:
+            b.enqueue("Noop")
+    with pytest.raises(InvalidPayload, match="on_finish"):
+        batch(on_finish=("Noop", {"x": object()})).__enter__()
+    with pytest.raises(InvalidArgument, match="unknown keys"):
+        batch(on_finish={"job_type": "Noop", "when": 1}).__enter__()
+    assert not Batch.objects.exists() and not Job.objects.exists()
+
+
 def test_closing_a_batch_whose_members_all_finished_fires_at_once(noop_type) -> None:
     with batch(on_success="Noop", close=False) as b:
         m = b.enqueue("Noop")
@@ -245,3 +258,28 @@ def test_an_operator_can_cancel_a_waiting_job_and_its_dependents_follow(noop_typ
     assert state(c) is Status.CANCELLED
     finish(a)
     assert state(b) is Status.CANCELLED  # a finished later: b stays as the operator left it
+
+
+def test_tasks_enqueued_inside_task_options_wait_and_join_a_batch(settings, noop_type) -> None:
+    """The Tasks backend: ``task_options(after=[a TaskResult], batch=...)`` around ``Task.enqueue``."""
+    from django.tasks import TaskResultStatus
+
+    from django_sqlqueue.workflows import task_options
+    from testproject.testjobs.tasks import tick
+
+    from .test_tasks_defs import run_one
+
+    settings.TASKS = {"default": {"BACKEND": "django_sqlqueue.tasks.SqlQueueBackend", "QUEUES": []}}
+    first = tick.enqueue("first")
+    with batch(on_finish="Noop") as b, task_options(after=[first], batch=b):
+        second = tick.enqueue("second")
+    assert second.status == TaskResultStatus.READY
+    row = Job.objects.get(pk=int(second.id))
+    assert row.state is Status.WAITING and row.batch_id == b.pk
+    assert list(JobDependency.objects.filter(job_id=row.pk).values_list("depends_on_id", flat=True)) == [int(first.id)]
+    assert tick.enqueue("outside").id and Job.objects.filter(status_id=Status.WAITING).count() == 1
+    assert run_one().pk == int(first.id)  # completes: releases the second
+    assert Job.objects.get(pk=row.pk).state is Status.PENDING
+    with pytest.raises(DependencyError):
+        with task_options(after=["not a result"]):
+            pass
