@@ -68,6 +68,12 @@ class Dependency:
     on_failure: str = CANCEL
 
 
+def _is_spec(value: Any) -> bool:
+    from .managers.enqueue import JobSpec
+
+    return isinstance(value, JobSpec)
+
+
 def dependencies(after: Iterable[Any] | None, default: str = CANCEL) -> tuple[Dependency, ...]:
     """``after`` as given to enqueue (jobs, ids, JobSpecs, ``(one of those, policy)`` pairs or
     :class:`Dependency`) as Dependency entries, checked."""
@@ -83,7 +89,7 @@ def dependencies(after: Iterable[Any] | None, default: str = CANCEL) -> tuple[De
             raise DependencyError(f"on_failure must be one of {', '.join(POLICIES)}, got {dep.on_failure!r}")
         target = dep.target
         if isinstance(target, bool) or not (isinstance(target, int) or hasattr(target, "pk")
-                                            or type(target).__name__ == "JobSpec"):
+                                            or _is_spec(target)):
             raise DependencyError(f"a dependency must be a job, a job id or a JobSpec, got {target!r}")
         out.append(dep)
     return tuple(out)
@@ -101,7 +107,7 @@ def check_specs(specs: Sequence[JobSpec]) -> None:
             raise DependencyError("a job with dependencies cannot have a dedupe_key (a deduplicated enqueue "
                                   "returns an existing job, which would not get them)")
         for dep in spec.after:
-            if type(dep.target).__name__ == "JobSpec":
+            if _is_spec(dep.target):
                 if id(dep.target) not in index:
                     raise DependencyError("a JobSpec named in after must be enqueued in the same enqueue_many call")
                 edges.setdefault(i, []).append(index[id(dep.target)])
@@ -141,7 +147,7 @@ def link(specs: Sequence[JobSpec], jobs: Sequence[Job], alias: str) -> None:
     for spec, job in zip(specs, jobs, strict=True):
         for dep in spec.after:
             t = dep.target
-            target = jobs[index[id(t)]].pk if type(t).__name__ == "JobSpec" else int(getattr(t, "pk", t))
+            target = jobs[index[id(t)]].pk if _is_spec(t) else int(getattr(t, "pk", t))
             rows.append(JobDependency(job_id=job.pk, depends_on_id=target, on_failure=dep.on_failure))
     manager = Job.objects.db_manager(alias)
     if rows:
@@ -168,8 +174,9 @@ def link(specs: Sequence[JobSpec], jobs: Sequence[Job], alias: str) -> None:
             raise BatchClosed(f"batch {batch_id} is closed or does not exist: nothing was enqueued")
         for start in range(0, len(ids), _CHUNK):
             manager.filter(pk__in=ids[start:start + _CHUNK]).update(batch_id=batch_id)
+        members = set(ids)
         for job in jobs:
-            if job.pk in ids:
+            if job.pk in members:
                 job.batch_id = batch_id
     waiting = [j for j in jobs if j.status_id == Status.WAITING]
     if waiting:

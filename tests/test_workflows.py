@@ -283,3 +283,21 @@ def test_tasks_enqueued_inside_task_options_wait_and_join_a_batch(settings, noop
     with pytest.raises(DependencyError):
         with task_options(after=["not a result"]):
             pass
+
+
+def test_purging_a_finished_dependency_removes_its_rows_and_terminating_a_waiting_job_cascades(noop_type) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    a = finish(enqueue("Noop"))
+    b = enqueue("Noop", after=[(a, "run")])  # resolved at enqueue: Pending
+    c = enqueue("Noop")
+    d = enqueue("Noop", after=[c])
+    e = enqueue("Noop", after=[d])
+    assert JobDependency.objects.count() == 3
+    assert Job.objects.purge([a.pk], statuses=[Status.COMPLETED], cutoff=timezone.now() + timedelta(seconds=5)) == 1
+    assert list(JobDependency.objects.values_list("job_id", flat=True).order_by("job_id")) == [d.pk, e.pk]
+    assert state(b) is Status.PENDING
+    Job.objects.modify(d.pk, None, Status.TERMINATED)
+    assert state(e) is Status.CANCELLED and "Terminated" in Job.objects.get(pk=e.pk).error
