@@ -301,3 +301,22 @@ def test_purging_a_finished_dependency_removes_its_rows_and_terminating_a_waitin
     assert state(b) is Status.PENDING
     Job.objects.modify(d.pk, None, Status.TERMINATED)
     assert state(e) is Status.CANCELLED and "Terminated" in Job.objects.get(pk=e.pk).error
+
+
+def test_finishing_jobs_without_markers_sends_no_workflow_statement(noop_type) -> None:
+    """The cost promise: the finish path of a plain job never touches the workflow tables."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    plain = [enqueue("Noop") for _ in range(4)]
+    a = enqueue("Noop")
+    enqueue("Noop", after=[a])  # a workflow exists in the table: plain jobs still pay nothing
+    claimed = {j.pk: j for j in Job.objects.claim("w", 10)}
+    with CaptureQueriesContext(connection) as queries:
+        Job.objects.complete_many([(claimed[j.pk], None) for j in plain[:3]])
+        Job.objects.modify(claimed[plain[3].pk], claimed[plain[3].pk].version, Status.FAILED, error="x")
+    sent = " ".join(q["sql"] for q in queries.captured_queries).lower()
+    assert queries.captured_queries and "jobdependency" not in sent and "sqlqueue_batch" not in sent
+    with CaptureQueriesContext(connection) as queries:
+        Job.objects.complete_many([(claimed[a.pk], None)])
+    assert "jobdependency" in " ".join(q["sql"] for q in queries.captured_queries).lower()  # the test can see it
