@@ -41,8 +41,8 @@ def test_chains_run_in_order_on_two_workers_of_four_slots(worker_procs) -> None:
         assert [j.state for j in (a, b, c)] == [Status.COMPLETED] * 3
         assert a.finished_at <= b.started_at and b.finished_at <= c.started_at, (a, b, c)
     assert all(Job.objects.get(pk=j.pk).state is Status.COMPLETED for j in filler)
-    workers = set(Job.objects.filter(pk__in=[j.pk for chain in chains for j in chain]).values_list("worker", flat=True))
-    assert len({w.split("/")[0] for w in workers}) == 2, workers  # both workers took part
+    # Which worker took which link is up to the claims (one worker may take a whole chain); the order is
+    # what is asserted, and each link is released by the slot that finished the one before it.
 
 
 @pytest.mark.timeout(180)
