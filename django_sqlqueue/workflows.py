@@ -186,20 +186,22 @@ def link(specs: Sequence[JobSpec], jobs: Sequence[Job], alias: str) -> None:
         for job in jobs:
             if job.pk in members:
                 job.batch_id = batch_id
-    waiting = [j for j in jobs if j.status_id == Status.WAITING]
-    if waiting:
-        settled = {j.pk: j for j in _resolve_many([j.pk for j in waiting], alias)}
-        for job in jobs:
-            new = settled.get(job.pk)
-            if new is not None:
-                job.__dict__.update({f.attname: getattr(new, f.attname) for f in Job._meta.concrete_fields})
-        if any(j.state in FINISHED for j in settled.values()):
-            # cancelled at once (a dependency had failed): its own dependents in this call follow
-            _settle([j for j in settled.values() if j.state in FINISHED], alias)
     parents = {r.depends_on_id for r in rows}
     for job in jobs:
         if job.pk in parents:
             job.has_dependents = True
+    waiting = [j.pk for j in jobs if j.status_id == Status.WAITING]
+    if not waiting:
+        return
+    settled = _resolve_many(waiting, alias)
+    if not settled:
+        return  # nothing had finished yet: every waiting job of this call still waits
+    # Cancelled at once (a dependency had failed): the dependents in this call follow, now.
+    _settle([j for j in settled if j.state in FINISHED], alias)
+    fresh = {j.pk: j for j in manager.filter(pk__in=waiting)}
+    for job in jobs:
+        if job.pk in fresh:
+            job.__dict__.update({f.attname: getattr(fresh[job.pk], f.attname) for f in Job._meta.concrete_fields})
 
 
 # ----- release ------------------------------------------------------------------------------------

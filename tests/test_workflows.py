@@ -320,3 +320,13 @@ def test_finishing_jobs_without_markers_sends_no_workflow_statement(noop_type) -
     with CaptureQueriesContext(connection) as queries:
         Job.objects.complete_many([(claimed[a.pk], None)])
     assert "jobdependency" in " ".join(q["sql"] for q in queries.captured_queries).lower()  # the test can see it
+
+
+def test_a_chain_in_one_call_after_a_failed_job_is_cancelled_whole_and_returned_so(noop_type) -> None:
+    bad = finish(enqueue("Noop"), Status.FAILED)
+    first = JobSpec("Noop", after=[bad])
+    second = JobSpec("Noop", after=[first])
+    third = JobSpec("Noop", after=[(second, "run")])
+    jobs = Job.objects.enqueue_many([first, second, third])
+    assert [j.state for j in jobs] == [Status.CANCELLED, Status.CANCELLED, Status.PENDING]
+    assert [state(j) for j in jobs] == [j.state for j in jobs]
