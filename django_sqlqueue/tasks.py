@@ -3,7 +3,7 @@
 With ``TASKS = {"default": {"BACKEND": "django_sqlqueue.tasks.SqlQueueBackend", "QUEUES": [...]}}``
 every ``@task`` runs under ``run_queue_worker`` as a job: its type is the task's import path, its
 payload the (JSON-normalised) arguments, its response the return value; :data:`STATUS_MAP` maps the
-queue's nine statuses onto the framework's four. The one OPTION, ``max_attempts``, overrides the job
+queue's ten statuses onto the framework's four. The one OPTION, ``max_attempts``, overrides the job
 types' attempts (1: the framework's run-once semantics). Setup, the whole mapping, retries, errors,
 transactions and costs: docs/tasks.md.
 """
