@@ -449,14 +449,18 @@ class JobDependency(models.Model):
     RUN = "run"
     POLICIES = ((CANCEL, _("cancel the dependent")), (RUN, _("run the dependent anyway")))
 
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependencies")
-    depends_on = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependents")
+    # Indexes named here rather than Django's generated FK index names: those are longer than the 63
+    # characters Babelfish (on PostgreSQL) keeps, so a reverse migration over TDS could not find them.
+    # ``job`` lookups use the unique constraint, which leads with it.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependencies", db_index=False)
+    depends_on = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependents", db_index=False)
     on_failure = models.CharField(max_length=10, choices=POLICIES, default=CANCEL)
 
     class Meta:
         verbose_name = _("job dependency")
         verbose_name_plural = _("job dependencies")
         constraints = [models.UniqueConstraint(fields=["job", "depends_on"], name="sqlqueue_dependency_unique")]
+        indexes = [models.Index(fields=["depends_on"], name="sqlqueue_dependency_on")]
 
     def __str__(self) -> str:
         return f"job {self.job_id} after job {self.depends_on_id} ({self.on_failure})"

@@ -75,12 +75,16 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='jobdependency',
             name='depends_on',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='dependents', to='django_sqlqueue.job'),
+            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='dependents', to='django_sqlqueue.job'),
         ),
         migrations.AddField(
             model_name='jobdependency',
             name='job',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='dependencies', to='django_sqlqueue.job'),
+            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='dependencies', to='django_sqlqueue.job'),
+        ),
+        migrations.AddIndex(
+            model_name='jobdependency',
+            index=models.Index(fields=['depends_on'], name='sqlqueue_dependency_on'),
         ),
         migrations.AddConstraint(
             model_name='jobdependency',
