@@ -27,7 +27,7 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext_lazy as _
 
-from . import admin_actions, health, sensitive
+from . import admin_actions, admin_workflows, health, sensitive
 from .admin_filters import (
     CheapPaginator,
     DeclaredFiltersOnly,
@@ -261,11 +261,13 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
                                     "operator_actions", "cancel_requests")}),
         (_("Schedule"), {"fields": ("enqueued", "scheduled_full", "updated", "version", "dedupe_key")}),
         (_("Data"), {"fields": ("payload_pretty", "response_pretty", "error_traceback")}),
+        (_("Workflow"), {"fields": ("waits_for", "waited_by", "batch_col")}),
     )
     readonly_fields = ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis", "attempts",
                        "worker", "started", "finished", "duration", "lease", "enqueued", "scheduled_full", "updated",
                        "version", "dedupe_key", "payload_pretty", "response_pretty", "error_traceback",
-                       "payload_masked", "response_masked", "operator_actions", "cancel_requests")
+                       "payload_masked", "response_masked", "operator_actions", "cancel_requests", "waits_for",
+                       "waited_by", "batch_col")
     #: Shown instead to a user without "Can view sensitive job data" (see :mod:`.sensitive`).
     masked_fields = {"payload_pretty": "payload_masked", "response_pretty": "response_masked"}
 
@@ -506,6 +508,18 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
             ((stamp(e.action_time), e.user.get_username() if e.user else "?", e.get_change_message())
              for e in entries)))
 
+    @admin.display(description=_("waits for"))
+    def waits_for(self, obj: Job) -> SafeString:
+        return admin_workflows.waits_for(obj)
+
+    @admin.display(description=_("waited for by"))
+    def waited_by(self, obj: Job) -> SafeString:
+        return admin_workflows.waited_by(obj)
+
+    @admin.display(description=_("batch"))
+    def batch_col(self, obj: Job) -> SafeString:
+        return admin_workflows.batch_link(obj)
+
     @admin.display(description=_("why it is (not) running"))
     def diagnosis(self, obj: Job) -> str:
         return explain(obj)
@@ -582,6 +596,10 @@ def explain(job: Job) -> str:
                  "work.") % {"status": state.label}
     if state == Status.PAUSED:
         return _("Paused by an operator: Resume to let workers take it.")
+    if state == Status.WAITING:
+        from .diagnose import waiting_reasons
+
+        return " ".join(waiting_reasons(job)) or _("Waiting for other jobs.")
     if state == Status.PROCESSING:
         return _explain_running(job, now)
     if job.job_type.paused:

@@ -86,6 +86,13 @@ def posted_tokens(request: HttpRequest) -> dict[int, int]:
     return tokens
 
 
+def _waiting(job: Job, target: Status) -> str | None:
+    """A Waiting job is released by its dependencies (workflows.py), not by a retry: refused here."""
+    if job.state == Status.WAITING and target == Status.PENDING:
+        return str(_("waiting for other jobs (cancel it, or let them finish)"))
+    return None
+
+
 def run_transition(
     modeladmin: Any,
     request: HttpRequest,
@@ -123,7 +130,7 @@ def run_transition(
               "stale); reload the page and try again")
     for job in jobs[:limit]:
         token = tokens.get(job.pk, job.version)
-        reason = stale if token != job.version else refuse(job)
+        reason = stale if token != job.version else (_waiting(job, target) or refuse(job))
         running = job.state == Status.PROCESSING
         if reason is None and running and target != Status.TERMINATED and not take_running and on_running is None:
             reason = _RUNNING_REFUSAL
@@ -529,4 +536,6 @@ def applies(action_name: str, status: Status) -> bool:
         return False
     if action_name == "resume":
         return status == Status.PAUSED
+    if status == Status.WAITING and target == Status.PENDING:
+        return False  # released by its dependencies, not retried
     return target in TRANSITIONS[status] and (status, target) not in CLAIM_ONLY

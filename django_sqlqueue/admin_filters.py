@@ -148,7 +148,7 @@ class StatusFilter(CheckedFilter, SimpleDropdownFilter):
     def clean(self, value: str) -> int:
         status = parse_id(value)
         if status not in {int(s) for s in Status}:
-            refuse(self.parameter_name, value, "not a status id (1 to 9)")
+            refuse(self.parameter_name, value, f"not a status id (1 to {int(max(Status))})")
         return status  # type: ignore[return-value]
 
     def queryset(self, request: Any, queryset: QuerySet) -> QuerySet | None:

@@ -30,6 +30,8 @@ def why_not_running(job: Job) -> list[str]:
         return [f"it is {state.label}: finished, nothing more will happen unless an operator retries it"]
     if state is Status.PAUSED:
         reasons.append("it is Paused: resume it to make it claimable")
+    if state is Status.WAITING:
+        reasons.extend(waiting_reasons(job))
     if info.paused:
         reasons.append(f"its type {info.name!r} is paused: workers skip the whole type")
     max_attempts = job.max_attempts or info.max_attempts
@@ -63,3 +65,29 @@ def _held(job: Job, now) -> list[str]:  # type: ignore[no-untyped-def]
                        f"{request.requested_by or 'an unnamed caller'}: its worker stops it (within "
                        f"CANCEL_CHECK_SECONDS + CANCEL_GRACE_SECONDS), or it completes first")
     return reasons
+
+
+#: Dependencies named one by one in :func:`waiting_reasons`; the rest are counted.
+NAMED_DEPENDENCIES = 10
+
+
+def waiting_reasons(job: Job) -> list[str]:
+    """Why a Waiting job waits: each unfinished dependency, with its status and, when one is running,
+    the worker that holds it ("waits for job 12 (Processing on host-a/2)")."""
+    from .models import JobDependency
+    from .states import UNFINISHED
+
+    deps = JobDependency.objects.using(job._state.db).filter(job_id=job.pk)
+    pending = deps.filter(depends_on__status_id__in=sorted(UNFINISHED)).order_by("depends_on_id")
+    rows = list(pending.values_list("depends_on_id", "depends_on__status_id", "depends_on__worker")
+                [:NAMED_DEPENDENCIES + 1])
+    if not rows:
+        return ["it is Waiting, but every job it waits for has finished: the next release or the "
+                "supervisor's periodic look (every 30 s) moves it on"]
+    out = []
+    for dep_id, status, worker in rows[:NAMED_DEPENDENCIES]:
+        where = f" on {worker}" if status == Status.PROCESSING and worker else ""
+        out.append(f"waits for job {dep_id} ({Status(status).label}{where})")
+    if len(rows) > NAMED_DEPENDENCIES:
+        out.append(f"and {pending.count() - NAMED_DEPENDENCIES} more unfinished jobs it waits for")
+    return out

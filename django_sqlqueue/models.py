@@ -16,7 +16,7 @@ from django.utils.translation import gettext_lazy as _
 from . import limits
 from .fields import JSONValueField
 from .managers import JobManager
-from .states import CLAIMABLE, UNFINISHED, Status
+from .states import CLAIMABLE, DEDUPE_SCOPE, Status
 
 
 class QueueStatus(models.Model):
@@ -162,6 +162,15 @@ class Job(models.Model):
     #: that the job's run span is a child of the request that enqueued it. NULL when not tracing.
     #: Nullable so that adding it is a plain ADD COLUMN on every vendor (no SQLite table rebuild).
     trace_context = models.CharField(max_length=2000, null=True, blank=True, editable=False)
+    #: Workflow markers (workflows.py), read by the finish path from the row it already returns: only a
+    #: job with one of them set costs a look for dependents or a batch check when it finishes. NULL on
+    #: every job that uses neither (nullable: a plain ADD COLUMN, no SQLite table rebuild).
+    #: ``has_dependents``: some job was enqueued ``after`` this one.
+    has_dependents = models.BooleanField(null=True, blank=True, editable=False)
+    #: The batch this job is a member of. Indexed with the status (partial index: members only) so a
+    #: batch's counts are one index range; no counter is written when a member finishes.
+    batch = models.ForeignKey("Batch", on_delete=models.SET_NULL, null=True, blank=True, related_name="members",
+                              db_index=False, editable=False)
 
     objects: ClassVar[JobManager] = JobManager()
 
@@ -191,6 +200,7 @@ class Job(models.Model):
             models.Index(fields=["worker", "id"], name="sqlqueue_job_worker"),
             models.Index(fields=["id"], name="sqlqueue_job_has_error", condition=Q(error__gt="")),
             models.Index(fields=["dedupe_key"], name="sqlqueue_job_dedupe_key", condition=Q(dedupe_key__isnull=False)),
+            models.Index(fields=["batch", "status"], name="sqlqueue_job_batch", condition=Q(batch__isnull=False)),
             models.Index(fields=["enqueued_at"], name="sqlqueue_job_enqueued"),
         ]
         constraints = [
@@ -198,7 +208,7 @@ class Job(models.Model):
             models.UniqueConstraint(
                 fields=["dedupe_key"],
                 name="sqlqueue_job_dedupe",
-                condition=Q(status_id__in=sorted(UNFINISHED)) & Q(dedupe_key__isnull=False),
+                condition=Q(status_id__in=sorted(DEDUPE_SCOPE)) & Q(dedupe_key__isnull=False),
             ),
         ]
         permissions = [
@@ -457,3 +467,66 @@ class ScheduleRun(models.Model):
 
     def __str__(self) -> str:
         return f"{self.schedule_id}@{self.tick_at:%Y-%m-%d %H:%M:%S}"
+
+
+class JobDependency(models.Model):
+    """``job`` waits (status Waiting) until ``depends_on`` has finished; see docs/workflows.md.
+
+    ``on_failure`` says what happens to ``job`` when ``depends_on`` ends other than Completed: ``cancel``
+    (the default) cancels it, ``run`` runs it anyway. Rows are written once, at enqueue, and deleted with
+    either job (CASCADE, so :meth:`JobManager.purge` removes them too).
+    """
+
+    CANCEL = "cancel"
+    RUN = "run"
+    POLICIES = ((CANCEL, _("cancel the dependent")), (RUN, _("run the dependent anyway")))
+
+    # Indexes named here rather than Django's generated FK index names: those are longer than the 63
+    # characters Babelfish (on PostgreSQL) keeps, so a reverse migration over TDS could not find them.
+    # ``job`` lookups use the unique constraint, which leads with it.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependencies", db_index=False)
+    depends_on = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="dependents", db_index=False)
+    on_failure = models.CharField(max_length=10, choices=POLICIES, default=CANCEL)
+
+    class Meta:
+        verbose_name = _("job dependency")
+        verbose_name_plural = _("job dependencies")
+        constraints = [models.UniqueConstraint(fields=["job", "depends_on"], name="sqlqueue_dependency_unique")]
+        indexes = [models.Index(fields=["depends_on"], name="sqlqueue_dependency_on")]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} after job {self.depends_on_id} ({self.on_failure})"
+
+
+class Batch(models.Model):
+    """A group of jobs with callbacks enqueued once, when the batch is closed and every member has finished.
+
+    Callbacks are job specs (``{"job_type": ..., "payload": ..., "queue": ...}``): ``on_success`` when every
+    member Completed, ``on_failure`` when at least one did not, ``on_finish`` in both cases. Counts are
+    computed from the members (an index range on ``sqlqueue_job_batch``), never kept in this row: a
+    member's completion writes nothing here. ``finished_at`` is set, with ``callback_ids``, by the one
+    transaction that enqueues the callbacks (a conditional UPDATE: exactly once).
+    """
+
+    description = models.CharField(max_length=200, blank=True, default="")
+    on_success = models.JSONField(null=True, blank=True)
+    on_failure = models.JSONField(null=True, blank=True)
+    on_finish = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    #: No member may be added once closed; the callbacks wait for it.
+    closed_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    #: Whether every member had Completed when the batch finished (None: not finished).
+    succeeded = models.BooleanField(null=True, blank=True)
+    #: The ids of the callback jobs enqueued when it finished.
+    callback_ids = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        verbose_name = _("batch")
+        verbose_name_plural = _("batches")
+        ordering = ["-id"]
+        indexes = [models.Index(fields=["closed_at"], name="sqlqueue_batch_unfinished",
+                                condition=Q(finished_at__isnull=True))]
+
+    def __str__(self) -> str:
+        return f"Batch #{self.pk}" + (f" ({self.description})" if self.description else "")

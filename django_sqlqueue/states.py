@@ -25,6 +25,7 @@ class Status(IntEnum):
     PAUSED = 7
     TERMINATED = 8
     PARTIALLY_COMPLETED = 9
+    WAITING = 10  # waits for other jobs to finish (workflows.py); not claimable until released
 
     @property
     def label(self) -> str:
@@ -49,6 +50,7 @@ _LABELS: dict[Status, str] = {
     Status.PAUSED: "Paused",
     Status.TERMINATED: "Terminated",
     Status.PARTIALLY_COMPLETED: "PartiallyCompleted",
+    Status.WAITING: "Waiting",
 }
 _BY_LABEL = {label.lower(): status for status, label in _LABELS.items()}
 
@@ -60,6 +62,10 @@ FINISHED: frozenset[Status] = frozenset(
 )
 #: Not finished: the dedupe key is unique among these.
 UNFINISHED: frozenset[Status] = frozenset(set(Status) - FINISHED)
+#: Where the dedupe key is unique (the partial unique index): the unfinished statuses a deduplicated
+#: job can be in. Waiting is not among them because a job with dependencies may not carry a dedupe key
+#: (enqueue refuses it), which keeps the index, and every statement matching it, as it was.
+DEDUPE_SCOPE: frozenset[Status] = frozenset({Status.PENDING, Status.PROCESSING, Status.ERROR, Status.PAUSED})
 #: A worker may still write a response, error or step into a job in these statuses.
 EDITABLE: frozenset[Status] = frozenset({Status.PENDING, Status.PROCESSING, Status.ERROR, Status.FAILED})
 
@@ -68,6 +74,10 @@ _S = Status
 TRANSITIONS: dict[Status, frozenset[Status]] = {
     # an operator may cancel, pause or terminate anything not yet running; the claim moves it to Processing
     _S.PENDING: frozenset({_S.PROCESSING, _S.CANCELLED, _S.PAUSED, _S.TERMINATED}),
+    # released when its dependencies have finished; cancelled when one failed under the "cancel"
+    # policy (or by an operator). Not Paused: a waiting job does not run anyway, and a pause would
+    # need to remember whether to go back to Waiting or Pending on resume.
+    _S.WAITING: frozenset({_S.PENDING, _S.CANCELLED, _S.TERMINATED}),
     # a worker finishes an attempt (or keeps it Processing while it advances a step); an operator may
     # terminate a running job (its worker's next write is then refused by the concurrency token)
     _S.PROCESSING: frozenset(

@@ -456,6 +456,17 @@ class Supervisor:
             return
         if n:
             log.warning("reaped jobs=%s (lease expired with no attempts left: Failed)", n)
+        self._workflow_backstop()
+
+    def _workflow_backstop(self) -> None:
+        """Release Waiting jobs and fire batches that a worker dying between its commit and the release
+        left behind (workflows.py); two index seeks that find nothing when no workflow is in use."""
+        from .workflows import backstop
+
+        try:
+            backstop(using=self._using)
+        except DatabaseError as exc:
+            self._db_failed("workflow_backstop_skipped", exc, quiet=True)
 
     # ----- reporting ------------------------------------------------------------------------------
     def _summary(self, seconds: float) -> Summary:

@@ -3,7 +3,7 @@
 With ``TASKS = {"default": {"BACKEND": "django_sqlqueue.tasks.SqlQueueBackend", "QUEUES": [...]}}``
 every ``@task`` runs under ``run_queue_worker`` as a job: its type is the task's import path, its
 payload the (JSON-normalised) arguments, its response the return value; :data:`STATUS_MAP` maps the
-queue's nine statuses onto the framework's four. The one OPTION, ``max_attempts``, overrides the job
+queue's ten statuses onto the framework's four. The one OPTION, ``max_attempts``, overrides the job
 types' attempts (1: the framework's run-once semantics). Setup, the whole mapping, retries, errors,
 transactions and costs: docs/tasks.md.
 """
@@ -25,7 +25,7 @@ from django.tasks.signals import task_enqueued
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
-from . import jobtypes, task_runner
+from . import jobtypes, task_runner, workflows
 from .conf import get_settings
 from .exceptions import InvalidPayload
 from .states import Status
@@ -38,6 +38,7 @@ STATUS_MAP: dict[Status, TaskResultStatus] = {
     Status.PENDING: TaskResultStatus.READY,
     Status.ERROR: TaskResultStatus.READY,
     Status.PAUSED: TaskResultStatus.READY,
+    Status.WAITING: TaskResultStatus.READY,  # waits for other jobs (workflows.py)
     Status.PROCESSING: TaskResultStatus.RUNNING,
     Status.COMPLETED: TaskResultStatus.SUCCESSFUL,
     Status.FAILED: TaskResultStatus.FAILED,
@@ -144,6 +145,7 @@ class SqlQueueBackend(BaseTaskBackend):
         using = get_settings().DATABASE
         # The task's type row is created on first use, so an operator can tune it per task.
         jobtypes.get_type(task.module_path, using=using, create=True, task=True)
+        flow = workflows.current_task_options()  # inside workflows.task_options(after=..., batch=...)
         job = Job.objects.enqueue(
             task.module_path,
             payload,
@@ -152,6 +154,7 @@ class SqlQueueBackend(BaseTaskBackend):
             scheduled_for=task.run_after,
             max_attempts=self.max_attempts,
             using=using,
+            **flow,
         )
         result = build_result(task, job, backend_alias=self.alias, history=[])
         task_enqueued.send(type(self), task_result=result)

@@ -31,6 +31,8 @@ def job_in(status: Status) -> Job:
         return job
     if status is Status.PAUSED:
         return Job.objects.modify(job.pk, None, Status.PAUSED)
+    if status is Status.WAITING:
+        return enqueue("Noop", after=[job])
     claimed = Job.objects.claim(f"w-{job.pk}", 1)[0]
     if status is Status.PROCESSING:
         return claimed

@@ -9,6 +9,7 @@ import pytest
 from django_sqlqueue.models import QueueStatus
 from django_sqlqueue.states import (
     CLAIMABLE,
+    DEDUPE_SCOPE,
     EDITABLE,
     FINISHED,
     TRANSITIONS,
@@ -31,6 +32,7 @@ EXPECTED_ALLOWED = {
     (S.CANCELLED, S.PENDING),
     (S.PAUSED, S.PENDING), (S.PAUSED, S.CANCELLED), (S.PAUSED, S.TERMINATED),
     (S.PARTIALLY_COMPLETED, S.PENDING),
+    (S.WAITING, S.PENDING), (S.WAITING, S.CANCELLED), (S.WAITING, S.TERMINATED),
 }
 
 
@@ -46,7 +48,8 @@ def test_table_covers_every_status() -> None:
 def test_classification() -> None:
     assert CLAIMABLE == {S.PENDING, S.ERROR}
     assert FINISHED == {S.FAILED, S.COMPLETED, S.CANCELLED, S.TERMINATED, S.PARTIALLY_COMPLETED}
-    assert UNFINISHED == {S.PENDING, S.PROCESSING, S.ERROR, S.PAUSED}
+    assert UNFINISHED == {S.PENDING, S.PROCESSING, S.ERROR, S.PAUSED, S.WAITING}
+    assert DEDUPE_SCOPE == UNFINISHED - {S.WAITING}
     assert CLAIMABLE <= UNFINISHED and not (FINISHED & UNFINISHED)
     assert S.COMPLETED not in EDITABLE and S.PROCESSING in EDITABLE
     # Terminal statuses cannot move on, except an operator's retry back to Pending.
@@ -73,7 +76,8 @@ def test_vocabulary_table_is_seeded_from_the_enum() -> None:
     from django.apps import apps
     from django.db import connection
 
-    migration = importlib.import_module("django_sqlqueue.migrations.0002_seed_statuses")
     QueueStatus.objects.all().delete()
-    migration.seed(apps, SimpleNamespace(connection=connection))
+    for name in ("0002_seed_statuses", "0012_workflows"):
+        migration = importlib.import_module(f"django_sqlqueue.migrations.{name}")
+        migration.seed(apps, SimpleNamespace(connection=connection))
     assert dict(QueueStatus.objects.values_list("id", "name")) == {int(s): s.label for s in Status}

@@ -47,6 +47,8 @@ JOB_COLUMNS: tuple[str, ...] = (
     "lease_expires_at",
     "dedupe_key",
     "trace_context",
+    "has_dependents",  # workflow markers: the finish path decides from the row it gets back (workflows.py)
+    "batch_id",
 )
 #: The partial indexes the claim's two branches walk (names from Job.Meta.indexes).
 CLAIM_INDEX = "sqlqueue_job_claim"
@@ -469,6 +471,8 @@ class Dialect:
                      f"{j['lease_expires_at']} = NULL", f"{j['started_at']} = NULL"]
         elif new in FINISHED and current != Status.PROCESSING:
             sets.append(f"{j['finished_at']} = {self.now()}")
+        elif current == Status.WAITING:
+            pass  # released (workflows.py): keeps the due time and attempts it was enqueued with
         elif new == Status.PENDING:
             # An operator's retry: due now unless told otherwise, and at least one attempt left.
             if scheduled_for is None and run_in is None:

@@ -32,7 +32,7 @@ from xml.etree import ElementTree
 from django.db import DatabaseError, transaction
 
 from ..exceptions import InvalidArgument
-from ..states import UNFINISHED, Status, sql_list
+from ..states import DEDUPE_SCOPE, Status, sql_list
 from .base import COL, JOB_COLUMNS, ClaimRequest, Dialect
 
 if TYPE_CHECKING:
@@ -364,7 +364,7 @@ class MssqlDialect(Dialect):
         return Batch([self.declare("@inserted", back)], [
             f"INSERT INTO {self.n.job} ({cols}){output} SELECT {select_values} "
             f"WHERE NOT EXISTS (SELECT 1 FROM {self.n.job} WITH (UPDLOCK, HOLDLOCK) "
-            f"WHERE {j['dedupe_key']} = %s AND {j['status_id']} IN ({sql_list(UNFINISHED)}))"
+            f"WHERE {j['dedupe_key']} = %s AND {j['status_id']} IN ({sql_list(DEDUPE_SCOPE)}))"
         ], select)
 
     def insert_params(self, columns: list[str], row: list[Any], dedupe: bool) -> list[Any]:

@@ -119,7 +119,12 @@ class ClaimMixin(RowsMixin):
                 # statement alone runs in autocommit; otherwise atomic().
                 with connection.cursor() as cursor, dialect.write_transaction(cursor, len(items), bool(limit)):
                     finished, rows = dialect.complete_and_claim(cursor, items, req if limit else None)
-                return self._rows_to_jobs(finished, alias), self._rows_to_jobs(rows, alias)
+                completed = self._rows_to_jobs(finished, alias)
+                if any(j.has_dependents or j.batch_id for j in completed):  # workflows only (markers)
+                    from ..workflows import after_finish
+
+                    after_finish(completed, alias)
+                return completed, self._rows_to_jobs(rows, alias)
             except DatabaseError as exc:
                 # Inside the caller's transaction a deadlock victim's whole transaction is gone: no retry.
                 if (attempt == CLAIM_RETRIES - 1 or not dialect.is_retryable_error(exc)

@@ -14,7 +14,7 @@ from .. import jobtypes, limits, tracing
 from ..conf import get_settings
 from ..dialects import JOB_COLUMNS, get_dialect
 from ..exceptions import InvalidArgument, SubtypeMismatch
-from ..states import UNFINISHED, Status
+from ..states import DEDUPE_SCOPE, Status
 from .rows import RowsMixin
 from .values import encode_json, storable_key
 
@@ -28,7 +28,8 @@ INSERT_COLUMNS: list[str] = ["queue", "job_type_id", "status_id", "step", "prior
                              "payload", "error", "enqueued_at", "scheduled_for", "version", "updated_at", "worker",
                              "trace_context", "dedupe_key"]
 #: What a new job's remaining columns hold.
-_NOT_YET: dict[str, Any] = dict.fromkeys(("response", "started_at", "finished_at", "duration_ms", "lease_expires_at"))
+_NOT_YET: dict[str, Any] = dict.fromkeys(("response", "started_at", "finished_at", "duration_ms", "lease_expires_at",
+                                          "has_dependents", "batch_id"))
 
 
 @dataclass
@@ -44,6 +45,18 @@ class JobSpec:
     dedupe_key: str | None = None
     max_attempts: int | None = None
     subtypes: Sequence[JobData] = field(default_factory=tuple)
+    #: Jobs this one waits for (workflows.py): jobs, ids, JobSpecs of the same enqueue_many call, or
+    #: ``(one of those, "cancel" | "run")``; the policy defaults to ``on_dependency_failure``.
+    after: Sequence[Any] = ()
+    #: The batch (a Batch or its id) this job is a member of.
+    batch: Any = None
+    on_dependency_failure: str = "cancel"
+
+    def __post_init__(self) -> None:
+        if self.after:
+            from ..workflows import dependencies
+
+            self.after = dependencies(self.after, self.on_dependency_failure)
 
 
 class EnqueueMixin(RowsMixin):
@@ -61,6 +74,9 @@ class EnqueueMixin(RowsMixin):
         dedupe_key: str | None = None,
         max_attempts: int | None = None,
         subtypes: Sequence[JobData] = (),
+        after: Sequence[Any] = (),
+        on_dependency_failure: str = "cancel",
+        batch: Any = None,
         using: str | None = None,
     ) -> Job:
         """Insert one job (and its subtype rows) in one transaction; return it.
@@ -68,9 +84,14 @@ class EnqueueMixin(RowsMixin):
         With ``dedupe_key``, a second enqueue while a job with that key is unfinished returns the
         existing job instead of inserting (race-safe: the database's unique index decides).
         Commits with the caller's transaction when called inside ``transaction.atomic()``.
+
+        ``after``: jobs (or ids) this one waits for, Waiting until they have finished; what happens when
+        one ends other than Completed is ``on_dependency_failure`` ("cancel" the job, or "run" it
+        anyway), or per dependency with ``(job, policy)`` pairs. ``batch``: the open batch it joins.
+        See docs/workflows.md.
         """
         spec = JobSpec(job_type, payload, queue, priority, scheduled_for, delay, dedupe_key, max_attempts,
-                       tuple(subtypes))
+                       tuple(subtypes), after, batch, on_dependency_failure)
         return self.enqueue_many([spec], using=using)[0]
 
     def enqueue_many(self, specs: Iterable[JobSpec], *, using: str | None = None) -> list[Job]:
@@ -94,6 +115,11 @@ class EnqueueMixin(RowsMixin):
         connection = connections[alias]
         dialect = get_dialect(connection)
         settings = get_settings()
+        flow = any(s.after or s.batch is not None for s in specs)
+        if flow:
+            from ..workflows import check_specs
+
+            check_specs(specs)
         rows: list[list[Any]] = []
         infos: dict[Any, jobtypes.TypeInfo] = {}  # one lookup per type name, not per job
         for spec in specs:
@@ -104,7 +130,7 @@ class EnqueueMixin(RowsMixin):
                 infos[spec.job_type] = info
             rows.append(self._validated_row(spec, info, settings.MAX_PAYLOAD_BYTES, alias, dialect, carrier))
         channel = settings.NOTIFY_CHANNEL if dialect.notify_sql() else ""
-        if (len(rows) <= 3 and not connection.in_atomic_block and all(r[-1] is None for r in rows)
+        if (not flow and len(rows) <= 3 and not connection.in_atomic_block and all(r[-1] is None for r in rows)
                 and not any(s.subtypes for s in specs)):
             # The way an app enqueues, one job per transaction: ONE statement in autocommit (insert
             # and, on PostgreSQL, pg_notify in the same statement), atomic by itself. No BEGIN, no
@@ -129,6 +155,10 @@ class EnqueueMixin(RowsMixin):
                 assert job is not None
                 if job.pk in new_ids:  # a deduplicated enqueue returns the existing job, rows and all
                     self._save_subtypes(spec, job, alias)
+            if flow:
+                from ..workflows import link
+
+                link(specs, jobs, alias)  # type: ignore[arg-type]
             notify = dialect.notify_sql()
             if notify and settings.NOTIFY_CHANNEL:
                 queues = sorted({s.queue for s in specs})
@@ -160,7 +190,7 @@ class EnqueueMixin(RowsMixin):
         payload = dialect.json_param(
             "{}" if spec.payload is None else encode_json(spec.payload, "payload", limit))
         return [
-            spec.queue, info.id, int(Status.PENDING), "", spec.priority, 0, spec.max_attempts, payload, "", None,
+            spec.queue, info.id, int(Status.WAITING if spec.after else Status.PENDING), "", spec.priority, 0, spec.max_attempts, payload, "", None,
             None if when is None else self._prep("scheduled_for", when, alias), 1, None, "", carrier,
             spec.dedupe_key,
         ]
@@ -183,7 +213,7 @@ class EnqueueMixin(RowsMixin):
             elif key in by_key:
                 jobs[start + i] = by_key[key]
             else:
-                existing = self.using(alias).filter(dedupe_key=key, status_id__in=UNFINISHED).first()
+                existing = self.using(alias).filter(dedupe_key=key, status_id__in=DEDUPE_SCOPE).first()
                 if existing is None:  # finished in between: enqueue afresh
                     existing = self.enqueue_many([specs[start + i]], using=alias)[0]
                 jobs[start + i] = existing

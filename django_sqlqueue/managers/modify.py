@@ -11,7 +11,7 @@ from .. import jobtypes, limits
 from ..conf import get_settings
 from ..dialects import get_dialect
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
-from ..states import TRANSITIONS, Status
+from ..states import FINISHED, TRANSITIONS, Status
 from .rows import RowsMixin
 from .values import UNSET, check_response, duration_ms, storable_error
 
@@ -97,6 +97,10 @@ class ModifyMixin(RowsMixin):
             if current == Status.PROCESSING and new != Status.PROCESSING:
                 self._close_attempt(cursor, dialect, job, updated, released=new == Status.PENDING,
                                     note=_release_note)
+        if (updated.has_dependents or updated.batch_id) and updated.state in FINISHED:  # workflows only (markers)
+            from ..workflows import after_finish
+
+            after_finish([updated], alias)
         return updated
 
     def _modify_statement(self, dialect: Any, job: Job, current: Status, new: Status, step: str | None,

@@ -1,0 +1,109 @@
+"""Admin for workflows: the job page's waits-for / waited-by / batch, the batch pages, the retry of a
+failed member, queue_why on a waiting job."""
+
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.urls import reverse
+
+from django_sqlqueue import Status, enqueue
+from django_sqlqueue.models import Batch, Job
+from django_sqlqueue.workflows import batch
+from tests.test_admin_support import (  # noqa: F401  (fixtures)
+    change_url,
+    fast_password_hasher,
+    fresh_admin_caches,
+    messages_of,
+    post_action,
+    user_with,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+def run(job: Job, status: Status = Status.COMPLETED) -> Job:
+    claimed = next(j for j in Job.objects.claim("w/0", 10) if j.pk == job.pk)
+    return Job.objects.modify(claimed, claimed.version, status, error="boom" if status != Status.COMPLETED else None)
+
+
+def test_the_job_page_shows_what_a_job_waits_for_and_what_waits_for_it(admin_client, noop_type,
+                                                                         django_capture_on_commit_callbacks) -> None:
+    a, b = enqueue("Noop"), enqueue("Noop")
+    c = enqueue("Noop", after=[a, (b, "run")])
+    page = admin_client.get(change_url(c)).content.decode()
+    assert f'href="{change_url(a)}"' in page and f'href="{change_url(b)}"' in page
+    assert "runs anyway if it fails" in page
+    assert f"waits for job {a.pk} (Pending)" in page  # the diagnosis
+    page_a = admin_client.get(change_url(a)).content.decode()
+    assert f'href="{change_url(c)}"' in page_a and "Waited for by" in page_a
+    # A Waiting job is not offered Retry (its dependencies release it), but Cancel.
+    assert 'id="sqlqueue-job-actions"' in page
+    assert 'value="retry_now"' not in page and 'value="cancel"' in page
+    with django_capture_on_commit_callbacks(execute=True):
+        run(a)
+    assert Job.objects.get(pk=c.pk).state is Status.WAITING  # b (claimed with a) is still running
+    page = admin_client.get(change_url(c)).content.decode()
+    assert f"waits for job {b.pk} (Processing on w/0)" in page and f"waits for job {a.pk}" not in page
+
+
+def test_retry_of_a_waiting_job_is_refused_with_the_reason(admin_client, noop_type) -> None:
+    a = enqueue("Noop")
+    c = enqueue("Noop", after=[a])
+    response = post_action(admin_client, "retry_now", [c])
+    assert Job.objects.get(pk=c.pk).state is Status.WAITING
+    assert "waiting for other jobs" in " ".join(messages_of(response))
+    post_action(admin_client, "cancel", [c], confirm="yes")
+    assert Job.objects.get(pk=c.pk).state is Status.CANCELLED
+
+
+def test_the_batch_pages_show_members_counts_and_callbacks_and_a_failed_member_can_be_retried(
+        admin_client, make_type, django_capture_on_commit_callbacks) -> None:
+    make_type("Member")
+    make_type("Callback")
+    with django_capture_on_commit_callbacks(execute=True), batch(
+            on_success="Callback", on_failure="Callback", description="invoices") as b:
+        m1, m2 = b.enqueue("Member"), b.enqueue("Member")
+    listing = admin_client.get(reverse("admin:django_sqlqueue_batch_changelist")).content.decode()
+    assert "invoices" in listing and "sqlqueue-badge sqlqueue-pending" in listing
+    with django_capture_on_commit_callbacks(execute=True):
+        run(m1, Status.FAILED)
+        run(m2)
+    row = Batch.objects.get(pk=b.pk)
+    assert row.finished_at is not None and row.succeeded is False and len(row.callback_ids) == 1
+    page = admin_client.get(reverse("admin:django_sqlqueue_batch_change", args=[b.pk])).content.decode()
+    for job_id in (m1.pk, m2.pk, row.callback_ids[0]):
+        assert f'href="{change_url(Job.objects.get(pk=job_id))}"' in page
+    assert "sqlqueue-badge sqlqueue-failed" in page and "some member did not complete" in page
+    member_page = admin_client.get(change_url(m1)).content.decode()
+    assert reverse("admin:django_sqlqueue_batch_change", args=[b.pk]) in member_page
+    # Retrying the failed member works: it runs again; the batch, already finished, does not fire again.
+    post_action(admin_client, "retry_now", [Job.objects.get(pk=m1.pk)])
+    assert Job.objects.get(pk=m1.pk).state is Status.PENDING
+    with django_capture_on_commit_callbacks(execute=True):
+        run(m1)
+    assert Job.objects.get(pk=m1.pk).state is Status.COMPLETED
+    assert Batch.objects.get(pk=b.pk).callback_ids == row.callback_ids
+
+
+def test_batches_are_read_only_in_the_admin(client, make_type) -> None:
+    viewer = user_with("view_batch")
+    client.force_login(viewer)
+    with batch() as b:
+        pass
+    assert client.get(reverse("admin:django_sqlqueue_batch_change", args=[b.pk])).status_code == 200
+    assert client.post(reverse("admin:django_sqlqueue_batch_delete", args=[b.pk])).status_code == 403
+    assert client.get(reverse("admin:django_sqlqueue_batch_add")).status_code == 403
+
+
+def test_queue_why_explains_a_waiting_job(noop_type) -> None:
+    a, b = enqueue("Noop"), enqueue("Noop")
+    (claimed,) = [j for j in Job.objects.claim("host-a/2", 1) if j.pk == a.pk]
+    c = enqueue("Noop", after=[a, b])
+    out = StringIO()
+    call_command("queue_why", str(c.pk), stdout=out)
+    text = out.getvalue()
+    assert f"waits for job {a.pk} (Processing on host-a/2)" in text
+    assert f"waits for job {b.pk} (Pending)" in text
