@@ -330,3 +330,31 @@ def test_a_chain_in_one_call_after_a_failed_job_is_cancelled_whole_and_returned_
     jobs = Job.objects.enqueue_many([first, second, third])
     assert [j.state for j in jobs] == [Status.CANCELLED, Status.CANCELLED, Status.PENDING]
     assert [state(j) for j in jobs] == [j.state for j in jobs]
+
+
+def test_the_cancel_api_on_a_dependency_cancels_its_dependents(noop_type) -> None:
+    # Job.objects.cancel (issue 16's API) on a Pending dependency, and on a Waiting one: the dependents
+    # follow under the default policy, as with any other end that is not Completed.
+    a = enqueue("Noop")
+    b = enqueue("Noop", after=[a])
+    c = enqueue("Noop", after=[b])
+    Job.objects.cancel(a, by="ops", reason="not needed")
+    assert [state(j) for j in (a, b, c)] == [Status.CANCELLED] * 3
+    d = enqueue("Noop")
+    e = enqueue("Noop", after=[d])
+    f = enqueue("Noop", after=[(e, "run")])
+    Job.objects.cancel(e, by="ops")
+    assert [state(j) for j in (d, e, f)] == [Status.PENDING, Status.CANCELLED, Status.PENDING]
+
+
+def test_a_cancel_request_for_a_running_dependency_waits_for_its_worker(noop_type) -> None:
+    # A running dependency is only asked to stop; its dependent keeps waiting until the worker's end of
+    # that attempt, and follows that end (here the worker records the cancel as its slot would).
+    a = enqueue("Noop")
+    b = enqueue("Noop", after=[a])
+    running = claim_one(a)
+    asked = Job.objects.cancel(a, by="ops")
+    assert asked.state is Status.PROCESSING and asked.cancel_request is not None
+    assert state(b) is Status.WAITING
+    Job.objects.modify(running, running.version, Status.CANCELLED, error=asked.cancel_request.describe())
+    assert state(b) is Status.CANCELLED
