@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from .. import jobtypes, limits, tracing
+from .. import jobtypes, limits, permits, tracing
 from ..conf import get_settings
 from ..dialects import JOB_COLUMNS, get_dialect
 from ..exceptions import InvalidArgument, SubtypeMismatch
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 #: builds); ``enqueued_at`` and ``updated_at`` are stamped by the database clock.
 INSERT_COLUMNS: list[str] = ["queue", "job_type_id", "status_id", "step", "priority", "attempt_num", "max_attempts",
                              "payload", "error", "enqueued_at", "scheduled_for", "version", "updated_at", "worker",
-                             "trace_context", "dedupe_key"]
+                             "trace_context", "concurrency_key", "dedupe_key"]
 #: What a new job's remaining columns hold.
 _NOT_YET: dict[str, Any] = dict.fromkeys(("response", "started_at", "finished_at", "duration_ms", "lease_expires_at"))
 
@@ -44,6 +44,9 @@ class JobSpec:
     dedupe_key: str | None = None
     max_attempts: int | None = None
     subtypes: Sequence[JobData] = field(default_factory=tuple)
+    #: The key whose limit the job counts against (docs/limits.md); None: the handler's
+    #: ``concurrency_key`` of the payload, if it declares one.
+    concurrency_key: str | int | None = None
 
 
 class EnqueueMixin(RowsMixin):
@@ -62,15 +65,18 @@ class EnqueueMixin(RowsMixin):
         max_attempts: int | None = None,
         subtypes: Sequence[JobData] = (),
         using: str | None = None,
+        concurrency_key: str | int | None = None,
     ) -> Job:
         """Insert one job (and its subtype rows) in one transaction; return it.
 
         With ``dedupe_key``, a second enqueue while a job with that key is unfinished returns the
         existing job instead of inserting (race-safe: the database's unique index decides).
         Commits with the caller's transaction when called inside ``transaction.atomic()``.
+        ``concurrency_key``: the key whose limit it counts against, instead of the handler's
+        (docs/limits.md).
         """
         spec = JobSpec(job_type, payload, queue, priority, scheduled_for, delay, dedupe_key, max_attempts,
-                       tuple(subtypes))
+                       tuple(subtypes), concurrency_key)
         return self.enqueue_many([spec], using=using)[0]
 
     def enqueue_many(self, specs: Iterable[JobSpec], *, using: str | None = None) -> list[Job]:
@@ -103,6 +109,10 @@ class EnqueueMixin(RowsMixin):
                 info = jobtypes.get_type(spec.job_type, using=alias, create=registry.is_registered(spec.job_type))
                 infos[spec.job_type] = info
             rows.append(self._validated_row(spec, info, settings.MAX_PAYLOAD_BYTES, alias, dialect, carrier))
+        key_at = INSERT_COLUMNS.index("concurrency_key")
+        for info in infos.values():
+            if info.limited:  # the permits of new keys' scopes, before their jobs can be claimed
+                permits.ensure_for_enqueue(alias, info, {r[key_at] for r in rows if r[1] == info.id})
         channel = settings.NOTIFY_CHANNEL if dialect.notify_sql() else ""
         if (len(rows) <= 3 and not connection.in_atomic_block and all(r[-1] is None for r in rows)
                 and not any(s.subtypes for s in specs)):
@@ -159,9 +169,16 @@ class EnqueueMixin(RowsMixin):
             limits.check_when(when)
         payload = dialect.json_param(
             "{}" if spec.payload is None else encode_json(spec.payload, "payload", limit))
+        if spec.concurrency_key is not None:
+            key = limits.storable_concurrency_key(spec.concurrency_key)
+        else:
+            from ..handlers import registry
+
+            found = registry._handlers.get(info.name)  # a dict lookup: no resolver runs for this
+            key = found.key_of(spec.payload) if found is not None and found.concurrency_key is not None else ""
         return [
             spec.queue, info.id, int(Status.PENDING), "", spec.priority, 0, spec.max_attempts, payload, "", None,
-            None if when is None else self._prep("scheduled_for", when, alias), 1, None, "", carrier,
+            None if when is None else self._prep("scheduled_for", when, alias), 1, None, "", carrier, key,
             spec.dedupe_key,
         ]
 

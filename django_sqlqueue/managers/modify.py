@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from .. import jobtypes, limits
+from .. import jobtypes, limits, permits
 from ..conf import get_settings
 from ..dialects import get_dialect
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
@@ -97,6 +97,8 @@ class ModifyMixin(RowsMixin):
             if current == Status.PROCESSING and new != Status.PROCESSING:
                 self._close_attempt(cursor, dialect, job, updated, released=new == Status.PENDING,
                                     note=_release_note)
+                if job.job_type_id in jobtypes.limited_type_ids(alias):
+                    permits.release(cursor, dialect, [job.pk])  # its concurrency permit, if it holds one
         return updated
 
     def _modify_statement(self, dialect: Any, job: Job, current: Status, new: Status, step: str | None,

@@ -1,0 +1,173 @@
+"""Limit permits: the semaphore rows behind concurrency and rate limits (docs/limits.md).
+
+The claim takes a permit together with a job of its scope (dialects: ``permit_filters`` and the
+limited branch); this module keeps the rows in line with the limits (one row per slot and scope,
+created when a limit is set and, for keys, when a job of a new key is enqueued), frees a concurrency
+permit when its job leaves Processing, holds it while the job's lease is renewed, and says why a job
+waits for one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, connections, transaction
+from django.utils import timezone
+
+from . import limits
+
+if TYPE_CHECKING:
+    from django.db.backends.utils import CursorWrapper
+
+    from .dialects import Dialect
+    from .jobtypes import TypeInfo
+    from .models import Job, JobType
+
+CONCURRENCY, RATE = 1, 2
+
+
+def wanted(concurrency_limit: int | None, rate_limit: str) -> tuple[int, int, float | None] | None:
+    """(kind, slots, hold seconds) of the permits a type with these limits needs; None: no limit."""
+    if concurrency_limit is not None:
+        return CONCURRENCY, int(concurrency_limit), None
+    if rate_limit:
+        count, period = limits.parse_rate(rate_limit)
+        return RATE, count, period
+    return None
+
+
+def release(cursor: CursorWrapper, dialect: Dialect, job_ids: Sequence[int]) -> None:
+    """Free the concurrency permits of ``job_ids`` (they left Processing), in the caller's transaction."""
+    for start in range(0, len(job_ids), 1000):
+        part = list(job_ids[start:start + 1000])
+        dialect.execute(cursor, dialect.release_permits_sql(len(part)), part)
+
+
+def renew(cursor: CursorWrapper, dialect: Dialect, job_ids: Sequence[int], lease_seconds: int) -> None:
+    """Hold the concurrency permits of running ``job_ids`` as long as their renewed leases."""
+    for start in range(0, len(job_ids), 1000):
+        part = list(job_ids[start:start + 1000])
+        dialect.execute(cursor, dialect.renew_permits_sql(len(part)), [int(lease_seconds), *part])
+
+
+def ensure(using: str, type_id: int, keys: Iterable[str], need: tuple[int, int, float | None]) -> None:
+    """Create the permit rows of scopes (``type_id``, each of ``keys``) that are missing.
+
+    Insert-if-missing, one row per statement, each in a savepoint: a racing enqueue of the same new key
+    may insert the same row first, and the unique (type, key, kind, slot) index refuses the second.
+    """
+    kind, slots, hold = need
+    connection = connections[using]
+    from .dialects import get_dialect
+
+    dialect = get_dialect(connection)
+    sql = dialect.insert_permits_sql()
+    with connection.cursor() as cursor:
+        for key in set(keys):
+            for slot in range(slots):
+                try:
+                    with transaction.atomic(using=using):
+                        dialect.execute(cursor, sql, [type_id, key, kind, slot, hold, type_id, key, kind, slot])
+                except IntegrityError:
+                    continue  # another process created it
+
+
+def sync_type(row: JobType, using: str) -> None:
+    """Bring a type's permit rows in line with its limits (after it was saved: admin, handler sync).
+
+    Rows of another kind, or of slots at or beyond the limit, go (a job running under one keeps
+    running; a lowered limit admits again only once fewer than N hold a permit). Missing rows are
+    created for the type's "" scope and for every key of its unfinished jobs.
+    """
+    from .models import Job, LimitPermit
+    from .states import CLAIMABLE, Status
+
+    need = wanted(row.concurrency_limit, row.rate_limit)
+    permits = LimitPermit.objects.using(using).filter(job_type_id=row.pk)
+    if need is None:
+        permits.delete()
+        return
+    kind, slots, hold = need
+    permits.exclude(kind=kind).delete()
+    permits.filter(slot__gte=slots).delete()
+    if hold is not None:
+        permits.exclude(hold_seconds=hold).update(hold_seconds=hold)
+    keys = set(Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=[*CLAIMABLE, Status.PROCESSING])
+               .values_list("concurrency_key", flat=True).distinct())
+    ensure(using, row.pk, keys | {""}, need)
+
+
+def ensure_for_enqueue(using: str, info: TypeInfo, keys: Iterable[str]) -> None:
+    """At enqueue, for a limited type: the permits of each key's scope exist (the "" scope's are made
+    when the limit is set)."""
+    need = wanted(info.concurrency_limit, info.rate_limit)
+    fresh = {k for k in keys if k}
+    if need is None or not fresh:
+        return
+    from .models import LimitPermit
+
+    have = set(LimitPermit.objects.using(using).filter(job_type_id=info.id, key__in=fresh, kind=need[0],
+                                                       slot=need[1] - 1).values_list("key", flat=True))
+    if fresh - have:
+        ensure(using, info.id, fresh - have, need)
+
+
+def heal(using: str) -> int:
+    """Create missing permits of limited types' waiting jobs (a job enqueued by a process whose type
+    cache did not know the limit yet); return how many scopes were healed. Cheap: one grouped read."""
+    from django.db.models import Exists, OuterRef, Q
+
+    from .models import Job, JobType, LimitPermit
+    from .states import CLAIMABLE
+
+    types = {t.pk: t for t in JobType.objects.using(using).filter(
+        Q(concurrency_limit__isnull=False) | ~Q(rate_limit=""))}
+    if not types:
+        return 0
+    orphans = (Job.objects.using(using).filter(job_type_id__in=list(types), status_id__in=list(CLAIMABLE))
+               .exclude(Exists(LimitPermit.objects.using(using).filter(
+                   job_type_id=OuterRef("job_type_id"), key=OuterRef("concurrency_key"))))
+               .values_list("job_type_id", "concurrency_key").distinct()[:1000])
+    healed = 0
+    for type_id, key in orphans:
+        row = types[type_id]
+        need = wanted(row.concurrency_limit, row.rate_limit)
+        if need is not None:
+            ensure(using, type_id, [key], need)
+            healed += 1
+    return healed
+
+
+def explain(job: Job) -> str | None:
+    """Why a claimable job waits for its limit ("held by the concurrency limit of Export: 2 of 2
+    running"), or None when its scope has a free permit (or its type has no limit)."""
+    from .jobtypes import get_type_by_id
+    from .models import LimitPermit
+
+    using = job._state.db or "default"
+    info = get_type_by_id(job.job_type_id, using=using)
+    need = wanted(info.concurrency_limit, info.rate_limit)
+    if need is None:
+        return None
+    kind, slots, hold = need
+    now = timezone.now()
+    rows = list(LimitPermit.objects.using(using).filter(job_type_id=info.id, key=job.concurrency_key, kind=kind,
+                                                        slot__lt=slots))
+    scope = f"{info.name}" + (f" for key {job.concurrency_key!r}" if job.concurrency_key else "")
+    if len(rows) < slots:
+        return (f"its limit's permits for {scope} are not created yet: the worker creates them within a "
+                f"minute (or save the job type in the admin)")
+    held = [r for r in rows if r.held_until is not None and r.held_until >= now]
+    if len(held) < slots:
+        return None
+    if kind == CONCURRENCY:
+        return f"held by the concurrency limit of {scope}: {len(held)} of {slots} running"
+    soonest = min(r.held_until for r in held if r.held_until is not None)
+    return (f"held by the rate limit of {scope} ({info.rate_limit}): {len(held)} of {slots} starts in the "
+            f"last period; the next may start at {soonest:%H:%M:%S} UTC")
+
+
+def release_args(jobs: Iterable[Any], limited: frozenset[int]) -> list[int]:
+    """Ids of those ``jobs`` whose type has a limit (their permits to free)."""
+    return [j.pk for j in jobs if j.job_type_id in limited]
