@@ -475,7 +475,12 @@ class LimitPermit(models.Model):
         CONCURRENCY = 1, _("concurrency")
         RATE = 2, _("rate")
 
-    job_type = models.ForeignKey(JobType, on_delete=models.CASCADE, related_name="+", db_index=False)
+    # No database constraint: the rows are bookkeeping that permits.sync_type keeps in line with the
+    # type (and Django's CASCADE removes with it); an UPDATE of a constrained row fails on Babelfish
+    # (its foreign key check resolves the parent table in the wrong schema), and every limited claim
+    # updates one.
+    job_type = models.ForeignKey(JobType, on_delete=models.CASCADE, related_name="+", db_index=False,
+                                 db_constraint=False)
     key = models.CharField(max_length=200, blank=True, default="")
     kind = models.PositiveSmallIntegerField(choices=Kind.choices)
     slot = models.PositiveSmallIntegerField()

@@ -68,7 +68,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='limitpermit',
             name='job_type',
-            field=models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='django_sqlqueue.jobtype'),
+            field=models.ForeignKey(db_constraint=False, db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='django_sqlqueue.jobtype'),
         ),
         migrations.AddIndex(
             model_name='limitpermit',
