@@ -427,6 +427,15 @@ class Supervisor:
             return
         if n:
             log.warning("reaped jobs=%s (lease expired with no attempts left: Failed)", n)
+        from .permits import heal
+
+        try:
+            healed = heal(self._using)  # permits of keys enqueued before their process knew the limit
+        except DatabaseError as exc:
+            self._db_failed("permits_heal_skipped", exc, quiet=True)
+            return
+        if healed:
+            log.warning("permits_created scopes=%s (jobs of a limited type waited for their key's permits)", healed)
 
     # ----- reporting ------------------------------------------------------------------------------
     def _summary(self, seconds: float) -> Summary:

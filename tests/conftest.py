@@ -32,6 +32,8 @@ TDS_SKIPS = {
     "tests/test_worker_process.py": _BUDGET,
     "tests/test_schedules_workers.py": _BUDGET,
     "tests/test_concurrency.py": _NEEDS_LOCKING,
+    "tests/test_concurrency_limits.py::test_threads_": _NEEDS_LOCKING,
+    "tests/test_limits_workers.py": _NEEDS_LOCKING + "; worker processes claiming at once",
     "tests/test_soak.py": _NEEDS_LOCKING + "; a chaos soak of several workers",
     "tests/test_enqueue.py::test_dedupe_under_a_race_of_two_processes": _NEEDS_LOCKING,
     "tests/test_admin_dashboard.py::test_job_type_settings_are_editable": _FK_BUG,

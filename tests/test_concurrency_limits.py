@@ -275,11 +275,6 @@ def test_the_postgresql_limited_claim_locks_permits_and_jobs_skip_locked() -> No
 
 
 # ----- concurrent claimers: threads with their own connections (SQLite, PostgreSQL) ------------------------
-needs_locking = pytest.mark.skipif(
-    connection.vendor == "microsoft",
-    reason="Babelfish ignores table hints (UPDLOCK, READPAST): concurrent claims are not tested on the tds stage")
-
-
 def _drain(claimers: int, batch: int, hold: float, until, record) -> list[BaseException]:
     """``claimers`` threads claim ``batch`` at a time, call ``record(job, +1)``, hold each job ``hold``
     seconds, ``record(job, -1)`` and complete it, until ``until()``; return the errors they hit."""
@@ -332,7 +327,6 @@ class Overlap:
             self.done += delta < 0
 
 
-@needs_locking
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(120)
 def test_threads_never_run_more_than_the_limit_and_unlimited_jobs_flow() -> None:
@@ -353,7 +347,6 @@ def test_threads_never_run_more_than_the_limit_and_unlimited_jobs_flow() -> None
     assert not LimitPermit.objects.filter(held_until__isnull=False).exists(), "a permit was left held"
 
 
-@needs_locking
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(120)
 def test_threads_respect_a_limit_per_key_each_key_independently() -> None:
@@ -367,7 +360,6 @@ def test_threads_respect_a_limit_per_key_each_key_independently() -> None:
     assert {k: v for k, v in seen.max.items()} == {f"{sync.pk}/a": 1, f"{sync.pk}/b": 1, f"{sync.pk}/c": 1}
 
 
-@needs_locking
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(120)
 def test_threads_respect_a_rate_limit_over_a_sliding_window() -> None:
