@@ -14,9 +14,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.core.management import call_command
-from django.db import connection, connections
-from django.utils import timezone
+from django.db import connections
 
 from django_sqlqueue import jobtypes, permits
 from django_sqlqueue.exceptions import InvalidArgument
@@ -232,8 +230,8 @@ def test_the_limited_tsql_claim_parses_and_skips_held_permits(reclaim: bool) -> 
     from django_sqlqueue.dialects import ClaimRequest
     from django_sqlqueue.dialects.mssql import batch
 
-    from .test_tsql import hints, parse_batch
     from .test_tsql import dialect as make_dialect
+    from .test_tsql import hints, parse_batch
 
     dialect = make_dialect.__wrapped__()  # the module fixture's function: a never-connected mssql dialect
     req = ClaimRequest("host:1/0", 5, queues=("emails",), types=(3,), reclaim=reclaim, limited=True)
