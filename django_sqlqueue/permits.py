@@ -139,6 +139,53 @@ def heal(using: str) -> int:
     return healed
 
 
+def explain_many(jobs: Iterable[Job]) -> dict[Job, str]:
+    """:func:`explain` for the due claimable jobs of limited types among ``jobs`` (the admin's page): one
+    read of their scopes' permits, not one per job."""
+    from django.db.models import Q
+
+    from .jobtypes import get_type_by_id
+    from .models import LimitPermit
+    from .states import CLAIMABLE
+
+    now = timezone.now()
+    waiting = [j for j in jobs if j.status_id in CLAIMABLE and j.scheduled_for <= now]
+    if not waiting:
+        return {}
+    using = waiting[0]._state.db or "default"
+    infos: dict[int, Any] = {}
+    for j in waiting:  # the admin's list selects the type with the job: no query per type
+        if j.job_type_id not in infos:
+            infos[j.job_type_id] = (_row_info(j.job_type) if type(j).job_type.is_cached(j)
+                                    else get_type_by_id(j.job_type_id, using=using))
+    waiting = [j for j in waiting if infos[j.job_type_id].limited]
+    if not waiting:
+        return {}
+    scopes = {(j.job_type_id, j.concurrency_key) for j in waiting}
+    where = Q()
+    for type_id, key in scopes:
+        where |= Q(job_type_id=type_id, key=key)
+    rows: dict[tuple[int, str], list[Any]] = {}
+    for permit in LimitPermit.objects.using(using).filter(where):
+        rows.setdefault((permit.job_type_id, permit.key), []).append(permit)
+    out = {}
+    for job in waiting:
+        why = _why(infos[job.job_type_id], job.concurrency_key, rows.get((job.job_type_id, job.concurrency_key), []),
+                   now)
+        if why:
+            out[job] = why
+    return out
+
+
+def _row_info(row: JobType) -> Any:
+    """What :func:`_why` reads of a type, from its row."""
+    from .jobtypes import TypeInfo
+
+    return TypeInfo(id=row.pk, name=row.name, max_attempts=0, backoff_base_seconds=0, backoff_max_seconds=0,
+                    timeout_seconds=0, lease_seconds=0, paused=row.paused, concurrency_limit=row.concurrency_limit,
+                    rate_limit=row.rate_limit or "")
+
+
 def explain(job: Job) -> str | None:
     """Why a claimable job waits for its limit ("held by the concurrency limit of Export: 2 of 2
     running"), or None when its scope has a free permit (or its type has no limit)."""
@@ -150,11 +197,17 @@ def explain(job: Job) -> str | None:
     need = wanted(info.concurrency_limit, info.rate_limit)
     if need is None:
         return None
-    kind, slots, hold = need
-    now = timezone.now()
-    rows = list(LimitPermit.objects.using(using).filter(job_type_id=info.id, key=job.concurrency_key, kind=kind,
-                                                        slot__lt=slots))
-    scope = f"{info.name}" + (f" for key {job.concurrency_key!r}" if job.concurrency_key else "")
+    rows = list(LimitPermit.objects.using(using).filter(job_type_id=info.id, key=job.concurrency_key))
+    return _why(info, job.concurrency_key, rows, timezone.now())
+
+
+def _why(info: TypeInfo, key: str, rows: list[Any], now: Any) -> str | None:
+    need = wanted(info.concurrency_limit, info.rate_limit)
+    if need is None:
+        return None
+    kind, slots, _ = need
+    rows = [r for r in rows if r.kind == kind and r.slot < slots]
+    scope = f"{info.name}" + (f" for key {key!r}" if key else "")
     if len(rows) < slots:
         return (f"its limit's permits for {scope} are not created yet: the worker creates them within a "
                 f"minute (or save the job type in the admin)")
@@ -168,6 +221,20 @@ def explain(job: Job) -> str | None:
             f"last period; the next may start at {soonest:%H:%M:%S} UTC")
 
 
-def release_args(jobs: Iterable[Any], limited: frozenset[int]) -> list[int]:
-    """Ids of those ``jobs`` whose type has a limit (their permits to free)."""
-    return [j.pk for j in jobs if j.job_type_id in limited]
+
+
+def usage(row: JobType, top: int = 20) -> list[tuple[str, int, int]]:
+    """(key, permits held now, slots) of a type's busiest ``top`` scopes, for the admin's type page."""
+    from .models import LimitPermit
+
+    need = wanted(row.concurrency_limit, row.rate_limit)
+    if need is None:
+        return []
+    kind, slots, _ = need
+    now = timezone.now()
+    held: dict[str, int] = {}
+    for key in (LimitPermit.objects.using(row._state.db or "default")
+                .filter(job_type_id=row.pk, kind=kind, slot__lt=slots, held_until__gte=now)
+                .values_list("key", flat=True)):
+        held[key] = held.get(key, 0) + 1
+    return [(k, n, slots) for k, n in sorted(held.items(), key=lambda kv: (-kv[1], kv[0]))[:top]]

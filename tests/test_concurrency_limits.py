@@ -374,3 +374,48 @@ def test_threads_respect_a_rate_limit_over_a_sliding_window() -> None:
     for i in range(len(starts) - 5):
         assert starts[i + 5] - starts[i] > timedelta(seconds=1), f"6 starts within 1 s: {starts[i:i + 6]}"
     assert starts[-1] - starts[0] >= timedelta(seconds=2)
+
+
+# ----- what operators see: queue_why, the admin's job list and job type page --------------------------------
+def test_queue_why_and_the_admin_say_why_a_job_waits(admin_client) -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    export = limited("Export", concurrency_limit=1)
+    running = Job.objects.enqueue("Export", {"i": 0})
+    waiting = Job.objects.enqueue("Export", {"i": 1})
+    Job.objects.claim("w1", 5)
+    out = StringIO()
+    call_command("queue_why", str(waiting.pk), stdout=out)
+    assert "- held by the concurrency limit of Export: 1 of 1 running" in out.getvalue()
+    page = admin_client.get("/admin/django_sqlqueue/job/").content.decode()
+    assert "held by limit" in page and "held by the concurrency limit of Export: 1 of 1 running" in page
+    detail = admin_client.get(f"/admin/django_sqlqueue/job/{waiting.pk}/change/").content.decode()
+    assert "Held by the concurrency limit of Export: 1 of 1 running." in detail
+    type_page = admin_client.get(f"/admin/django_sqlqueue/jobtype/{export.pk}/change/").content.decode()
+    assert 'name="concurrency_limit"' in type_page and 'name="rate_limit"' in type_page
+    assert "(no key): 1 / 1" in type_page
+    # Running it frees nothing for the waiting one until it finishes; then nothing is said.
+    Job.objects.complete(Job.objects.get(pk=running.pk))
+    out = StringIO()
+    call_command("queue_why", str(waiting.pk), stdout=out)
+    assert "held by" not in out.getvalue()
+
+
+def test_the_admin_changes_a_limit_at_run_time_and_refuses_bad_ones(admin_client) -> None:
+    export = limited("Export", concurrency_limit=1)
+    url = f"/admin/django_sqlqueue/jobtype/{export.pk}/change/"
+    form = {"description": "", "max_attempts": "", "backoff_base_seconds": "", "backoff_max_seconds": "",
+            "timeout_seconds": "", "lease_seconds": "", "paused": ""}
+    response = admin_client.post(url, {**form, "concurrency_limit": "3", "rate_limit": ""})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert LimitPermit.objects.filter(job_type=export).count() == 3
+    for bad, message in (({"concurrency_limit": "0", "rate_limit": ""}, "greater than or equal to 1"),
+                         ({"concurrency_limit": "", "rate_limit": "10 a second"}, "rate limit must look like"),
+                         ({"concurrency_limit": "2", "rate_limit": "5/s"}, "not both")):
+        page = admin_client.post(url, {**form, **bad}).content.decode()
+        assert message in page, bad
+    assert JobType.objects.get(pk=export.pk).concurrency_limit == 3
+    assert admin_client.post(url, {**form, "concurrency_limit": "", "rate_limit": "5/s"}).status_code == 302
+    assert set(LimitPermit.objects.filter(job_type=export).values_list("kind", "hold_seconds")) == {(2, 1.0)}
