@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import connections
+from django.db import connection, connections
 
 from django_sqlqueue import jobtypes, permits
 from django_sqlqueue.exceptions import InvalidArgument
@@ -419,3 +419,37 @@ def test_the_admin_changes_a_limit_at_run_time_and_refuses_bad_ones(admin_client
     assert JobType.objects.get(pk=export.pk).concurrency_limit == 3
     assert admin_client.post(url, {**form, "concurrency_limit": "", "rate_limit": "5/s"}).status_code == 302
     assert set(LimitPermit.objects.filter(job_type=export).values_list("kind", "hold_seconds")) == {(2, 1.0)}
+
+
+# ----- the claim still seeks with limits in use -------------------------------------------------------------
+def test_the_limited_claim_seeks_its_indexes_with_a_deep_limited_backlog() -> None:
+    """5,000 waiting jobs of a saturated limited type, 1,000 unlimited ones: the claim's plan walks the
+    claim index and the limited index, never the whole job table (PostgreSQL, SQLite; SQL Server's plan
+    is read where one runs: tests/test_mssql_live.py)."""
+    from django_sqlqueue.explain import explain_claim
+    from django_sqlqueue.managers import JobSpec
+
+    limited("Export", concurrency_limit=2)
+    if connection.vendor == "microsoft":  # Babelfish returns no plan: it says so, and claims nothing
+        Job.objects.enqueue("Export", {"i": 0})
+        with pytest.raises(NotImplementedError, match="returned no plan"):
+            explain_claim(limit=10)
+        assert Job.objects.filter(status_id=Status.PENDING).count() == 1
+        return
+    JobType.objects.get_or_create(name="Noop")
+    Job.objects.enqueue_many(JobSpec("Export", {"i": i}, concurrency_key=str(i % 50)) for i in range(5000))
+    Job.objects.enqueue_many(JobSpec("Noop", {"i": i}) for i in range(1000))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    report = explain_claim(limit=10)
+    assert report.uses_claim_index and not report.scans_job_table, report.plan
+    if connection.vendor == "postgresql":
+        assert "sqlqueue_job_limited" in report.plan, report.plan
+    else:  # SQLite picks the permit and its job in a statement of its own, first
+        from django_sqlqueue.dialects import ClaimRequest, get_dialect
+
+        dialect = get_dialect(connection)
+        sql, params = dialect.limited_pick_sql(ClaimRequest("w", 10, limited=True))
+        with connection.cursor() as cursor:
+            lines, scans = dialect.claim_plan(cursor, sql, params, Job._meta.db_table)
+        assert not scans and any("sqlqueue_job_limited" in line for line in lines), lines
