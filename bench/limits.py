@@ -49,9 +49,11 @@ def _set_limit(name: str, limit: int | None) -> int:
 
 
 def _priority(type_id: int, priority: int) -> None:
+    """The jobs' priority; and their ``limited`` flag, as an enqueue would have set it (the bulk fill
+    inserts rows server-side)."""
     from django_sqlqueue.models import Job
 
-    Job.objects.filter(job_type_id=type_id).update(priority=priority)
+    Job.objects.filter(job_type_id=type_id).update(priority=priority, limited=True)
 
 
 def _claim_ms(samples: int, worker: str) -> float:

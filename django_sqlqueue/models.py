@@ -188,6 +188,10 @@ class Job(models.Model):
     #: The key whose limit the job counts against (docs/limits.md): its handler's ``concurrency_key`` of
     #: the payload, or the enqueue's ``concurrency_key=``; "" for none (the type's one shared scope).
     concurrency_key = models.CharField(max_length=200, blank=True, default="", db_default="", editable=False)
+    #: Its type has a limit: it is claimed only with a permit, and stays out of the claim index, so a deep
+    #: backlog of limited jobs costs the ordinary claim nothing (docs/limits.md). Set at enqueue, and
+    #: on the unfinished jobs of a type whose limit is set or removed (permits.sync_type).
+    limited = models.BooleanField(default=False, db_default=False, editable=False)
 
     objects: ClassVar[JobManager] = JobManager()
 
@@ -200,7 +204,7 @@ class Job(models.Model):
             models.Index(
                 fields=["-priority", "scheduled_for", "id"],
                 name="sqlqueue_job_claim",
-                condition=Q(status_id__in=sorted(CLAIMABLE)),
+                condition=Q(status_id__in=sorted(CLAIMABLE), limited=False),
             ),
             # Reclaim: the few Processing rows, by lease expiry (dead workers) and worker (restarts).
             models.Index(
@@ -223,7 +227,7 @@ class Job(models.Model):
             models.Index(
                 fields=["job_type", "concurrency_key", "-priority", "scheduled_for", "id"],
                 name="sqlqueue_job_limited",
-                condition=Q(status_id__in=sorted(CLAIMABLE | {Status.PROCESSING})),
+                condition=Q(status_id__in=sorted(CLAIMABLE | {Status.PROCESSING}), limited=True),
             ),
         ]
         constraints = [

@@ -85,6 +85,9 @@ def sync_type(row: JobType, using: str) -> None:
 
     need = wanted(row.concurrency_limit, row.rate_limit)
     permits = LimitPermit.objects.using(using).filter(job_type_id=row.pk)
+    # The type's unfinished jobs leave (or join) the ordinary claim's index: one UPDATE of its jobs.
+    Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=[*CLAIMABLE, Status.PROCESSING]).exclude(
+        limited=need is not None).update(limited=need is not None)
     if need is None:
         permits.delete()
         return
@@ -94,7 +97,7 @@ def sync_type(row: JobType, using: str) -> None:
     if hold is not None:
         permits.exclude(hold_seconds=hold).update(hold_seconds=hold)
     keys = set(Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=[*CLAIMABLE, Status.PROCESSING])
-               .values_list("concurrency_key", flat=True).distinct())
+               .values_list("concurrency_key", flat=True).order_by().distinct())
     ensure(using, row.pk, keys | {""}, need)
 
 
@@ -114,22 +117,29 @@ def ensure_for_enqueue(using: str, info: TypeInfo, keys: Iterable[str]) -> None:
 
 
 def heal(using: str) -> int:
-    """Create missing permits of limited types' waiting jobs (a job enqueued by a process whose type
-    cache did not know the limit yet); return how many scopes were healed. Cheap: one grouped read."""
+    """Bring jobs in line with their types' limits (a job enqueued by a process whose type cache did not
+    know the limit yet): their ``limited`` flag, and the permits of their keys; return how many jobs
+    and scopes were fixed. Cheap when nothing is amiss: index seeks that find nothing."""
     from django.db.models import Exists, OuterRef, Q
 
     from .models import Job, JobType, LimitPermit
-    from .states import CLAIMABLE
+    from .states import CLAIMABLE, Status
 
     types = {t.pk: t for t in JobType.objects.using(using).filter(
         Q(concurrency_limit__isnull=False) | ~Q(rate_limit=""))}
+    # Jobs flagged by a process whose type cache was stale, or retried from Failed after their type's
+    # limit changed: the flag follows the type (seeks: the limited index, the status/type index).
+    unfinished = [*CLAIMABLE, Status.PROCESSING]
+    healed = Job.objects.using(using).filter(status_id__in=unfinished, limited=True).exclude(
+        job_type_id__in=list(types)).update(limited=False)
     if not types:
-        return 0
+        return healed
+    healed += Job.objects.using(using).filter(status_id__in=unfinished, limited=False,
+                                              job_type_id__in=list(types)).update(limited=True)
     orphans = (Job.objects.using(using).filter(job_type_id__in=list(types), status_id__in=list(CLAIMABLE))
                .exclude(Exists(LimitPermit.objects.using(using).filter(
                    job_type_id=OuterRef("job_type_id"), key=OuterRef("concurrency_key"))))
-               .values_list("job_type_id", "concurrency_key").distinct()[:1000])
-    healed = 0
+               .values_list("job_type_id", "concurrency_key").order_by().distinct()[:1000])
     for type_id, key in orphans:
         row = types[type_id]
         need = wanted(row.concurrency_limit, row.rate_limit)

@@ -453,3 +453,28 @@ def test_the_limited_claim_seeks_its_indexes_with_a_deep_limited_backlog() -> No
         with connection.cursor() as cursor:
             lines, scans = dialect.claim_plan(cursor, sql, params, Job._meta.db_table)
         assert not scans and any("sqlqueue_job_limited" in line for line in lines), lines
+
+
+def test_the_limited_flag_follows_the_type_and_heal_mends_stale_enqueues() -> None:
+    """Limited jobs stay out of the claim index (a deep backlog costs the ordinary claim nothing): the
+    flag is set at enqueue, flipped with the type's limit, and mended by the supervisor's heal when a
+    process enqueued with a stale type cache."""
+    JobType.objects.update_or_create(name="Export", defaults={"concurrency_limit": None})
+    jobtypes.clear_cache()
+    before = [Job.objects.enqueue("Export", {"i": i}) for i in range(3)]
+    assert not Job.objects.filter(limited=True).exists()
+    row = limited("Export", concurrency_limit=1)
+    assert Job.objects.filter(pk__in=[j.pk for j in before], limited=True).count() == 3
+    after = Job.objects.enqueue("Export", {"i": 3})
+    assert Job.objects.get(pk=after.pk).limited
+    # A stale enqueue: the flag and a new key's permits are missing until heal.
+    stale = Job.objects.enqueue("Export", {"i": 4}, concurrency_key="k")
+    Job.objects.filter(pk=stale.pk).update(limited=False)
+    LimitPermit.objects.filter(key="k").delete()
+    assert permits.explain(Job.objects.get(pk=stale.pk)).startswith("its limit's permits for Export for key 'k'")
+    assert permits.heal("default") == 2
+    assert Job.objects.get(pk=stale.pk).limited and LimitPermit.objects.filter(key="k").count() == 1
+    assert permits.heal("default") == 0
+    row.concurrency_limit = None
+    row.save()
+    assert not Job.objects.filter(limited=True).exists()

@@ -114,6 +114,7 @@ class Dialect:
     vendor: str = ""
     #: Literal for boolean true in this vendor's SQL.
     true_literal: str = "TRUE"
+    false_literal: str = "FALSE"
     #: The empty string as a literal of the text columns' type.
     empty_string: str = "''"
     #: True when ``payload @> {...}`` (JSON containment) is served by an index (see
@@ -294,9 +295,11 @@ class Dialect:
         return f"j.{j['priority']} DESC, j.{j['scheduled_for']}, j.{j['id']}"
 
     def due_predicate(self) -> str:
-        """Claimable (Pending/Error) and due: the claim index's filter and its range."""
+        """Claimable (Pending/Error), not limited (docs/limits.md) and due: the claim index's filter and
+        its range."""
         j = self.n.j
-        return f"j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['scheduled_for']} <= {self.now()}"
+        return (f"j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['limited']} = {self.false_literal} "
+                f"AND j.{j['scheduled_for']} <= {self.now()}")
 
     def claim_branches(self, req: ClaimRequest, *, limit: str, lock: str = "") -> tuple[list[str], list[Any]]:
         """The due branch, and with ``req.reclaim`` the reclaim branch, as each vendor's claim takes
@@ -334,6 +337,7 @@ class Dialect:
             f"j.{j['job_type_id']} = {type_sql} AND j.{j['concurrency_key']} = {key_sql} "
             # the index's own filter, literally, so that every planner matches it (then the two cases)
             f"AND j.{j['status_id']} IN ({sql_list(CLAIMABLE | {Status.PROCESSING})}) "
+            f"AND j.{j['limited']} = {self.true_literal} "
             f"AND ((j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['scheduled_for']} <= {self.now()}) "
             f"OR (j.{j['status_id']} = {int(Status.PROCESSING)} AND j.{j['lease_expires_at']} < {self.now()}))"
         )

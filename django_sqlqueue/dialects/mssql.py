@@ -139,6 +139,7 @@ def batch(parts: Batch) -> str:
 class MssqlDialect(Dialect):
     vendor = "microsoft"
     true_literal = "1"
+    false_literal = "0"
     empty_string = "N''"  # nvarchar, as the columns and mssql-django's filtered index definitions
     max_params = 2000  # SQL Server allows 2100 parameters per statement
     #: Completions per batch: 4 parameters each, leaving room for a claim's in the same batch.

@@ -26,6 +26,7 @@ _FMT = "'%%Y-%%m-%%d %%H:%%M:%%f'"
 class SqliteDialect(Dialect):
     vendor = "sqlite"
     true_literal = "1"
+    false_literal = "0"
     watches_data_version = True
 
     @classmethod

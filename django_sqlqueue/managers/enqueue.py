@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 #: builds); ``enqueued_at`` and ``updated_at`` are stamped by the database clock.
 INSERT_COLUMNS: list[str] = ["queue", "job_type_id", "status_id", "step", "priority", "attempt_num", "max_attempts",
                              "payload", "error", "enqueued_at", "scheduled_for", "version", "updated_at", "worker",
-                             "trace_context", "concurrency_key", "dedupe_key"]
+                             "trace_context", "concurrency_key", "limited", "dedupe_key"]
 #: What a new job's remaining columns hold.
 _NOT_YET: dict[str, Any] = dict.fromkeys(("response", "started_at", "finished_at", "duration_ms", "lease_expires_at"))
 
@@ -179,7 +179,7 @@ class EnqueueMixin(RowsMixin):
         return [
             spec.queue, info.id, int(Status.PENDING), "", spec.priority, 0, spec.max_attempts, payload, "", None,
             None if when is None else self._prep("scheduled_for", when, alias), 1, None, "", carrier, key,
-            spec.dedupe_key,
+            info.limited, spec.dedupe_key,
         ]
 
     def _match_inserted(self, specs: list[JobSpec], jobs: list[Job | None], start: int, part: list[list[Any]],

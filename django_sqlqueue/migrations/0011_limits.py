@@ -1,7 +1,11 @@
 """Global concurrency and rate limits (docs/limits.md): the limits on the job type, the job's
-concurrency key, the permit table the claim takes its semaphore rows from, and the index of the claim's
-limited branch. On SQL Server the permit table's lock escalation is off, as the job table's is (0004):
-a table lock is the one lock READPAST cannot skip.
+concurrency key and ``limited`` flag, the permit table the claim takes its semaphore rows from, and the
+indexes: the claim index leaves limited jobs out (a deep limited backlog costs the ordinary claim
+nothing), and the limited branch seeks its own.
+
+SQL Server only (no-ops elsewhere), as in 0004: both job indexes are made covering (INCLUDE), so every
+branch rejects rows from the index entry, and the permit table's lock escalation is off (a table lock
+is the one lock READPAST cannot skip). The index definitions are written out, not imported.
 """
 
 import django.core.validators
@@ -10,13 +14,33 @@ import django_sqlqueue.limits
 from django.db import migrations, models
 
 
+JOB = "django_sqlqueue_job"
 PERMIT = "django_sqlqueue_limitpermit"
+CLAIM = ("sqlqueue_job_claim", "[priority] DESC, [scheduled_for], [id]",
+         "[queue], [type_id], [attempt_num], [max_attempts]")
+LIMITED = ("sqlqueue_job_limited", "[type_id], [concurrency_key], [priority] DESC, [scheduled_for], [id]",
+           "[queue], [status_id], [attempt_num], [max_attempts], [lease_expires_at]")
 
 
-def no_lock_escalation(apps, schema_editor):
+def _create(schema_editor, name, keys, include, where):
+    qn = schema_editor.connection.ops.quote_name
+    schema_editor.execute(f"DROP INDEX IF EXISTS {qn(name)} ON {qn(JOB)}")
+    schema_editor.execute(f"CREATE INDEX {qn(name)} ON {qn(JOB)} ({keys}) INCLUDE ({include}) WHERE {where}")
+
+
+def sqlserver_forward(apps, schema_editor):
     connection = schema_editor.connection
-    if connection.vendor == "microsoft":
-        schema_editor.execute(f"ALTER TABLE {connection.ops.quote_name(PERMIT)} SET (LOCK_ESCALATION = DISABLE)")
+    if connection.vendor != "microsoft":
+        return
+    _create(schema_editor, *CLAIM, "[status_id] IN (1, 3) AND [limited] = 0")
+    _create(schema_editor, *LIMITED, "[status_id] IN (1, 2, 3) AND [limited] = 1")
+    schema_editor.execute(f"ALTER TABLE {connection.ops.quote_name(PERMIT)} SET (LOCK_ESCALATION = DISABLE)")
+
+
+def sqlserver_backward(apps, schema_editor):
+    if schema_editor.connection.vendor != "microsoft":
+        return
+    _create(schema_editor, *CLAIM, "[status_id] IN (1, 3)")
 
 
 class Migration(migrations.Migration):
@@ -26,6 +50,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        # Undone last when migrating back: the claim index covering again, as 0004 made it.
+        migrations.RunPython(migrations.RunPython.noop, sqlserver_backward),
         migrations.CreateModel(
             name='LimitPermit',
             fields=[
@@ -42,10 +68,19 @@ class Migration(migrations.Migration):
                 'ordering': ['job_type_id', 'key', 'kind', 'slot'],
             },
         ),
+        migrations.RemoveIndex(
+            model_name='job',
+            name='sqlqueue_job_claim',
+        ),
         migrations.AddField(
             model_name='job',
             name='concurrency_key',
             field=models.CharField(blank=True, db_default='', default='', editable=False, max_length=200),
+        ),
+        migrations.AddField(
+            model_name='job',
+            name='limited',
+            field=models.BooleanField(db_default=False, default=False, editable=False),
         ),
         migrations.AddField(
             model_name='jobtype',
@@ -59,7 +94,11 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='job',
-            index=models.Index(condition=models.Q(('status_id__in', [1, 2, 3])), fields=['job_type', 'concurrency_key', '-priority', 'scheduled_for', 'id'], name='sqlqueue_job_limited'),
+            index=models.Index(condition=models.Q(('limited', False), ('status_id__in', [1, 3])), fields=['-priority', 'scheduled_for', 'id'], name='sqlqueue_job_claim'),
+        ),
+        migrations.AddIndex(
+            model_name='job',
+            index=models.Index(condition=models.Q(('limited', True), ('status_id__in', [1, 2, 3])), fields=['job_type', 'concurrency_key', '-priority', 'scheduled_for', 'id'], name='sqlqueue_job_limited'),
         ),
         migrations.AddConstraint(
             model_name='jobtype',
@@ -78,5 +117,5 @@ class Migration(migrations.Migration):
             model_name='limitpermit',
             constraint=models.UniqueConstraint(fields=('job_type', 'key', 'kind', 'slot'), name='sqlqueue_permit_slot'),
         ),
-        migrations.RunPython(no_lock_escalation, migrations.RunPython.noop),
+        migrations.RunPython(sqlserver_forward, migrations.RunPython.noop),
     ]
