@@ -181,7 +181,7 @@ class JobTypeAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
 
         if obj.pk is None or (obj.concurrency_limit is None and not obj.rate_limit):
             return format_html('<span class="quiet">{}</span>', _("no limit"))
-        found = registry._handlers.get(obj.name)
+        found = registry.declared(obj.name)
         key = getattr(found, "concurrency_key", None) if found is not None else None
         key_text = (_("per key: %(k)s (the handler's concurrency_key)") % {"k": key if isinstance(key, str)
                                                                           else getattr(key, "__name__", "a callable")}

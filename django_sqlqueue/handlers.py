@@ -152,6 +152,11 @@ class Registry:
             raise UnknownJobType(f"no handler is registered for job type {name!r}")
         return found
 
+    def declared(self, name: str) -> Handler | None:
+        """The handler registered under ``name``, without asking the resolvers (a dict lookup: the
+        enqueue asks it for every job's concurrency key)."""
+        return self._handlers.get(name)
+
     def is_registered(self, name: str) -> bool:
         return name in self._handlers or self._resolve(name) is not None
 

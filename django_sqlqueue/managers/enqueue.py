@@ -174,7 +174,7 @@ class EnqueueMixin(RowsMixin):
         else:
             from ..handlers import registry
 
-            found = registry._handlers.get(info.name)  # a dict lookup: no resolver runs for this
+            found = registry.declared(info.name)
             key = found.key_of(spec.payload) if found is not None and found.concurrency_key is not None else ""
         return [
             spec.queue, info.id, int(Status.PENDING), "", spec.priority, 0, spec.max_attempts, payload, "", None,
