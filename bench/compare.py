@@ -546,7 +546,8 @@ class Database:
                 url = f"sqlite:///{self.tmp}/template-baseline.sqlite3"
             env = _env(url, BENCH_CODE=baseline)
             env["PYTHONPATH"] = f"{env['BENCH_SITE']}:{baseline}:{ROOT}"
-            subprocess.run(_manage("migrate", "-v0"), cwd=ROOT, env=env, check=True)
+            # not cwd=ROOT: ``python -m`` puts the working directory first on sys.path, before PYTHONPATH
+            subprocess.run(_manage("migrate", "-v0"), cwd=self.tmp, env=env, check=True)
             self.extra["baseline_template"] = True
 
     def _pg(self, sql: str) -> None:
