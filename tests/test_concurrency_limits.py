@@ -268,7 +268,7 @@ def test_the_postgresql_limited_claim_locks_permits_and_jobs_skip_locked() -> No
     # The permit is free by its own columns (what FOR UPDATE re-checks after waiting), never a count.
     assert '(p."held_until" IS NULL OR p."held_until" < now())' in permit_cte and "count(" not in sql.lower()
     limited_cte = sql[sql.index("limited AS ("):sql.index("picked AS (")]
-    assert limited_cte.endswith("FOR UPDATE OF j SKIP LOCKED), ")
+    assert limited_cte.endswith("FOR UPDATE OF j SKIP LOCKED) l), ") and "CROSS JOIN LATERAL" in limited_cte
     assert "held AS (UPDATE" in sql
 
 

@@ -118,10 +118,12 @@ class PostgresDialect(Dialect):
             f"WHERE {self.limited_job_predicate('p.' + p['job_type_id'], 'p.' + p['key'])} AND {common}) "
             f"ORDER BY {self.permit_order()} LIMIT 1 FOR UPDATE OF p SKIP LOCKED"
         )
+        # LATERAL: the job is sought for the permit taken, one index seek; as a plain join the planner,
+        # not knowing that the permit CTE holds one row or none, may walk a deep limited backlog first.
         limited = (
-            f"SELECT {self.candidate_columns()} FROM permit, {n.job} j "
+            f"SELECT l.* FROM permit CROSS JOIN LATERAL (SELECT {self.candidate_columns()} FROM {n.job} j "
             f"WHERE {self.limited_job_predicate('permit.ptype', 'permit.pkey')} AND {common} "
-            f"ORDER BY {self.candidate_order()} LIMIT 1 FOR UPDATE OF j SKIP LOCKED"
+            f"ORDER BY {self.candidate_order()} LIMIT 1 FOR UPDATE OF j SKIP LOCKED) l"
         )
         return permit, limited, [*free_params, *common_params, *common_params]
 
