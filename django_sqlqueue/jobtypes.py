@@ -45,6 +45,12 @@ _by_id: dict[tuple[str, int], tuple[float, TypeInfo]] = {}
 
 
 _limited: dict[str, tuple[float, frozenset[int]]] = {}
+#: Per database: until when (monotonic) this process's claims leave the limited branch out, after one
+#: found no free permit with a job (see :func:`limited_branch_due`).
+_limited_idle: dict[str, float] = {}
+#: How long claims skip the limited branch after it found nothing: a permit freed by another process
+#: (or a rate permit's period ending) is seen within this; one freed here is seen at once.
+LIMITED_RECHECK_SECONDS = 0.25
 
 
 def clear_cache(*_args: object, **_kwargs: object) -> None:
@@ -53,6 +59,23 @@ def clear_cache(*_args: object, **_kwargs: object) -> None:
         _by_name.clear()
         _by_id.clear()
         _limited.clear()
+        _limited_idle.clear()
+
+
+def limited_branch_due(using: str) -> bool:
+    """Whether this claim should carry the limited branch: not within LIMITED_RECHECK_SECONDS of one
+    that found nothing (a saturated limit would otherwise cost every claim the branch)."""
+    return time.monotonic() >= _limited_idle.get(using, 0.0)
+
+
+def limited_branch_result(using: str, found: bool) -> None:
+    """Record what the limited branch found: nothing backs it off for LIMITED_RECHECK_SECONDS."""
+    _limited_idle[using] = 0.0 if found else time.monotonic() + LIMITED_RECHECK_SECONDS
+
+
+def permits_released(using: str) -> None:
+    """A permit was freed in this process: the next claim looks for a limited job at once."""
+    _limited_idle.pop(using, None)
 
 
 def limited_type_ids(using: str) -> frozenset[int]:

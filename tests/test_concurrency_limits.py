@@ -478,3 +478,35 @@ def test_the_limited_flag_follows_the_type_and_heal_mends_stale_enqueues() -> No
     row.concurrency_limit = None
     row.save()
     assert not Job.objects.filter(limited=True).exists()
+
+
+def test_claims_back_off_the_limited_branch_while_it_finds_nothing() -> None:
+    """A saturated limit would cost every claim the limited branch: after one that found nothing, this
+    process's claims leave it out for LIMITED_RECHECK_SECONDS, unless a permit is freed here."""
+    from django.test.utils import CaptureQueriesContext
+
+    limited("Export", concurrency_limit=1)
+    JobType.objects.get_or_create(name="Noop")
+    for i in range(3):
+        Job.objects.enqueue("Export", {"i": i})
+        Job.objects.enqueue("Noop", {"i": i})
+
+    names = iter(range(100))
+
+    def claim_sql() -> tuple[list[Job], bool]:
+        with CaptureQueriesContext(connection) as seen:  # a new worker name each time: no leftovers taken back
+            got = Job.objects.claim(f"w{next(names)}", 1)
+        return got, any("limitpermit" in q["sql"] for q in seen.captured_queries)
+
+    (first,), looked = claim_sql()
+    assert looked and first.job_type.name == "Export"
+    got, looked = claim_sql()  # the limited branch finds nothing (1 of 1 running)
+    assert looked and got[0].job_type.name == "Noop"
+    got, looked = claim_sql()
+    assert not looked and got[0].job_type.name == "Noop", "backed off"
+    Job.objects.complete(first)  # a permit freed in this process: look again at once
+    got, looked = claim_sql()
+    assert looked and got[0].job_type.name == "Export"
+    jobtypes.limited_branch_result("default", False)
+    time.sleep(jobtypes.LIMITED_RECHECK_SECONDS + 0.05)
+    assert claim_sql()[1], "the back-off ends"

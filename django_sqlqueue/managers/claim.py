@@ -114,7 +114,8 @@ class ClaimMixin(RowsMixin):
             worker_dead_after_seconds=settings.WORKER_DEAD_AFTER_SECONDS,
             reclaim=reclaim,
             incarnation=new_incarnation() if incarnation is None else str(incarnation)[:32],
-            limited=bool(limited) and bool(limit) and (not type_ids or not limited.isdisjoint(type_ids)),
+            limited=(bool(limited) and bool(limit) and (not type_ids or not limited.isdisjoint(type_ids))
+                     and (bool(releasing) or jobtypes.limited_branch_due(alias))),
         )
         connection = connections[alias]
         dialect = get_dialect(connection)
@@ -134,6 +135,8 @@ class ClaimMixin(RowsMixin):
                         rows = dialect.claim(cursor, req) if limit else []
                     else:
                         finished, rows = dialect.complete_and_claim(cursor, items, req if limit else None)
+                if req.limited:
+                    jobtypes.limited_branch_result(alias, any(r[COL["job_type_id"]] in limited for r in rows))
                 return self._rows_to_jobs(finished, alias), self._rows_to_jobs(rows, alias)
             except DatabaseError as exc:
                 # Inside the caller's transaction a deadlock victim's whole transaction is gone: no retry.

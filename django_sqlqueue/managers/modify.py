@@ -99,6 +99,7 @@ class ModifyMixin(RowsMixin):
                                     note=_release_note)
                 if job.job_type_id in jobtypes.limited_type_ids(alias):
                     permits.release(cursor, dialect, [job.pk])  # its concurrency permit, if it holds one
+                    jobtypes.permits_released(alias)  # (if this rolls back: one claim looks in vain)
         return updated
 
     def _modify_statement(self, dialect: Any, job: Job, current: Status, new: Status, step: str | None,
