@@ -94,9 +94,10 @@ def limited_type_ids(using: str) -> frozenset[int]:
 
     ids = frozenset(JobType.objects.using(using).filter(Q(concurrency_limit__isnull=False) | ~Q(rate_limit=""))
                     .values_list("id", flat=True))
-    if not connections[using].in_atomic_block:
-        with _lock:
-            _limited[using] = (time.monotonic(), ids)
+    # Cached even when read inside a transaction: a limit that transaction set and then rolled back
+    # only makes claims look for limited jobs in vain until the entry expires.
+    with _lock:
+        _limited[using] = (time.monotonic(), ids)
     return ids
 
 
