@@ -525,7 +525,10 @@ class Database:
     counter: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def setup(self) -> None:
+    def setup(self, baseline: str = "") -> None:
+        """The migrated template; with ``baseline`` (a source tree) a second one, migrated by that tree's
+        own migrations, for its runs: a tree's statements expect its own schema (a changed partial
+        index, say, that SQLite's INDEXED BY would refuse)."""
         if self.kind == "postgres":
             from tests.pgcluster import PgCluster
 
@@ -535,6 +538,17 @@ class Database:
         else:
             self.template = f"sqlite:///{self.tmp}/template.sqlite3"
         subprocess.run(_manage("migrate", "-v0"), cwd=ROOT, env=_env(self.template), check=True)
+        if baseline:
+            if self.kind == "postgres":
+                self._pg("CREATE DATABASE bench_template_baseline")
+                url = self.cluster.url_for("bench_template_baseline")
+            else:
+                url = f"sqlite:///{self.tmp}/template-baseline.sqlite3"
+            env = _env(url, BENCH_CODE=baseline)
+            env["PYTHONPATH"] = f"{env['BENCH_SITE']}:{baseline}:{ROOT}"
+            # not cwd=ROOT: ``python -m`` puts the working directory first on sys.path, before PYTHONPATH
+            subprocess.run(_manage("migrate", "-v0"), cwd=self.tmp, env=env, check=True)
+            self.extra["baseline_template"] = True
 
     def _pg(self, sql: str) -> None:
         import psycopg
@@ -542,16 +556,17 @@ class Database:
         with psycopg.connect(self.cluster.url, autocommit=True) as conn:
             conn.execute(sql)
 
-    def fresh(self) -> str:
-        """A new database cloned from the migrated template."""
+    def fresh(self, baseline: bool = False) -> str:
+        """A new database cloned from the migrated template (the baseline tree's, for its runs)."""
         self.counter += 1
         name = f"run{self.counter}"
+        own = baseline and self.extra.get("baseline_template")
         if self.kind == "postgres":
-            self._pg(f"CREATE DATABASE {name} TEMPLATE bench_template")
+            self._pg(f"CREATE DATABASE {name} TEMPLATE {'bench_template_baseline' if own else 'bench_template'}")
             self._pg("CHECKPOINT")
             return self.cluster.url_for(name)
         path = self.tmp / f"{name}.sqlite3"
-        shutil.copyfile(self.tmp / "template.sqlite3", path)
+        shutil.copyfile(self.tmp / ("template-baseline.sqlite3" if own else "template.sqlite3"), path)
         return f"sqlite:///{path}"
 
     def drop(self, url: str) -> None:
@@ -569,7 +584,7 @@ class Database:
 def run_inner(db: Database, system: str, slots: int, args: argparse.Namespace, mode: str = "compare") -> dict:
     baseline = system.endswith("@baseline")
     system = system.removesuffix("@baseline")
-    url = db.fresh()
+    url = db.fresh(baseline)
     logdir = Path(tempfile.mkdtemp(prefix=f"bench-{db.kind}-{slots}-", dir=db.tmp))
     cmd = [sys.executable, str(Path(__file__).resolve()), "--inner-url", url, "--system", system,
            "--slots-one", str(slots), "--mode", mode, "--logdir", str(logdir), "--jobs", str(args.jobs),
@@ -829,7 +844,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="sqlqueue-compare-") as tmp:
         for kind in dbs:
             db = Database(kind, Path(tmp))
-            db.setup()
+            db.setup(args.baseline or "")
             try:
                 for slots in ([] if args.interleaved_only else slots_list):
                     systems = ours + PEERS_ON[kind] + (["procrastinate-procs"] if kind == "postgres" and slots > 1 else [])

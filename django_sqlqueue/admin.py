@@ -222,6 +222,11 @@ class JobChangeList(ChangeList):
     def get_results(self, request: HttpRequest) -> None:
         """Flag the page's orphaned Processing jobs: one read of the (small) worker table per page."""
         super().get_results(request)
+        from .permits import explain_many
+
+        # Why a due job of a limited type waits: one read of the page's scopes' permits.
+        for job, why in explain_many(self.result_list).items():
+            job._sqlqueue_limit_wait = why
         running = [job for job in self.result_list if job.status_id == Status.PROCESSING]
         if not running:
             return
@@ -335,6 +340,9 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
                                status_badge(obj.status_id),
                                _("Its worker is stopped or stale, or its lease expired: Requeue it, or a live "
                                  "worker serving it takes it over."), _("orphaned"))
+        if getattr(obj, "_sqlqueue_limit_wait", None):
+            return format_html('{} <span class="sqlqueue-badge sqlqueue-pending" title="{}">{}</span>',
+                               status_badge(obj.status_id), obj._sqlqueue_limit_wait, _("held by limit"))
         return status_badge(obj.status_id)
 
     @admin.display(description=_("attempts"))
@@ -608,6 +616,12 @@ def explain(job: Job) -> str:
         return _("No attempts left (%(n)d used): Retry or Reset attempts.") % {"n": job.attempt_num}
     if job.scheduled_for > now:
         return _("Scheduled: due %(t)s.") % {"t": until(job.scheduled_for, now)}
+    if job.job_type.concurrency_limit is not None or job.job_type.rate_limit:
+        from .permits import explain as limit_wait
+
+        waiting = limit_wait(job)
+        if waiting:
+            return waiting[0].upper() + waiting[1:] + "."
     live = health.live_workers(now, job._state.db)
     if not live:
         return _("Due %(ago)s ago, but no worker is alive.") % {"ago": timesince(job.scheduled_for, now)}

@@ -88,13 +88,14 @@ def _set_paused(modeladmin: Any, request: HttpRequest, queryset: QuerySet, pause
 
 class JobTypeAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
     list_display = ("name", "paused_flag", "max_attempts_col", "backoff_col", "timeout_col", "lease_col",
-                    "code_drift", "job_counts", "updated_at")
+                    "limits_col", "code_drift", "job_counts", "updated_at")
     list_filter = ("paused",)
     search_fields = ("name",)
     actions = [pause_types, resume_types]
     fields = ("name", "description", "paused", "max_attempts", "backoff_base_seconds", "backoff_max_seconds",
-              "timeout_seconds", "lease_seconds", "code_drift", "job_counts", "created_at", "updated_at")
-    readonly_fields = ("code_drift", "job_counts", "created_at", "updated_at")
+              "timeout_seconds", "lease_seconds", "concurrency_limit", "rate_limit", "limit_usage", "code_drift",
+              "job_counts", "created_at", "updated_at")
+    readonly_fields = ("limit_usage", "code_drift", "job_counts", "created_at", "updated_at")
 
     class Media:
         css = {"all": ["django_sqlqueue/admin.css"]}
@@ -163,6 +164,32 @@ class JobTypeAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
     @admin.display(description=_("lease"))
     def lease_col(self, obj: JobType) -> SafeString:
         return _setting(obj.lease_seconds, get_settings().LEASE_SECONDS, " s")
+
+    @admin.display(description=_("limit"))
+    def limits_col(self, obj: JobType) -> SafeString:
+        if obj.concurrency_limit is not None:
+            return format_html("{}", _("%(n)s at once") % {"n": obj.concurrency_limit})
+        if obj.rate_limit:
+            return format_html("{}", obj.rate_limit)
+        return format_html('<span class="quiet">{}</span>', _("none"))
+
+    @admin.display(description=_("limit in use"))
+    def limit_usage(self, obj: JobType) -> SafeString:
+        """How many permits are held now, per key (the busiest 20), and the handler's key (docs/limits.md)."""
+        from .handlers import registry
+        from .permits import usage
+
+        if obj.pk is None or (obj.concurrency_limit is None and not obj.rate_limit):
+            return format_html('<span class="quiet">{}</span>', _("no limit"))
+        found = registry.declared(obj.name)
+        key = getattr(found, "concurrency_key", None) if found is not None else None
+        key_text = (_("per key: %(k)s (the handler's concurrency_key)") % {"k": key if isinstance(key, str)
+                                                                          else getattr(key, "__name__", "a callable")}
+                    if key is not None else _("one limit for the whole type (unless enqueued with a concurrency_key)"))
+        rows = usage(obj)
+        lines = format_html_join(mark_safe("<br>"), "{}: {} / {}", ((k or _("(no key)"), held, slots)
+                                                                  for k, held, slots in rows))
+        return format_html("{}<br>{}", key_text, lines or _("no permits held"))
 
     @admin.display(description=_("code"))
     def code_drift(self, obj: JobType) -> SafeString:

@@ -31,6 +31,7 @@ class SqlQueueConfig(AppConfig):
         install_task_resolver()
         setting_changed.connect(forget_heard, dispatch_uid="sqlqueue-forget-heard")
         post_save.connect(clear_cache, sender=JobType, dispatch_uid="sqlqueue-type-cache-save")
+        post_save.connect(_sync_permits, sender=JobType, dispatch_uid="sqlqueue-permits-save")
         post_delete.connect(clear_cache, sender=JobType, dispatch_uid="sqlqueue-type-cache-delete")
         post_migrate.connect(_sync_types, sender=self, dispatch_uid="sqlqueue-sync-types")
         _register_task_checks()
@@ -51,6 +52,18 @@ def _register_task_checks() -> None:
             import django.tasks  # noqa: F401  (registers django.tasks.checks.check_tasks)
         except ImportError:  # Django < 6.0: no tasks framework
             pass
+
+
+def _sync_permits(sender: Any, instance: Any, using: str = "default", update_fields: Any = None,
+                  **kwargs: Any) -> None:
+    """A job type saved (admin, handler sync): its limit permits follow its limits (permits.sync_type)."""
+    if kwargs.get("raw"):
+        return  # loaddata
+    if update_fields is not None and not {"concurrency_limit", "rate_limit"} & set(update_fields):
+        return  # paused, code_options...: the limits did not change
+    from .permits import sync_type
+
+    sync_type(instance, using)
 
 
 def _sync_types(sender: Any, using: str = "default", verbosity: int = 1, **kwargs: Any) -> None:

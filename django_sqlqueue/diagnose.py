@@ -40,6 +40,12 @@ def why_not_running(job: Job) -> list[str]:
     if state in CLAIMABLE and job.scheduled_for > now:
         reasons.append(f"it is scheduled for {job.scheduled_for:%Y-%m-%d %H:%M:%S} UTC "
                        f"(in {timeuntil(job.scheduled_for, now)})")
+    if state in CLAIMABLE and job.scheduled_for <= now and info.limited:
+        from .permits import explain
+
+        waiting = explain(job)  # "held by the concurrency limit of Export: 2 of 2 running"
+        if waiting:
+            reasons.append(waiting)
     if state is Status.PROCESSING:
         reasons.extend(_held(job, now))
     if not registry.is_registered(info.name):

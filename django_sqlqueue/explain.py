@@ -30,13 +30,21 @@ class PlanReport:
         return self.uses_claim_index and not self.scans_job_table
 
 
-def explain_claim(*, using: str | None = None, limit: int = 10, worker: str = "explain") -> PlanReport:
-    """The plan of a claim of ``limit`` jobs; nothing is claimed (the statement is not executed)."""
+def explain_claim(*, using: str | None = None, limit: int = 10, worker: str = "explain",
+                  limited: bool | None = None) -> PlanReport:
+    """The plan of a claim of ``limit`` jobs; nothing is claimed (the statement is not executed).
+
+    ``limited``: with the limited branch (docs/limits.md); None: as a worker's claim would be now (with
+    it while some type has a limit)."""
+    from .jobtypes import limited_type_ids
+
     alias = using or get_settings().DATABASE
     connection = connections[alias]
     dialect = get_dialect(connection)
+    if limited is None:
+        limited = bool(limited_type_ids(alias))
     req = ClaimRequest(worker=worker, limit=limit, default_max_attempts=get_settings().MAX_ATTEMPTS,
-                       default_lease_seconds=get_settings().LEASE_SECONDS)
+                       default_lease_seconds=get_settings().LEASE_SECONDS, limited=limited)
     sql, params = dialect.claim_sql(req)
     from .models import Job
 

@@ -35,18 +35,41 @@ class Handler:
     #: Seconds a cancelled run gets to stop by itself before its slot is killed (None:
     #: ``SQLQUEUE['CANCEL_GRACE_SECONDS']``). The code's, not the job type row's: it is about the code.
     cancel_grace_seconds: float | None = None
+    #: What a job's limit key is (docs/limits.md): a payload field name, or a callable of the payload.
+    concurrency_key: str | Callable[[Any], Any] | None = None
+
+    def key_of(self, payload: Any) -> str:
+        """The concurrency key of a job with ``payload`` ("" when the handler declares none)."""
+        from .limits import storable_concurrency_key
+
+        spec = self.concurrency_key
+        if spec is None:
+            return ""
+        if callable(spec):
+            return storable_concurrency_key(spec(payload))
+        if not isinstance(payload, dict) or spec not in payload:
+            return ""  # a job without the field shares the type's "" scope
+        return storable_concurrency_key(payload[spec])
 
 
 #: The JobType fields a handler's options set; an operator may change each in the admin.
 TYPE_FIELDS: tuple[str, ...] = ("description", "max_attempts", "backoff_base_seconds", "backoff_max_seconds",
-                                "timeout_seconds", "lease_seconds")
+                                "timeout_seconds", "lease_seconds", "concurrency_limit", "rate_limit")
 _TYPE_OPTIONS = frozenset(TYPE_FIELDS)
 #: What a JobType field holds when the code says nothing about it (blank: the SQLQUEUE default).
-_UNSET_VALUE: dict[str, Any] = {"description": ""}
+_UNSET_VALUE: dict[str, Any] = {"description": "", "rate_limit": ""}
 
 
 def _check_option(name: str, key: str, value: Any) -> None:
     """Refuse a handler option the JobType column cannot hold, when the handler is declared."""
+    if key in ("concurrency_limit", "rate_limit"):
+        from .limits import check_concurrency_limit, parse_rate
+
+        if key == "concurrency_limit":
+            check_concurrency_limit(value, f"handler option concurrency_limit of {name!r}")
+        elif value is not None:
+            parse_rate(value)
+        return
     if key == "description":
         ok = isinstance(value, str) and len(value) <= 500
         what = "a string of at most 500 characters"
@@ -97,7 +120,8 @@ class Registry:
         return None
 
     def register(self, name: str, func: HandlerFunc, *, steps: Sequence[str] = (),
-                 cancel_grace_seconds: float | None = None, **options: Any) -> Handler:
+                 cancel_grace_seconds: float | None = None,
+                 concurrency_key: str | Callable[[Any], Any] | None = None, **options: Any) -> Handler:
         validate_name(name)
         if cancel_grace_seconds is not None and (
                 not isinstance(cancel_grace_seconds, int | float) or isinstance(cancel_grace_seconds, bool)
@@ -109,6 +133,13 @@ class Registry:
             raise InvalidArgument(f"unknown handler option(s) for {name!r}: {', '.join(sorted(unknown))}")
         for key, value in options.items():
             _check_option(name, key, value)
+        if options.get("concurrency_limit") is not None and options.get("rate_limit"):
+            raise InvalidArgument(f"handler {name!r} may have a concurrency_limit or a rate_limit, not both "
+                                  "(docs/limits.md)")
+        if concurrency_key is not None and not callable(concurrency_key) and not (
+                isinstance(concurrency_key, str) and concurrency_key):
+            raise InvalidArgument(f"concurrency_key of {name!r} must be a payload field name or a callable of "
+                                  f"the payload, got {concurrency_key!r}")
         if len(set(steps)) != len(steps) or any(not s or len(s) > 100 for s in steps):
             raise InvalidArgument(f"steps of {name!r} must be distinct non-empty names of at most 100 characters")
         existing = self._handlers.get(name)
@@ -117,7 +148,7 @@ class Registry:
             if not same:  # re-import of the same module (autoreload) is fine; two handlers are not
                 raise InvalidArgument(f"job type {name!r} already has a handler: {existing.func!r}")
         handler = Handler(name, func, tuple(steps), dict(options),
-                          None if cancel_grace_seconds is None else float(cancel_grace_seconds))
+                          None if cancel_grace_seconds is None else float(cancel_grace_seconds), concurrency_key)
         self._handlers[name] = handler
         self._unresolved.discard(name)
         return handler
@@ -130,6 +161,11 @@ class Registry:
         if found is None:
             raise UnknownJobType(f"no handler is registered for job type {name!r}")
         return found
+
+    def declared(self, name: str) -> Handler | None:
+        """The handler registered under ``name``, without asking the resolvers (a dict lookup: the
+        enqueue asks it for every job's concurrency key)."""
+        return self._handlers.get(name)
 
     def is_registered(self, name: str) -> bool:
         return name in self._handlers or self._resolve(name) is not None
@@ -146,11 +182,13 @@ class Registry:
 registry = Registry()
 
 
-def handler(name: str, *, steps: Sequence[str] = (), **options: Any) -> Callable[[HandlerFunc], HandlerFunc]:
-    """Decorator: run ``func`` for jobs of type ``name``. See the module docstring."""
+def handler(name: str, *, steps: Sequence[str] = (), concurrency_key: str | Callable[[Any], Any] | None = None,
+            **options: Any) -> Callable[[HandlerFunc], HandlerFunc]:
+    """Decorator: run ``func`` for jobs of type ``name``. See the module docstring; limits
+    (``concurrency_limit=2``, ``rate_limit="10/s"``, ``concurrency_key="customer_id"``): docs/limits.md."""
 
     def decorate(func: HandlerFunc) -> HandlerFunc:
-        registry.register(name, func, steps=steps, **options)
+        registry.register(name, func, steps=steps, concurrency_key=concurrency_key, **options)
         return func
 
     return decorate

@@ -29,6 +29,14 @@ class TypeInfo:
     lease_seconds: int
     paused: bool
     is_task: bool = False
+    #: Global limits (docs/limits.md): None / "" when the type has none.
+    concurrency_limit: int | None = None
+    rate_limit: str = ""
+
+    @property
+    def limited(self) -> bool:
+        """Its jobs are claimed only with a permit (the claim's limited branch)."""
+        return self.concurrency_limit is not None or bool(self.rate_limit)
 
 
 _lock = threading.Lock()
@@ -36,11 +44,61 @@ _by_name: dict[tuple[str, str], tuple[float, TypeInfo]] = {}
 _by_id: dict[tuple[str, int], tuple[float, TypeInfo]] = {}
 
 
+_limited: dict[str, tuple[float, frozenset[int]]] = {}
+#: Per database: until when (monotonic) this process's claims leave the limited branch out, after one
+#: found no free permit with a job (see :func:`limited_branch_due`).
+_limited_idle: dict[str, float] = {}
+#: How long claims skip the limited branch after it found nothing: a permit freed by another process
+#: (or a rate permit's period ending) is seen within this; one freed here is seen at once.
+LIMITED_RECHECK_SECONDS = 0.25
+
+
 def clear_cache(*_args: object, **_kwargs: object) -> None:
     """Forget every cached type (connected to JobType post_save/post_delete)."""
     with _lock:
         _by_name.clear()
         _by_id.clear()
+        _limited.clear()
+        _limited_idle.clear()
+
+
+def limited_branch_due(using: str) -> bool:
+    """Whether this claim should carry the limited branch: not within LIMITED_RECHECK_SECONDS of one
+    that found nothing (a saturated limit would otherwise cost every claim the branch)."""
+    return time.monotonic() >= _limited_idle.get(using, 0.0)
+
+
+def limited_branch_result(using: str, found: bool) -> None:
+    """Record what the limited branch found: nothing backs it off for LIMITED_RECHECK_SECONDS."""
+    _limited_idle[using] = 0.0 if found else time.monotonic() + LIMITED_RECHECK_SECONDS
+
+
+def permits_released(using: str) -> None:
+    """A permit was freed in this process: the next claim looks for a limited job at once."""
+    _limited_idle.pop(using, None)
+
+
+def limited_type_ids(using: str) -> frozenset[int]:
+    """Ids of the types with a concurrency or rate limit, cached like the types (TYPE_CACHE_SECONDS).
+
+    Decides only whether a claim carries the limited branch and whether a finish releases a permit:
+    the claim's due branch excludes limited types by their row, whatever this says, so a stale answer
+    can delay a limited job (or a permit's release, to its lease's expiry) but never over-admit.
+    """
+    entry = _limited.get(using)
+    if entry is not None and time.monotonic() - entry[0] <= get_settings().TYPE_CACHE_SECONDS:
+        return entry[1]
+    from django.db.models import Q
+
+    from .models import JobType
+
+    ids = frozenset(JobType.objects.using(using).filter(Q(concurrency_limit__isnull=False) | ~Q(rate_limit=""))
+                    .values_list("id", flat=True))
+    # Cached even when read inside a transaction: a limit that transaction set and then rolled back
+    # only makes claims look for limited jobs in vain until the entry expires.
+    with _lock:
+        _limited[using] = (time.monotonic(), ids)
+    return ids
 
 
 def _info(row: object) -> TypeInfo:
@@ -59,6 +117,8 @@ def _info(row: object) -> TypeInfo:
         lease_seconds=int(pick(row.lease_seconds, s.LEASE_SECONDS)),  # type: ignore[attr-defined]
         paused=bool(row.paused),  # type: ignore[attr-defined]
         is_task=bool(row.is_task),  # type: ignore[attr-defined]
+        concurrency_limit=row.concurrency_limit,  # type: ignore[attr-defined]
+        rate_limit=row.rate_limit or "",  # type: ignore[attr-defined]
     )
 
 

@@ -200,3 +200,81 @@ def response_problem(value: Any) -> str | None:
     except (TypeError, ValueError, RecursionError) as exc:
         return f"it is not JSON-serialisable ({type(exc).__name__}: {exc})"
     return unstorable(value) or response_too_large(text)
+
+
+# ----- concurrency and rate limits (docs/limits.md) ----------------------------------------------------
+#: A concurrency limit: at least 1 job at a time (0 would mean "never runs": pause the type instead),
+#: at most 1000 (one permit row per slot and key; more than that is not a limit worth enforcing).
+MIN_CONCURRENCY_LIMIT = 1
+MAX_CONCURRENCY_LIMIT = 1000
+#: A rate limit's count is held in as many permit rows, so it is bounded the same way.
+MAX_RATE_COUNT = 1000
+#: The periods a rate limit may name, in seconds.
+RATE_PERIODS: dict[str, int] = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_RATE = re.compile(r"^\s*(\d{1,4})\s*/\s*(\d{0,6})\s*([smhd])\s*$")
+
+
+def parse_rate(text: str) -> tuple[int, float]:
+    """``"10/s"`` as (10 starts, per 1.0 s); ``"100/m"``, ``"5/2s"``, ``"500/h"``, ``"1000/d"`` alike.
+
+    :class:`InvalidArgument` for anything else: a count from 1 to 1000 over a period of s, m, h or d
+    (optionally with a multiplier, ``5/10s``).
+    """
+    match = _RATE.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise InvalidArgument(f'a rate limit must look like "10/s", "100/m", "5/10s" or "500/h", got {text!r}')
+    count, multiplier, unit = int(match[1]), int(match[2] or 1), match[3]
+    if not 1 <= count <= MAX_RATE_COUNT:
+        raise InvalidArgument(f"a rate limit's count must be from 1 to {MAX_RATE_COUNT}, got {count} in {text!r}")
+    if multiplier < 1:
+        raise InvalidArgument(f"a rate limit's period must be at least 1{unit}, got {text!r}")
+    return count, float(multiplier * RATE_PERIODS[unit])
+
+
+def check_concurrency_limit(value: Any, what: str = "concurrency_limit") -> int | None:
+    """``value`` if it may be a concurrency limit (None: no limit); else :class:`InvalidArgument`."""
+    if value is None:
+        return None
+    if (not isinstance(value, int) or isinstance(value, bool)
+            or not MIN_CONCURRENCY_LIMIT <= value <= MAX_CONCURRENCY_LIMIT):
+        raise InvalidArgument(f"{what} must be an integer from {MIN_CONCURRENCY_LIMIT} to {MAX_CONCURRENCY_LIMIT} "
+                              f"(or None for no limit), got {value!r}")
+    return value
+
+
+def check_limits(concurrency_limit: Any, rate_limit: Any, what: str = "a job type") -> None:
+    """Refuse limits one type cannot have: bad values, or a concurrency and a rate limit together
+    (a job would need two permits, which one claim statement does not take)."""
+    check_concurrency_limit(concurrency_limit)
+    if rate_limit:
+        parse_rate(rate_limit)
+    if concurrency_limit is not None and rate_limit:
+        raise InvalidArgument(f"{what} may have a concurrency_limit or a rate_limit, not both")
+
+
+def validate_rate_limit(value: str) -> None:
+    """Model validator for ``JobType.rate_limit`` (blank: no limit)."""
+    if not value:
+        return
+    try:
+        parse_rate(value)
+    except InvalidArgument as exc:
+        raise ValidationError(str(exc), code="rate_limit") from None
+
+
+def storable_concurrency_key(value: Any) -> str:
+    """A concurrency key as stored: text of at most 200 characters, no control characters.
+
+    Numbers are accepted and stored as text (a ``customer_id`` of 42 is the key "42"); None is no key.
+    """
+    if value is None:
+        return ""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise InvalidArgument(f"a concurrency key must be a string or an integer, got {type(value).__name__}")
+    text = str(value)
+    if len(text) > 200:
+        raise InvalidArgument(f"a concurrency key may be at most 200 characters, got {len(text)}")
+    why = unsafe_text(text)
+    if why:
+        raise InvalidArgument(f"a concurrency key may not contain control characters: {why}")
+    return text

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from django.core.validators import MinValueValidator
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
@@ -73,6 +74,18 @@ class JobType(models.Model):
         help_text=_("At least 1; renewed every third of it while the job runs. Blank: SQLQUEUE['LEASE_SECONDS'].")
     )
     paused = models.BooleanField(default=False, help_text=_("Workers do not claim jobs of a paused type."))
+    #: Global limits (docs/limits.md), enforced by the claim through :class:`LimitPermit` rows: at most
+    #: this many jobs Processing at once, fleet-wide; or at most N starts per period ("10/s"). Per key
+    #: when jobs carry a ``concurrency_key`` (the handler's declaration or the enqueue's).
+    concurrency_limit = models.PositiveSmallIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(limits.MIN_CONCURRENCY_LIMIT),
+                                           MaxValueValidator(limits.MAX_CONCURRENCY_LIMIT)],
+        help_text=_("At most this many jobs of the type (per concurrency key) run at once across all workers. "
+                    "Blank: no limit."))
+    rate_limit = models.CharField(
+        max_length=32, blank=True, default="", validators=[limits.validate_rate_limit],
+        help_text=_('At most N job starts per period across all workers (per concurrency key), e.g. "10/s", '
+                    '"100/m", "500/h". Blank: no limit.'))
     #: The handler's options as the code last wrote them to this row. A setting still equal to its value
     #: here follows the code when the code changes; one that differs was changed by an operator and is
     #: kept (see handlers.sync_job_types).
@@ -97,7 +110,17 @@ class JobType(models.Model):
                                    name="sqlqueue_jobtype_backoff_base"),
             models.CheckConstraint(condition=_between("backoff_max_seconds", 0, limits.MAX_BACKOFF_SECONDS),
                                    name="sqlqueue_jobtype_backoff_max"),
+            models.CheckConstraint(condition=_between("concurrency_limit", limits.MIN_CONCURRENCY_LIMIT,
+                                                      limits.MAX_CONCURRENCY_LIMIT),
+                                   name="sqlqueue_jobtype_concurrency_limit"),
         ]
+
+    def clean(self) -> None:
+        """A type has a concurrency limit or a rate limit, not both (see docs/limits.md)."""
+        super().clean()
+        if self.concurrency_limit is not None and self.rate_limit:
+            raise ValidationError(_("Give a concurrency limit or a rate limit, not both: a job would need two "
+                                    "permits, which one claim cannot take yet."), code="two_limits")
 
     def __str__(self) -> str:
         return self.name
@@ -171,6 +194,13 @@ class Job(models.Model):
     #: batch's counts are one index range; no counter is written when a member finishes.
     batch = models.ForeignKey("Batch", on_delete=models.SET_NULL, null=True, blank=True, related_name="members",
                               db_index=False, editable=False)
+    #: The key whose limit the job counts against (docs/limits.md): its handler's ``concurrency_key`` of
+    #: the payload, or the enqueue's ``concurrency_key=``; "" for none (the type's one shared scope).
+    concurrency_key = models.CharField(max_length=200, blank=True, default="", db_default="", editable=False)
+    #: Its type has a limit: it is claimed only with a permit, and stays out of the claim index, so a deep
+    #: backlog of limited jobs costs the ordinary claim nothing (docs/limits.md). Set at enqueue, and
+    #: on the unfinished jobs of a type whose limit is set or removed (permits.sync_type).
+    limited = models.BooleanField(default=False, db_default=False, editable=False)
 
     objects: ClassVar[JobManager] = JobManager()
 
@@ -183,7 +213,7 @@ class Job(models.Model):
             models.Index(
                 fields=["-priority", "scheduled_for", "id"],
                 name="sqlqueue_job_claim",
-                condition=Q(status_id__in=sorted(CLAIMABLE)),
+                condition=Q(status_id__in=sorted(CLAIMABLE), limited=False),
             ),
             # Reclaim: the few Processing rows, by lease expiry (dead workers) and worker (restarts).
             models.Index(
@@ -202,6 +232,13 @@ class Job(models.Model):
             models.Index(fields=["dedupe_key"], name="sqlqueue_job_dedupe_key", condition=Q(dedupe_key__isnull=False)),
             models.Index(fields=["batch", "status"], name="sqlqueue_job_batch", condition=Q(batch__isnull=False)),
             models.Index(fields=["enqueued_at"], name="sqlqueue_job_enqueued"),
+            # The limited claim branch: the jobs of one limit scope (type, key) in claim order, claimable
+            # or Processing (an expired lease is taken over through a permit too).
+            models.Index(
+                fields=["job_type", "concurrency_key", "-priority", "scheduled_for", "id"],
+                name="sqlqueue_job_limited",
+                condition=Q(status_id__in=sorted(CLAIMABLE | {Status.PROCESSING}), limited=True),
+            ),
         ]
         constraints = [
             # Dedupe: one unfinished job per key; enqueue turns a conflict into "return the existing job".
@@ -530,3 +567,44 @@ class Batch(models.Model):
 
     def __str__(self) -> str:
         return f"Batch #{self.pk}" + (f" ({self.description})" if self.description else "")
+
+
+class LimitPermit(models.Model):
+    """One slot of a limit: a semaphore row the claim takes together with a job of its scope.
+
+    A scope is a limited job type and a ``concurrency_key`` ("" for the type's shared scope); a limit
+    of N has N rows (slots 0..N-1). A permit is free when ``held_until`` is NULL or past: a test of the
+    row's own columns, so a claimer that waited for another's lock re-checks exactly that. Concurrency
+    permits are held until the job's lease expires (renewed by the heartbeat, cleared when the job
+    leaves Processing), so a dead worker's permit frees itself; rate permits (``hold_seconds`` set) are
+    held one period from the start and never released early. See docs/limits.md.
+    """
+
+    class Kind(models.IntegerChoices):
+        CONCURRENCY = 1, _("concurrency")
+        RATE = 2, _("rate")
+
+    # No database constraint: the rows are bookkeeping that permits.sync_type keeps in line with the
+    # type (and Django's CASCADE removes with it); an UPDATE of a constrained row fails on Babelfish
+    # (its foreign key check resolves the parent table in the wrong schema), and every limited claim
+    # updates one.
+    job_type = models.ForeignKey(JobType, on_delete=models.CASCADE, related_name="+", db_index=False,
+                                 db_constraint=False)
+    key = models.CharField(max_length=200, blank=True, default="")
+    kind = models.PositiveSmallIntegerField(choices=Kind.choices)
+    slot = models.PositiveSmallIntegerField()
+    #: The rate limit's period in seconds (None: a concurrency permit, held for the job's lease).
+    hold_seconds = models.FloatField(null=True, blank=True)
+    #: The job that took it last (a concurrency permit: the job holding it while ``held_until`` is set).
+    job_id = models.BigIntegerField(null=True, blank=True)
+    held_until = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("limit permit")
+        ordering = ["job_type_id", "key", "kind", "slot"]
+        constraints = [models.UniqueConstraint(fields=["job_type", "key", "kind", "slot"],
+                                               name="sqlqueue_permit_slot")]
+        indexes = [models.Index(fields=["job_id"], name="sqlqueue_permit_job", condition=Q(job_id__isnull=False))]
+
+    def __str__(self) -> str:
+        return f"{self.job_type_id}/{self.key or '-'}/{self.get_kind_display()}#{self.slot}"

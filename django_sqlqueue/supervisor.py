@@ -456,7 +456,20 @@ class Supervisor:
             return
         if n:
             log.warning("reaped jobs=%s (lease expired with no attempts left: Failed)", n)
+        self._heal_permits()
         self._workflow_backstop()
+
+    def _heal_permits(self) -> None:
+        """Create the permits of keys enqueued before their process knew the type's limit (permits.py)."""
+        from .permits import heal
+
+        try:
+            healed = heal(self._using)
+        except DatabaseError as exc:
+            self._db_failed("permits_heal_skipped", exc, quiet=True)
+            return
+        if healed:
+            log.warning("permits_created scopes=%s (jobs of a limited type waited for their key's permits)", healed)
 
     def _workflow_backstop(self) -> None:
         """Release Waiting jobs and fire batches that a worker dying between its commit and the release

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from django_sqlqueue import InvalidArgument, Status, UnknownJobType, enqueue
+from django_sqlqueue import InvalidArgument, Status, UnknownJobType, enqueue, jobtypes
 from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobAttempt, JobType, Worker
 
@@ -201,6 +201,8 @@ def test_a_claim_alone_is_one_statement_without_begin_or_commit(noop_type: JobTy
         pytest.skip("the one-statement claim is PostgreSQL's (SQLite: BEGIN IMMEDIATE, SQL Server: a batch)")
     enqueue("Noop")
     enqueue("Noop")
+    # Which types have a limit (docs/limits.md) is read once per TYPE_CACHE_SECONDS: warm, as in a worker.
+    jobtypes.limited_type_ids("default")
     with CaptureQueriesContext(connection) as alone:
         _, [first] = Job.objects.complete_and_claim([], "w", 1)
     assert [q["sql"].split()[0] for q in alone.captured_queries] == ["WITH"]

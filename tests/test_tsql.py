@@ -246,7 +246,7 @@ def test_an_insert_can_return_only_what_the_database_decides(dialect: MssqlDiale
             return []
 
     cursor = Capture()
-    row = ["default", 1, 1, "", 0, 0, None, dialect.json_param("{}"), "", None, None, 1, None, "", None, None]
+    row = ["default", 1, 1, "", 0, 0, None, dialect.json_param("{}"), "", None, None, 1, None, "", None, "", False, None]
     dialect.insert_stamped(cursor, INSERT_COLUMNS, [row, row], "", "default")  # type: ignore[arg-type]
     parts = dialect.insert_batch(INSERT_COLUMNS, 2, False, dialect.STAMPED)
     assert cursor.sql == batch(parts) and cursor.sql.count("%s") == len(cursor.params) == len(cursor.sizes)

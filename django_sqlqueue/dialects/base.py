@@ -76,6 +76,10 @@ class ClaimRequest:
     #: no other incarnation holds the name's worker row (a replaced process must not take its
     #: replacement's jobs).
     incarnation: str = ""
+    #: Also take at most one job of a limited type (docs/limits.md) with a free permit of its scope.
+    #: Off while no type has a limit: claims of unlimited jobs then carry nothing of the feature but
+    #: the due branch's exclusion of limited types (a test of the type row it already reads).
+    limited: bool = False
 
 
 def _marks(count: int) -> str:
@@ -86,13 +90,14 @@ class Names:
     """Quoted table and column names, all taken from model meta."""
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
-        from ..models import Job, JobAttempt, JobType, Worker
+        from ..models import Job, JobAttempt, JobType, LimitPermit, Worker
 
         qn = connection.ops.quote_name
         self.job = qn(Job._meta.db_table)
         self.attempt = qn(JobAttempt._meta.db_table)
         self.jobtype = qn(JobType._meta.db_table)
         self.worker_table = qn(Worker._meta.db_table)
+        self.permit = qn(LimitPermit._meta.db_table)
 
         def cols(model: Any) -> dict[str, str]:
             return {f.attname: qn(f.column) for f in model._meta.concrete_fields}
@@ -101,6 +106,7 @@ class Names:
         self.a = cols(JobAttempt)
         self.t = cols(JobType)
         self.w = cols(Worker)
+        self.p = cols(LimitPermit)
         self.job_columns = [self.j[c] for c in JOB_COLUMNS]
 
 
@@ -110,6 +116,7 @@ class Dialect:
     vendor: str = ""
     #: Literal for boolean true in this vendor's SQL.
     true_literal: str = "TRUE"
+    false_literal: str = "FALSE"
     #: The empty string as a literal of the text columns' type.
     empty_string: str = "''"
     #: True when ``payload @> {...}`` (JSON containment) is served by an index (see
@@ -158,9 +165,10 @@ class Dialect:
     atomic_statement: bool = False
 
     def write_transaction(self, cursor: CursorWrapper, completions: int = 0,
-                          claim: bool = True) -> AbstractContextManager[Any]:
-        """The transaction :meth:`complete_many` of ``completions`` jobs and then (``claim``) a claim run in."""
-        if (self.atomic_statement and self.statements(completions, claim) == 1
+                          claim: bool = True, extra: int = 0) -> AbstractContextManager[Any]:
+        """The transaction :meth:`complete_many` of ``completions`` jobs and then (``claim``) a claim run
+        in; ``extra``: statements sent besides (a permit release)."""
+        if (self.atomic_statement and self.statements(completions, claim) + extra == 1
                 and self.connection.get_autocommit() and not self.connection.in_atomic_block):
             return nullcontext()
         return transaction.atomic(using=self.connection.alias)
@@ -255,13 +263,18 @@ class Dialect:
             return f"COALESCE({alias}.{n.j['max_attempts']}, {type_val}, {default_placeholder})"
         return f"COALESCE({type_val}, {default_placeholder})"
 
-    def common_filters(self, req: ClaimRequest) -> tuple[str, list[Any]]:
-        """The predicates every candidate branch shares (alias ``j``): type not paused, attempts left,
+    def common_filters(self, req: ClaimRequest, limited: bool = False) -> tuple[str, list[Any]]:
+        """The predicates every candidate branch shares (alias ``j``): type not paused (and, outside the
+        ``limited`` branch, without a limit: those jobs are claimed only with a permit), attempts left,
         the worker's queue and type filters. Returns (SQL, params)."""
-        n, j = self.n, self.n.j
+        n, j, t = self.n, self.n.j, self.n.t
+        held_back = f"pt.{t['paused']} = {self.true_literal}"
+        if not limited:
+            held_back = (f"({held_back} OR pt.{t['concurrency_limit']} IS NOT NULL "
+                         f"OR pt.{t['rate_limit']} <> {self.empty_string})")
         filters: list[str] = [
-            f"NOT EXISTS (SELECT 1 FROM {n.jobtype} pt WHERE pt.{n.t['id']} = j.{j['job_type_id']} "
-            f"AND pt.{n.t['paused']} = {self.true_literal})",
+            f"NOT EXISTS (SELECT 1 FROM {n.jobtype} pt WHERE pt.{t['id']} = j.{j['job_type_id']} "
+            f"AND {held_back})",
             f"j.{j['attempt_num']} < {self.effective('j', 'max_attempts', '%s')}",
         ]
         params: list[Any] = [req.default_max_attempts]
@@ -284,9 +297,11 @@ class Dialect:
         return f"j.{j['priority']} DESC, j.{j['scheduled_for']}, j.{j['id']}"
 
     def due_predicate(self) -> str:
-        """Claimable (Pending/Error) and due: the claim index's filter and its range."""
+        """Claimable (Pending/Error), not limited (docs/limits.md) and due: the claim index's filter and
+        its range."""
         j = self.n.j
-        return f"j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['scheduled_for']} <= {self.now()}"
+        return (f"j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['limited']} = {self.false_literal} "
+                f"AND j.{j['scheduled_for']} <= {self.now()}")
 
     def claim_branches(self, req: ClaimRequest, *, limit: str, lock: str = "") -> tuple[list[str], list[Any]]:
         """The due branch, and with ``req.reclaim`` the reclaim branch, as each vendor's claim takes
@@ -306,6 +321,68 @@ class Dialect:
         return (
             f"SELECT {self.candidate_columns()} FROM {self.n.job} j{self.index_hint(CLAIM_INDEX)} "
             f"WHERE {self.due_predicate()} AND {common} ORDER BY {self.candidate_order()}{limit}{lock}"
+        )
+
+    # ----- the limited branch (docs/limits.md) ----------------------------------------------------
+    def free_permit(self) -> str:
+        """A permit (alias ``p``) that no job holds: a test of the permit row's own columns only, so a
+        claimer that waited for another's lock on it re-checks exactly what that one changed."""
+        p = self.n.p
+        return f"(p.{p['held_until']} IS NULL OR p.{p['held_until']} < {self.now()})"
+
+    def limited_job_predicate(self, type_sql: str, key_sql: str) -> str:
+        """Jobs (alias ``j``) of the limit scope (``type_sql``, ``key_sql``) a permit lets a worker take:
+        claimable and due, or Processing with an expired lease (its worker died: its permit expired
+        with the lease). Seeks ``sqlqueue_job_limited`` on (type, key)."""
+        j = self.n.j
+        return (
+            f"j.{j['job_type_id']} = {type_sql} AND j.{j['concurrency_key']} = {key_sql} "
+            # the index's own filter, literally, so that every planner matches it (then the two cases)
+            f"AND j.{j['status_id']} IN ({sql_list(CLAIMABLE | {Status.PROCESSING})}) "
+            f"AND j.{j['limited']} = {self.true_literal} "
+            f"AND ((j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['scheduled_for']} <= {self.now()}) "
+            f"OR (j.{j['status_id']} = {int(Status.PROCESSING)} AND j.{j['lease_expires_at']} < {self.now()}))"
+        )
+
+    def permit_filters(self, req: ClaimRequest) -> tuple[str, list[Any]]:
+        """The permits (alias ``p``) a claim may take: free, of the worker's types if it names some."""
+        sql = self.free_permit()
+        if req.types:
+            sql += f" AND p.{self.n.p['job_type_id']} IN ({_marks(len(req.types))})"
+        return sql, list(req.types)
+
+    def permit_order(self) -> str:
+        """Which free permit first: never used (or released) ones, then the longest expired; then id."""
+        p = self.n.p
+        return f"p.{p['held_until']}, p.{p['id']}"
+
+    def permit_hold(self, hold_sql: str, lease_sql: str) -> str:
+        """Until when a permit taken now is held: a concurrency permit (``hold_sql`` NULL) as long as the
+        job's lease ``lease_sql``, a rate permit ``hold_sql`` seconds (its period) from now."""
+        return f"CASE WHEN {hold_sql} IS NULL THEN {lease_sql} ELSE {self.now_plus(hold_sql)} END"
+
+    def release_permits_sql(self, count: int) -> str:
+        """Free the concurrency permits ``count`` jobs hold (they left Processing). Params: job ids."""
+        p = self.n.p
+        return (f"UPDATE {self.n.permit} SET {p['held_until']} = NULL, {p['job_id']} = NULL "
+                f"WHERE {p['job_id']} IN ({_marks(count)}) AND {p['kind']} = 1")
+
+    def renew_permits_sql(self, count: int) -> str:
+        """Hold the concurrency permits of ``count`` running jobs as long as their renewed leases.
+        Params: lease seconds, job ids."""
+        p = self.n.p
+        return (f"UPDATE {self.n.permit} SET {p['held_until']} = {self.now_plus('%s')} "
+                f"WHERE {p['job_id']} IN ({_marks(count)}) AND {p['kind']} = 1 AND {p['held_until']} IS NOT NULL")
+
+    def insert_permits_sql(self) -> str:
+        """Create one permit row unless it exists. Params: type id, key, kind, slot, hold seconds, then
+        type id, key, kind, slot again (the guard). A racing twin may still hit the unique index: the
+        caller ignores that conflict."""
+        p = self.n.p
+        return (
+            f"INSERT INTO {self.n.permit} ({p['job_type_id']}, {p['key']}, {p['kind']}, {p['slot']}, "
+            f"{p['hold_seconds']}) SELECT %s, %s, %s, %s, %s WHERE NOT EXISTS (SELECT 1 FROM {self.n.permit} "
+            f"WHERE {p['job_type_id']} = %s AND {p['key']} = %s AND {p['kind']} = %s AND {p['slot']} = %s)"
         )
 
     def reclaim_candidates(self, common: str, *, limit: str = "", lock: str = "") -> str:

@@ -139,6 +139,7 @@ def batch(parts: Batch) -> str:
 class MssqlDialect(Dialect):
     vendor = "microsoft"
     true_literal = "1"
+    false_literal = "0"
     empty_string = "N''"  # nvarchar, as the columns and mssql-django's filtered index definitions
     max_params = 2000  # SQL Server allows 2100 parameters per statement
     #: Completions per batch: 4 parameters each, leaving room for a claim's in the same batch.
@@ -228,7 +229,7 @@ class MssqlDialect(Dialect):
                   req.limit, -float(req.worker_dead_after_seconds), *common_params]
         return [mine, expired, dead], params
 
-    BRANCH_NAMES = ("due", "mine", "expired", "dead")
+    BRANCH_NAMES = ("due", "mine", "expired", "dead", "limited")
 
     def claim_batch(self, req: ClaimRequest) -> Batch:
         """The claim: candidates, the UPDATE of the picked rows, their history rows, the rows back."""
@@ -242,8 +243,17 @@ class MssqlDialect(Dialect):
             more, more_params = self.reclaim_branches(req, common, common_params, cols, order)
             branches += more
             params += more_params
+        declares, body = [self.declare("@claimed")], []
+        if req.limited:
+            pick, pick_params = self.limited_pick(req)
+            declares.append("DECLARE @permit TABLE (pid bigint, jid bigint, phold float)")
+            body.append(pick)
+            branches.append(f"SELECT {cols} FROM @permit AS lp INNER LOOP JOIN {n.job} AS j ON j.{j['id']} = lp.jid")
+            pre_params = pick_params
+        else:
+            pre_params = []
         set_sql, set_params = self.claim_set_clause(req, alias="j")
-        body = [
+        body += [
             # The derived table, not a CTE: the same plan on SQL Server (a CTE is inlined), and Babelfish
             # (the tds test stage) cannot run UPDATE ... FROM a CTE with OUTPUT INTO.
             # INNER LOOP JOIN: the picked ids drive one primary-key seek each into the job table; a hash
@@ -256,8 +266,33 @@ class MssqlDialect(Dialect):
             f"INNER LOOP JOIN {n.job} AS j ON j.{j['id']} = picked.id",
             self.attempt_insert_from("@claimed"),
         ]
+        if req.limited:
+            p = n.p
+            body.append(
+                f"UPDATE hp SET {p['held_until']} = {self.permit_hold('lp.phold', 'c.' + j['lease_expires_at'])}, "
+                f"{p['job_id']} = c.{j['id']} FROM @permit AS lp INNER JOIN @claimed AS c ON c.{j['id']} = lp.jid "
+                f"INNER LOOP JOIN {n.permit} AS hp ON hp.{p['id']} = lp.pid")
         results = [f"SELECT {', '.join(n.job_columns)} FROM @claimed ORDER BY {self.claimed_order()}"]
-        return Batch([self.declare("@claimed")], body, results, [*set_params, req.limit, *params])
+        return Batch(declares, body, results, [*pre_params, *set_params, req.limit, *params])
+
+    def limited_pick(self, req: ClaimRequest) -> tuple[str, list[Any]]:
+        """INSERT INTO @permit the first free permit whose scope has a job to take, and that job.
+
+        Both reads take UPDLOCK, ROWLOCK, READPAST: a permit (or job) another claimer holds is skipped,
+        which is exactly right for a semaphore row: it is not free for us either. Nothing is counted,
+        so READPAST cannot make a limit look less used than it is (docs/limits.md).
+        """
+        n, j, p = self.n, self.n.j, self.n.p
+        common, common_params = self.common_filters(req, limited=True)
+        free, free_params = self.permit_filters(req)
+        sql = (
+            f"INSERT INTO @permit (pid, jid, phold) SELECT TOP (1) p.{p['id']}, c.id, p.{p['hold_seconds']} "
+            f"FROM {n.permit} AS p{CLAIM_HINTS} CROSS APPLY (SELECT TOP (1) j.{j['id']} AS id "
+            f"FROM {n.job} AS j{CLAIM_HINTS} "
+            f"WHERE {self.limited_job_predicate('p.' + p['job_type_id'], 'p.' + p['key'])} AND {common} "
+            f"ORDER BY {self.candidate_order()}) AS c WHERE {free} ORDER BY {self.permit_order()}"
+        )
+        return sql, [*common_params, *free_params]
 
     def claim_sql(self, req: ClaimRequest) -> tuple[str, list[Any]]:
         parts = self.claim_batch(req)

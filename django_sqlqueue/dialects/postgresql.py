@@ -61,32 +61,75 @@ class PostgresDialect(Dialect):
         """The claim, ONE data-modifying statement (docs/claim-sql.md shows it rendered)::
 
             WITH due AS (candidates, locked), [reclaim AS (candidates, locked),]
+                 [permit AS (one free permit of a scope with a job to take, locked),
+                  limited AS (that scope's first job, locked),]
                  picked AS (the first ``limit`` of their union, claim order),
                  claimed AS (UPDATE job SET <claim SET list> FROM picked RETURNING *),
+                 [held AS (UPDATE permit SET held_until, job_id FROM permit, limited, claimed),]
                  hist AS (INSERT INTO history SELECT ... FROM claimed)
             SELECT * FROM claimed ORDER BY <claim order>
 
         Each branch is its own CTE (FOR UPDATE is not allowed beside UNION) and locks inside it, so its
-        LIMIT counts only rows it actually got.
+        LIMIT counts only rows it actually got. The permit CTE (``req.limited``, docs/limits.md) tests
+        only the permit row's own columns: a permit another claimer took since this statement's snapshot
+        is re-checked by FOR UPDATE against its new ``held_until`` and skipped.
         """
         n, j = self.n, self.n.j
         branches, params = self.claim_branches(req, limit=" LIMIT %s", lock=self.CANDIDATE_LOCK)
         set_sql, set_params = self.claim_set_clause(req, alias="j")
         returning = ", ".join(f"j.{c}" for c in n.job_columns)
-        names = self.BRANCH_NAMES[:len(branches)]
+        names = list(self.BRANCH_NAMES[:len(branches)])
+        ctes = [f"{name} AS ({b}), " for name, b in zip(names, branches, strict=True)]
+        held = ""
+        if req.limited:
+            permit_cte, limited_cte, limited_params = self.limited_ctes(req)
+            ctes += [f"permit AS ({permit_cte}), ", f"limited AS ({limited_cte}), "]
+            params += limited_params
+            names.append("limited")
+            p = n.p
+            held = (f"held AS (UPDATE {n.permit} hp SET {p['held_until']} = "
+                    f"{self.permit_hold('permit.phold', 'claimed.' + j['lease_expires_at'])}, "
+                    f"{p['job_id']} = claimed.{j['id']} FROM permit, limited, claimed "
+                    f"WHERE hp.{p['id']} = permit.pid AND claimed.{j['id']} = limited.id), ")
         sql = (
-            "WITH " + "".join(f"{name} AS ({b}), " for name, b in zip(names, branches, strict=True))
+            "WITH " + "".join(ctes)
             + "picked AS (SELECT id FROM ("
             + " UNION ALL ".join(f"SELECT * FROM {name}" for name in names)
             + ") c ORDER BY priority DESC, scheduled_for, id LIMIT %s), "
             f"claimed AS (UPDATE {n.job} j SET {set_sql} FROM picked WHERE j.{j['id']} = picked.id "
             f"RETURNING {returning}), "
+            + held +
             # The history row is written by the same statement: a claim without its history row
             # cannot exist, even if the worker dies right after.
             f"hist AS ({self.attempt_insert_from('claimed')}) "
             f"SELECT * FROM claimed ORDER BY {self.claimed_order()}"
         )
         return sql, [*params, req.limit, *set_params]
+
+    def limited_ctes(self, req: ClaimRequest) -> tuple[str, str, list[Any]]:
+        """(permit CTE, limited CTE, their params): one free permit, locked, of a scope that has a job
+        to take; then that scope's first job in claim order, locked (both SKIP LOCKED)."""
+        n, p = self.n, self.n.p
+        common, common_params = self.common_filters(req, limited=True)
+        free, free_params = self.permit_filters(req)
+        permit = (
+            f"SELECT p.{p['id']} AS pid, p.{p['job_type_id']} AS ptype, p.{p['key']} AS pkey, "
+            f"p.{p['hold_seconds']} AS phold FROM {n.permit} p WHERE {free} AND EXISTS (SELECT 1 FROM {n.job} j "
+            f"WHERE {self.limited_job_predicate('p.' + p['job_type_id'], 'p.' + p['key'])} AND {common}) "
+            f"ORDER BY {self.permit_order()} LIMIT 1 FOR UPDATE OF p SKIP LOCKED"
+        )
+        # LATERAL: the job is sought for the permit taken, one index seek; as a plain join the planner,
+        # not knowing that the permit CTE holds one row or none, may walk a deep limited backlog first.
+        limited = (
+            f"SELECT l.* FROM permit CROSS JOIN LATERAL (SELECT {self.candidate_columns()} FROM {n.job} j "
+            f"WHERE {self.limited_job_predicate('permit.ptype', 'permit.pkey')} AND {common} "
+            f"ORDER BY {self.candidate_order()} LIMIT 1 FOR UPDATE OF j SKIP LOCKED) l"
+        )
+        return permit, limited, [*free_params, *common_params, *common_params]
+
+    def permit_order(self) -> str:
+        p = self.n.p
+        return f"p.{p['held_until']} NULLS FIRST, p.{p['id']}"
 
     def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
         sql, params = self.claim_sql(req)

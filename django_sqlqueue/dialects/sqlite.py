@@ -26,6 +26,7 @@ _FMT = "'%%Y-%%m-%%d %%H:%%M:%%f'"
 class SqliteDialect(Dialect):
     vendor = "sqlite"
     true_literal = "1"
+    false_literal = "0"
     watches_data_version = True
 
     @classmethod
@@ -64,33 +65,63 @@ class SqliteDialect(Dialect):
         return f"(CAST(strftime('%%s', {column_sql}) AS INTEGER) / {int(seconds)})"
 
     # ----- the claim ------------------------------------------------------------------------------
-    def claim_sql(self, req: ClaimRequest) -> tuple[str, list[Any]]:
+    def claim_sql(self, req: ClaimRequest, limited_job: int | None = None) -> tuple[str, list[Any]]:
         """The claim's UPDATE (its history rows follow, see :meth:`claim`)::
 
             UPDATE job SET <claim SET list> WHERE id IN (
-                SELECT id FROM (SELECT * FROM (due) [UNION ALL SELECT * FROM (reclaim)])
+                SELECT id FROM (SELECT * FROM (due) [UNION ALL SELECT * FROM (reclaim)]
+                                [UNION ALL SELECT * FROM (the limited job)])
                 ORDER BY <claim order> LIMIT n)
             RETURNING *
 
-        No row locks: :meth:`write_transaction` (``BEGIN IMMEDIATE``) serialises claimers.
+        No row locks: :meth:`write_transaction` (``BEGIN IMMEDIATE``) serialises claimers. The limited
+        job (``limited_job``, picked with its permit by :meth:`limited_pick_sql` in the same
+        transaction) is a third branch.
         """
         n, j = self.n, self.n.j
         branches, params = self.claim_branches(req, limit=" LIMIT %s")
+        if limited_job is not None:
+            branches.append(f"SELECT {self.candidate_columns()} FROM {n.job} j WHERE j.{j['id']} = %s")
+            params.append(limited_job)
         set_sql, set_params = self.claim_set_clause(req)
         sql = (
             f"UPDATE {n.job} SET {set_sql} WHERE {j['id']} IN ("
-            f"SELECT id FROM ({self.union_all(branches)}) "
+            f"SELECT id FROM ({' UNION ALL '.join(f'SELECT * FROM ({b})' for b in branches)}) "
             f"ORDER BY priority DESC, scheduled_for, id LIMIT %s) "
             f"RETURNING {', '.join(n.job_columns)}"
         )
         return sql, [*set_params, *params, req.limit]
+
+    def limited_pick_sql(self, req: ClaimRequest) -> tuple[str, list[Any]]:
+        """The first free permit whose scope has a job to take, and that job: rows of (permit id, job
+        id). Runs first in the claim's immediate transaction (SQLite serialises writers: nobody else can
+        take either before this transaction ends)."""
+        n, j, p = self.n, self.n.j, self.n.p
+        common, common_params = self.common_filters(req, limited=True)
+        free, free_params = self.permit_filters(req)
+        first_job = (
+            f"SELECT j.{j['id']} FROM {n.job} j{self.index_hint('sqlqueue_job_limited')} "
+            f"WHERE {self.limited_job_predicate('p.' + p['job_type_id'], 'p.' + p['key'])} AND {common} "
+            f"ORDER BY {self.candidate_order()} LIMIT 1"
+        )
+        sql = (f"SELECT pid, jid FROM (SELECT p.{p['id']} AS pid, ({first_job}) AS jid, p.{p['held_until']} AS ph "
+               f"FROM {n.permit} p WHERE {free}) WHERE jid IS NOT NULL ORDER BY ph, pid LIMIT 1")
+        return sql, [*common_params, *free_params]
+
+    def hold_permit_sql(self) -> str:
+        """Take the picked permit for the claimed job. Params: job id (its lease), job id, permit id."""
+        n, j, p = self.n, self.n.j, self.n.p
+        lease = f"(SELECT {j['lease_expires_at']} FROM {n.job} WHERE {j['id']} = %s)"
+        return (f"UPDATE {n.permit} SET {p['held_until']} = {self.permit_hold(p['hold_seconds'], lease)}, "
+                f"{p['job_id']} = %s WHERE {p['id']} = %s")
 
     def attempt_insert_sql(self) -> str:
         """The history row of one claimed job. Params: job id, attempt, worker, claimed at, step."""
         return f"{self.attempt_insert()} VALUES (%s, %s, %s, %s, %s, '')"
 
     @contextmanager
-    def write_transaction(self, cursor: CursorWrapper, completions: int = 0, claim: bool = True) -> Iterator[None]:
+    def write_transaction(self, cursor: CursorWrapper, completions: int = 0, claim: bool = True,
+                          extra: int = 0) -> Iterator[None]:
         """``BEGIN IMMEDIATE`` ... ``COMMIT`` (or the caller's transaction, if one is open).
 
         IMMEDIATE takes the write lock before the claim reads, so two claimers are serialised by the
@@ -112,8 +143,15 @@ class SqliteDialect(Dialect):
         return self.write_transaction(cursor)
 
     def claim(self, cursor: CursorWrapper, req: ClaimRequest) -> list[tuple[Any, ...]]:
-        """Claim and write history (inside :meth:`write_transaction`)."""
-        sql, params = self.claim_sql(req)
+        """Claim and write history (inside :meth:`write_transaction`); with ``req.limited``, first pick
+        a permit and its job, and take the permit once the job is claimed (three statements, one
+        immediate transaction: SQLite has one writer at a time, so nothing runs between them)."""
+        pick = None
+        if req.limited:
+            sql, params = self.limited_pick_sql(req)
+            cursor.execute(sql, params)
+            pick = cursor.fetchone()
+        sql, params = self.claim_sql(req, None if pick is None else pick[1])
         cursor.execute(sql, params)
         rows = cursor.fetchall()
         if rows:
@@ -122,6 +160,8 @@ class SqliteDialect(Dialect):
                 [(r[COL["id"]], r[COL["attempt_num"]], r[COL["worker"]], r[COL["started_at"]], r[COL["step"]])
                  for r in rows],
             )
+            if pick is not None and any(r[COL["id"]] == pick[1] for r in rows):
+                cursor.execute(self.hold_permit_sql(), [pick[1], pick[1], pick[0]])
         rows.sort(key=lambda r: (-r[COL["priority"]], r[COL["scheduled_for"]], r[COL["id"]]))
         return rows
 

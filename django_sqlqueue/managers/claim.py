@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections
 
-from .. import jobtypes
+from .. import jobtypes, permits
 from ..conf import get_settings
-from ..dialects import ClaimRequest, get_dialect
+from ..dialects import COL, ClaimRequest, get_dialect
 from ..exceptions import InvalidArgument
 from .rows import RowsMixin
 from .values import check_response, duration_ms, new_incarnation
@@ -100,6 +100,10 @@ class ClaimMixin(RowsMixin):
                           duration_ms(ran[0] if ran else None)))
         settings = get_settings()
         type_ids = tuple(jobtypes.get_type(t, using=alias).id for t in types) if limit else ()
+        limited = jobtypes.limited_type_ids(alias)
+        # The permits of completed jobs of limited types are freed in the same transaction (one more
+        # statement, only when such jobs finish; see docs/limits.md).
+        releasing = [job.pk for job, *_ in done if job.job_type_id in limited] if limited else []
         req = ClaimRequest(
             worker=worker or "-",
             limit=limit,
@@ -110,6 +114,8 @@ class ClaimMixin(RowsMixin):
             worker_dead_after_seconds=settings.WORKER_DEAD_AFTER_SECONDS,
             reclaim=reclaim,
             incarnation=new_incarnation() if incarnation is None else str(incarnation)[:32],
+            limited=(bool(limited) and bool(limit) and (not type_ids or not limited.isdisjoint(type_ids))
+                     and (bool(releasing) or jobtypes.limited_branch_due(alias))),
         )
         connection = connections[alias]
         dialect = get_dialect(connection)
@@ -117,8 +123,20 @@ class ClaimMixin(RowsMixin):
             try:
                 # SQLite: BEGIN IMMEDIATE (the write lock before the first read); PostgreSQL: one
                 # statement alone runs in autocommit; otherwise atomic().
-                with connection.cursor() as cursor, dialect.write_transaction(cursor, len(items), bool(limit)):
-                    finished, rows = dialect.complete_and_claim(cursor, items, req if limit else None)
+                with connection.cursor() as cursor, dialect.write_transaction(
+                        cursor, len(items), bool(limit), extra=1 if releasing else 0):
+                    if releasing:
+                        # Completions first, then the permits of the jobs that did complete (a job whose
+                        # token moved on was taken over: its permit is its new holder's), then the claim,
+                        # which may take a permit just freed.
+                        finished, _ = dialect.complete_and_claim(cursor, items, None)
+                        permits.release(cursor, dialect, [r[COL["id"]] for r in finished
+                                                          if r[COL["id"]] in releasing])
+                        rows = dialect.claim(cursor, req) if limit else []
+                    else:
+                        finished, rows = dialect.complete_and_claim(cursor, items, req if limit else None)
+                if req.limited:
+                    jobtypes.limited_branch_result(alias, any(r[COL["job_type_id"]] in limited for r in rows))
                 completed = self._rows_to_jobs(finished, alias)
                 if any(j.has_dependents or j.batch_id for j in completed):  # workflows only (markers)
                     from ..workflows import after_finish

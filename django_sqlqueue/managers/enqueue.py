@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from .. import jobtypes, limits, tracing
+from .. import jobtypes, limits, permits, tracing
 from ..conf import get_settings
 from ..dialects import JOB_COLUMNS, get_dialect
 from ..exceptions import InvalidArgument, SubtypeMismatch
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 #: builds); ``enqueued_at`` and ``updated_at`` are stamped by the database clock.
 INSERT_COLUMNS: list[str] = ["queue", "job_type_id", "status_id", "step", "priority", "attempt_num", "max_attempts",
                              "payload", "error", "enqueued_at", "scheduled_for", "version", "updated_at", "worker",
-                             "trace_context", "dedupe_key"]
+                             "trace_context", "concurrency_key", "limited", "dedupe_key"]
 #: What a new job's remaining columns hold.
 _NOT_YET: dict[str, Any] = dict.fromkeys(("response", "started_at", "finished_at", "duration_ms", "lease_expires_at",
                                           "has_dependents", "batch_id"))
@@ -51,6 +51,9 @@ class JobSpec:
     #: The batch (a Batch or its id) this job is a member of.
     batch: Any = None
     on_dependency_failure: str = "cancel"
+    #: The key whose limit the job counts against (docs/limits.md); None: the handler's
+    #: ``concurrency_key`` of the payload, if it declares one.
+    concurrency_key: str | int | None = None
 
     def __post_init__(self) -> None:
         if self.after:
@@ -78,6 +81,7 @@ class EnqueueMixin(RowsMixin):
         on_dependency_failure: str = "cancel",
         batch: Any = None,
         using: str | None = None,
+        concurrency_key: str | int | None = None,
     ) -> Job:
         """Insert one job (and its subtype rows) in one transaction; return it.
 
@@ -88,10 +92,11 @@ class EnqueueMixin(RowsMixin):
         ``after``: jobs (or ids) this one waits for, Waiting until they have finished; what happens when
         one ends other than Completed is ``on_dependency_failure`` ("cancel" the job, or "run" it
         anyway), or per dependency with ``(job, policy)`` pairs. ``batch``: the open batch it joins.
-        See docs/workflows.md.
+        See docs/workflows.md. ``concurrency_key``: the key whose limit it counts against, instead of
+        the handler's (docs/limits.md).
         """
         spec = JobSpec(job_type, payload, queue, priority, scheduled_for, delay, dedupe_key, max_attempts,
-                       tuple(subtypes), after, batch, on_dependency_failure)
+                       tuple(subtypes), after, batch, on_dependency_failure, concurrency_key)
         return self.enqueue_many([spec], using=using)[0]
 
     def enqueue_many(self, specs: Iterable[JobSpec], *, using: str | None = None) -> list[Job]:
@@ -129,6 +134,10 @@ class EnqueueMixin(RowsMixin):
                 info = jobtypes.get_type(spec.job_type, using=alias, create=registry.is_registered(spec.job_type))
                 infos[spec.job_type] = info
             rows.append(self._validated_row(spec, info, settings.MAX_PAYLOAD_BYTES, alias, dialect, carrier))
+        key_at = INSERT_COLUMNS.index("concurrency_key")
+        for info in infos.values():
+            if info.limited:  # the permits of new keys' scopes, before their jobs can be claimed
+                permits.ensure_for_enqueue(alias, info, {r[key_at] for r in rows if r[1] == info.id})
         channel = settings.NOTIFY_CHANNEL if dialect.notify_sql() else ""
         if (not flow and len(rows) <= 3 and not connection.in_atomic_block and all(r[-1] is None for r in rows)
                 and not any(s.subtypes for s in specs)):
@@ -189,10 +198,17 @@ class EnqueueMixin(RowsMixin):
             limits.check_when(when)
         payload = dialect.json_param(
             "{}" if spec.payload is None else encode_json(spec.payload, "payload", limit))
+        if spec.concurrency_key is not None:
+            key = limits.storable_concurrency_key(spec.concurrency_key)
+        else:
+            from ..handlers import registry
+
+            found = registry.declared(info.name)
+            key = found.key_of(spec.payload) if found is not None and found.concurrency_key is not None else ""
         return [
-            spec.queue, info.id, int(Status.WAITING if spec.after else Status.PENDING), "", spec.priority, 0, spec.max_attempts, payload, "", None,
-            None if when is None else self._prep("scheduled_for", when, alias), 1, None, "", carrier,
-            spec.dedupe_key,
+            spec.queue, info.id, int(Status.WAITING if spec.after else Status.PENDING), "", spec.priority, 0,
+            spec.max_attempts, payload, "", None, None if when is None else self._prep("scheduled_for", when, alias),
+            1, None, "", carrier, key, info.limited, spec.dedupe_key,
         ]
 
     def _match_inserted(self, specs: list[JobSpec], jobs: list[Job | None], start: int, part: list[list[Any]],

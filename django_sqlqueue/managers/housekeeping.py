@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, models
 from django.utils import timezone
 
+from .. import jobtypes, permits
 from ..conf import get_settings
 from ..dialects import get_dialect
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
@@ -45,7 +46,12 @@ class HousekeepingMixin(RowsMixin):
         with connections[alias].cursor() as cursor:
             dialect.execute(cursor, dialect.renew_leases_sql(len(job_ids), incarnation is not None),
                             [int(lease_seconds), *job_ids, worker, *([incarnation] if incarnation is not None else [])])
-            return cursor.rowcount
+            kept = cursor.rowcount
+            if kept and jobtypes.limited_type_ids(alias):
+                # Concurrency permits are held as long as their jobs' leases: one more statement, only
+                # while some type has a limit (docs/limits.md).
+                permits.renew(cursor, dialect, list(job_ids), int(lease_seconds))
+            return kept
 
     def purge(self, ids: Sequence[int], *, statuses: Iterable[Status | int], cutoff: datetime,
               queues: Sequence[str] = (), using: str | None = None) -> int:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from .. import jobtypes, limits
+from .. import jobtypes, limits, permits
 from ..conf import get_settings
 from ..dialects import get_dialect
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
@@ -97,6 +97,9 @@ class ModifyMixin(RowsMixin):
             if current == Status.PROCESSING and new != Status.PROCESSING:
                 self._close_attempt(cursor, dialect, job, updated, released=new == Status.PENDING,
                                     note=_release_note)
+                if job.job_type_id in jobtypes.limited_type_ids(alias):
+                    permits.release(cursor, dialect, [job.pk])  # its concurrency permit, if it holds one
+                    jobtypes.permits_released(alias)  # (if this rolls back: one claim looks in vain)
         if (updated.has_dependents or updated.batch_id) and updated.state in FINISHED:  # workflows only (markers)
             from ..workflows import after_finish
 

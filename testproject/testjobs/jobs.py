@@ -190,3 +190,25 @@ def cancel_self(job: JobContext) -> Any:
     if job.payload.get("then") == "return":
         return {"finished": "anyway"}
     raise Retry("the handler's own retry, overridden by the cancel")
+
+
+def _timeline(job: JobContext, event: str) -> None:
+    path = job.payload.get("timeline") if isinstance(job.payload, dict) else None
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{job.pk} {job.job_type_id} {job.concurrency_key or '-'} {event} {time.time():.6f}\n")
+
+
+def limited_sleep(job: JobContext) -> Any:
+    """Sleep ``seconds``, appending "start" and "end" with the wall time to ``timeline`` (limits tests:
+    the limits themselves are set on the job type rows by the test, so no other test's claim carries
+    the limited branch)."""
+    _timeline(job, "start")
+    time.sleep(float(job.payload.get("seconds", 0.3)))
+    _timeline(job, "end")
+    return None
+
+
+sqlqueue.handler("test.Limited")(limited_sleep)
+sqlqueue.handler("test.LimitedKeyed", concurrency_key="customer")(limited_sleep)
+sqlqueue.handler("test.LimitedRate")(limited_sleep)

@@ -1,0 +1,250 @@
+"""Limit permits: the semaphore rows behind concurrency and rate limits (docs/limits.md).
+
+The claim takes a permit together with a job of its scope (dialects: ``permit_filters`` and the
+limited branch); this module keeps the rows in line with the limits (one row per slot and scope,
+created when a limit is set and, for keys, when a job of a new key is enqueued), frees a concurrency
+permit when its job leaves Processing, holds it while the job's lease is renewed, and says why a job
+waits for one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, connections, transaction
+from django.utils import timezone
+
+from . import limits
+
+if TYPE_CHECKING:
+    from django.db.backends.utils import CursorWrapper
+
+    from .dialects import Dialect
+    from .jobtypes import TypeInfo
+    from .models import Job, JobType
+
+CONCURRENCY, RATE = 1, 2
+
+
+def wanted(concurrency_limit: int | None, rate_limit: str) -> tuple[int, int, float | None] | None:
+    """(kind, slots, hold seconds) of the permits a type with these limits needs; None: no limit."""
+    if concurrency_limit is not None:
+        return CONCURRENCY, int(concurrency_limit), None
+    if rate_limit:
+        count, period = limits.parse_rate(rate_limit)
+        return RATE, count, period
+    return None
+
+
+def release(cursor: CursorWrapper, dialect: Dialect, job_ids: Sequence[int]) -> None:
+    """Free the concurrency permits of ``job_ids`` (they left Processing), in the caller's transaction."""
+    for start in range(0, len(job_ids), 1000):
+        part = list(job_ids[start:start + 1000])
+        dialect.execute(cursor, dialect.release_permits_sql(len(part)), part)
+
+
+def renew(cursor: CursorWrapper, dialect: Dialect, job_ids: Sequence[int], lease_seconds: int) -> None:
+    """Hold the concurrency permits of running ``job_ids`` as long as their renewed leases."""
+    for start in range(0, len(job_ids), 1000):
+        part = list(job_ids[start:start + 1000])
+        dialect.execute(cursor, dialect.renew_permits_sql(len(part)), [int(lease_seconds), *part])
+
+
+def ensure(using: str, type_id: int, keys: Iterable[str], need: tuple[int, int, float | None]) -> None:
+    """Create the permit rows of scopes (``type_id``, each of ``keys``) that are missing.
+
+    Insert-if-missing, one row per statement, each in a savepoint: a racing enqueue of the same new key
+    may insert the same row first, and the unique (type, key, kind, slot) index refuses the second.
+    """
+    kind, slots, hold = need
+    connection = connections[using]
+    from .dialects import get_dialect
+
+    dialect = get_dialect(connection)
+    sql = dialect.insert_permits_sql()
+    with connection.cursor() as cursor:
+        for key in set(keys):
+            for slot in range(slots):
+                try:
+                    with transaction.atomic(using=using):
+                        dialect.execute(cursor, sql, [type_id, key, kind, slot, hold, type_id, key, kind, slot])
+                except IntegrityError:
+                    continue  # another process created it
+
+
+def sync_type(row: JobType, using: str) -> None:
+    """Bring a type's permit rows in line with its limits (after it was saved: admin, handler sync).
+
+    Rows of another kind, or of slots at or beyond the limit, go (a job running under one keeps
+    running; a lowered limit admits again only once fewer than N hold a permit). Missing rows are
+    created for the type's "" scope and for every key of its unfinished jobs.
+    """
+    from .models import Job, LimitPermit
+    from .states import CLAIMABLE, Status
+
+    need = wanted(row.concurrency_limit, row.rate_limit)
+    permits = LimitPermit.objects.using(using).filter(job_type_id=row.pk)
+    # The type's unfinished jobs leave (or join) the ordinary claim's index: one UPDATE of its jobs.
+    Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=[*CLAIMABLE, Status.PROCESSING]).exclude(
+        limited=need is not None).update(limited=need is not None)
+    if need is None:
+        permits.delete()
+        return
+    kind, slots, hold = need
+    permits.exclude(kind=kind).delete()
+    permits.filter(slot__gte=slots).delete()
+    if hold is not None:
+        permits.exclude(hold_seconds=hold).update(hold_seconds=hold)
+    keys = set(Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=[*CLAIMABLE, Status.PROCESSING])
+               .values_list("concurrency_key", flat=True).order_by().distinct())
+    ensure(using, row.pk, keys | {""}, need)
+
+
+def ensure_for_enqueue(using: str, info: TypeInfo, keys: Iterable[str]) -> None:
+    """At enqueue, for a limited type: the permits of each key's scope exist (the "" scope's are made
+    when the limit is set)."""
+    need = wanted(info.concurrency_limit, info.rate_limit)
+    fresh = {k for k in keys if k}
+    if need is None or not fresh:
+        return
+    from .models import LimitPermit
+
+    have = set(LimitPermit.objects.using(using).filter(job_type_id=info.id, key__in=fresh, kind=need[0],
+                                                       slot=need[1] - 1).values_list("key", flat=True))
+    if fresh - have:
+        ensure(using, info.id, fresh - have, need)
+
+
+def heal(using: str) -> int:
+    """Bring jobs in line with their types' limits (a job enqueued by a process whose type cache did not
+    know the limit yet): their ``limited`` flag, and the permits of their keys; return how many jobs
+    and scopes were fixed. Cheap when nothing is amiss: index seeks that find nothing."""
+    from django.db.models import Exists, OuterRef, Q
+
+    from .models import Job, JobType, LimitPermit
+    from .states import CLAIMABLE, Status
+
+    types = {t.pk: t for t in JobType.objects.using(using).filter(
+        Q(concurrency_limit__isnull=False) | ~Q(rate_limit=""))}
+    # Jobs flagged by a process whose type cache was stale, or retried from Failed after their type's
+    # limit changed: the flag follows the type (seeks: the limited index, the status/type index).
+    unfinished = [*CLAIMABLE, Status.PROCESSING]
+    healed = Job.objects.using(using).filter(status_id__in=unfinished, limited=True).exclude(
+        job_type_id__in=list(types)).update(limited=False)
+    if not types:
+        return healed
+    healed += Job.objects.using(using).filter(status_id__in=unfinished, limited=False,
+                                              job_type_id__in=list(types)).update(limited=True)
+    orphans = (Job.objects.using(using).filter(job_type_id__in=list(types), status_id__in=list(CLAIMABLE))
+               .exclude(Exists(LimitPermit.objects.using(using).filter(
+                   job_type_id=OuterRef("job_type_id"), key=OuterRef("concurrency_key"))))
+               .values_list("job_type_id", "concurrency_key").order_by().distinct()[:1000])
+    for type_id, key in orphans:
+        row = types[type_id]
+        need = wanted(row.concurrency_limit, row.rate_limit)
+        if need is not None:
+            ensure(using, type_id, [key], need)
+            healed += 1
+    return healed
+
+
+def explain_many(jobs: Iterable[Job]) -> dict[Job, str]:
+    """:func:`explain` for the due claimable jobs of limited types among ``jobs`` (the admin's page): one
+    read of their scopes' permits, not one per job."""
+    from django.db.models import Q
+
+    from .jobtypes import get_type_by_id
+    from .models import LimitPermit
+    from .states import CLAIMABLE
+
+    now = timezone.now()
+    waiting = [j for j in jobs if j.status_id in CLAIMABLE and j.scheduled_for <= now]
+    if not waiting:
+        return {}
+    using = waiting[0]._state.db or "default"
+    infos: dict[int, Any] = {}
+    for j in waiting:  # the admin's list selects the type with the job: no query per type
+        if j.job_type_id not in infos:
+            infos[j.job_type_id] = (_row_info(j.job_type) if type(j).job_type.is_cached(j)
+                                    else get_type_by_id(j.job_type_id, using=using))
+    waiting = [j for j in waiting if infos[j.job_type_id].limited]
+    if not waiting:
+        return {}
+    scopes = {(j.job_type_id, j.concurrency_key) for j in waiting}
+    where = Q()
+    for type_id, key in scopes:
+        where |= Q(job_type_id=type_id, key=key)
+    rows: dict[tuple[int, str], list[Any]] = {}
+    for permit in LimitPermit.objects.using(using).filter(where):
+        rows.setdefault((permit.job_type_id, permit.key), []).append(permit)
+    out = {}
+    for job in waiting:
+        why = _why(infos[job.job_type_id], job.concurrency_key, rows.get((job.job_type_id, job.concurrency_key), []),
+                   now)
+        if why:
+            out[job] = why
+    return out
+
+
+def _row_info(row: JobType) -> Any:
+    """What :func:`_why` reads of a type, from its row."""
+    from .jobtypes import TypeInfo
+
+    return TypeInfo(id=row.pk, name=row.name, max_attempts=0, backoff_base_seconds=0, backoff_max_seconds=0,
+                    timeout_seconds=0, lease_seconds=0, paused=row.paused, concurrency_limit=row.concurrency_limit,
+                    rate_limit=row.rate_limit or "")
+
+
+def explain(job: Job) -> str | None:
+    """Why a claimable job waits for its limit ("held by the concurrency limit of Export: 2 of 2
+    running"), or None when its scope has a free permit (or its type has no limit)."""
+    from .jobtypes import get_type_by_id
+    from .models import LimitPermit
+
+    using = job._state.db or "default"
+    info = get_type_by_id(job.job_type_id, using=using)
+    need = wanted(info.concurrency_limit, info.rate_limit)
+    if need is None:
+        return None
+    rows = list(LimitPermit.objects.using(using).filter(job_type_id=info.id, key=job.concurrency_key))
+    return _why(info, job.concurrency_key, rows, timezone.now())
+
+
+def _why(info: TypeInfo, key: str, rows: list[Any], now: Any) -> str | None:
+    need = wanted(info.concurrency_limit, info.rate_limit)
+    if need is None:
+        return None
+    kind, slots, _ = need
+    rows = [r for r in rows if r.kind == kind and r.slot < slots]
+    scope = f"{info.name}" + (f" for key {key!r}" if key else "")
+    if len(rows) < slots:
+        return (f"its limit's permits for {scope} are not created yet: the worker creates them within a "
+                f"minute (or save the job type in the admin)")
+    held = [r for r in rows if r.held_until is not None and r.held_until >= now]
+    if len(held) < slots:
+        return None
+    if kind == CONCURRENCY:
+        return f"held by the concurrency limit of {scope}: {len(held)} of {slots} running"
+    soonest = min(r.held_until for r in held if r.held_until is not None)
+    return (f"held by the rate limit of {scope} ({info.rate_limit}): {len(held)} of {slots} starts in the "
+            f"last period; the next may start at {soonest:%H:%M:%S} UTC")
+
+
+
+
+def usage(row: JobType, top: int = 20) -> list[tuple[str, int, int]]:
+    """(key, permits held now, slots) of a type's busiest ``top`` scopes, for the admin's type page."""
+    from .models import LimitPermit
+
+    need = wanted(row.concurrency_limit, row.rate_limit)
+    if need is None:
+        return []
+    kind, slots, _ = need
+    now = timezone.now()
+    held: dict[str, int] = {}
+    for key in (LimitPermit.objects.using(row._state.db or "default")
+                .filter(job_type_id=row.pk, kind=kind, slot__lt=slots, held_until__gte=now)
+                .values_list("key", flat=True)):
+        held[key] = held.get(key, 0) + 1
+    return [(k, n, slots) for k, n in sorted(held.items(), key=lambda kv: (-kv[1], kv[0]))[:top]]

@@ -1,0 +1,129 @@
+"""Issue 16: limits hold across real worker processes (``manage.py run_queue_worker``), and a killed
+worker's permit frees itself with its lease.
+
+The handlers (testproject/testjobs: ``test.Limited*``) append "start" and "end" with the wall time to a
+timeline file; the limits are set on the job type rows here, as an operator would, so no other test's
+claim carries the limited branch. Overlaps are counted from the handlers' own start/end times, which lie
+inside each job's claim-to-completion span: never more than the permits allow.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from django_sqlqueue import jobtypes
+from django_sqlqueue.managers import JobSpec
+from django_sqlqueue.models import Job, JobType, LimitPermit
+from django_sqlqueue.states import Status
+from tests import workerutil as wu
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
+worker_procs = wu.worker_procs
+
+
+def set_type(name: str, **settings: object) -> JobType:
+    row, _ = JobType.objects.update_or_create(name=name, defaults=settings)
+    jobtypes.clear_cache()
+    return row
+
+
+def timeline(path: Path) -> list[tuple[int, int, str, str, float]]:
+    """(job, type id, key, event, time) lines, in time order."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        job, type_id, key, event, at = line.split()
+        out.append((int(job), int(type_id), key, event, float(at)))
+    return sorted(out, key=lambda e: e[4])
+
+
+def max_overlap(events: list[tuple[int, int, str, str, float]], scope) -> dict:
+    """Most jobs between their "start" and "end" at once, per ``scope(type id, key)``."""
+    now: dict = defaultdict(int)
+    most: dict = defaultdict(int)
+    for _, type_id, key, event, _ in events:
+        s = scope(type_id, key)
+        now[s] += 1 if event == "start" else -1
+        most[s] = max(most[s], now[s])
+    return dict(most)
+
+
+def all_done(n: int) -> bool:
+    return Job.objects.filter(status_id=Status.COMPLETED).count() == n
+
+
+def test_two_workers_of_three_slots_keep_every_limit(worker_procs, tmp_path) -> None:
+    """20 jobs limited to 2 at once, 12 limited to 1 per customer (3 customers) and 20 at 5 starts a
+    second, drained by 2 workers x 3 slots, each handler sleeping 0.3 s: never more than the limits,
+    each limit reached, all complete; the rate limit's starts (the claims, by the database clock) are
+    never more than 5 in any 1-s window, so the 20 take about 4 s."""
+    log = tmp_path / "timeline"
+    export = set_type("test.Limited", concurrency_limit=2)
+    keyed = set_type("test.LimitedKeyed", concurrency_limit=1)
+    rate = set_type("test.LimitedRate", rate_limit="5/s")
+    specs = [JobSpec("test.Limited", {"seconds": 0.3, "timeline": str(log)}) for _ in range(20)]
+    specs += [JobSpec("test.LimitedKeyed", {"seconds": 0.3, "timeline": str(log), "customer": c})
+              for _ in range(4) for c in ("a", "b", "c")]
+    specs += [JobSpec("test.LimitedRate", {"seconds": 0.05, "timeline": str(log)}) for _ in range(20)]
+    Job.objects.enqueue_many(specs)
+    assert set(Job.objects.filter(job_type=keyed).values_list("concurrency_key", flat=True)) == {"a", "b", "c"}
+    workers = [worker_procs("--concurrency", "3", "--worker-name", f"lim{i}") for i in range(2)]
+    wu.wait_until(lambda: all_done(len(specs)), 60, what="every job to complete")
+    for w in workers:
+        w.signal(signal.SIGTERM)
+    for w in workers:
+        assert w.wait(30) == 0, w.output()
+
+    events = timeline(log)
+    assert len(events) == 2 * len(specs)
+    per_type = max_overlap(events, lambda t, k: t)
+    assert per_type[export.pk] == 2, per_type
+    per_key = max_overlap([e for e in events if e[1] == keyed.pk], lambda t, k: k)
+    assert per_key == {"a": 1, "b": 1, "c": 1}, per_key
+    assert per_type[keyed.pk] >= 2, "the keys ran side by side"
+    hosts = set(Job.objects.values_list("worker", flat=True))
+    assert len({h.split("/")[0] for h in hosts}) == 2, f"both workers ran limited jobs: {hosts}"
+    starts = sorted(Job.objects.filter(job_type=rate).values_list("started_at", flat=True))
+    for i in range(len(starts) - 5):
+        assert (starts[i + 5] - starts[i]).total_seconds() > 1.0, f"6 starts within 1 s: {starts[i:i + 6]}"
+    span = (starts[-1] - starts[0]).total_seconds()
+    print(f"rate 5/s: 20 starts over {span:.2f} s")  # about 3 s (the first 5 at once, then 5 a second)
+    assert span >= 3.0
+    assert Job.objects.filter(attempt_num=1).count() == len(specs)
+    assert not LimitPermit.objects.filter(kind=LimitPermit.Kind.CONCURRENCY, held_until__isnull=False).exists()
+
+
+def test_a_killed_workers_permit_frees_with_its_lease(worker_procs, tmp_path) -> None:
+    """Limit 1, lease 2 s: a worker killed (-9, its whole group) mid-job holds the permit only until the
+    lease expires; another worker then takes the stuck job over and runs the rest, one at a time."""
+    log = tmp_path / "timeline"
+    set_type("test.Limited", concurrency_limit=1, lease_seconds=2)
+    first = Job.objects.enqueue("test.Limited", {"seconds": 30, "timeline": str(log)})
+    rest = Job.objects.enqueue_many([JobSpec("test.Limited", {"seconds": 0.1, "timeline": str(log)})
+                                     for _ in range(3)])
+    doomed = worker_procs("--concurrency", "2", "--worker-name", "doomed")
+    wu.wait_until(lambda: any(e[0] == first.pk and e[3] == "start" for e in timeline(log)), 30,
+                  what="the first job to start")
+    doomed.kill_group()
+    killed_at, killed_wall = time.monotonic(), time.time()
+    Job.objects.filter(pk=first.pk).update(payload={"seconds": 0.1, "timeline": str(log)})  # short on retake
+    rescuer = worker_procs("--concurrency", "2", "--worker-name", "rescuer")
+    wu.wait_until(lambda: any(e[0] != first.pk and e[3] == "start" for e in timeline(log))
+                  or Job.objects.filter(pk=first.pk, status_id=Status.COMPLETED).exists(), 30,
+                  what="the limit to free")
+    freed_after = time.monotonic() - killed_at
+    wu.wait_until(lambda: all_done(4), 30, what="every job to complete")
+    rescuer.signal(signal.SIGTERM)
+    assert rescuer.wait(30) == 0, rescuer.output()
+    print(f"limit free again {freed_after:.2f} s after the kill (lease 2 s)")
+    assert freed_after < 2 + 5, "the permit was freed within the lease plus a claim's poll"
+    assert Job.objects.get(pk=first.pk).attempt_num == 2  # taken over, not lost
+    assert max_overlap([e for e in timeline(log) if e[0] != first.pk or e[4] > killed_wall], lambda t, k: t) == {
+        first.job_type_id: 1}
+    assert [j.pk for j in rest] and all_done(4)
