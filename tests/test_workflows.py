@@ -358,3 +358,45 @@ def test_a_cancel_request_for_a_running_dependency_waits_for_its_worker(noop_typ
     assert state(b) is Status.WAITING
     Job.objects.modify(running, running.version, Status.CANCELLED, error=asked.cancel_request.describe())
     assert state(b) is Status.CANCELLED
+
+
+@pytest.mark.parametrize("parked", [Status.WAITING, Status.PAUSED])
+def test_a_job_waiting_or_paused_when_its_type_gets_a_limit_is_held_by_it_once_released(noop_type, make_type,
+                                                                                         parked) -> None:
+    # The limit is set while the job waits (or is paused): released later, it must be claimed through
+    # the limit's permits like every other job of the type, not by the ordinary claim past the limit.
+    from django_sqlqueue import jobtypes
+
+    row = make_type("Export", concurrency_limit=None, rate_limit="")
+    jobtypes.clear_cache()
+    a = enqueue("Noop")
+    parked_job = enqueue("Export", {"i": 0}, after=[a]) if parked is Status.WAITING else enqueue("Export", {"i": 0})
+    if parked is Status.PAUSED:
+        Job.objects.modify(parked_job, parked_job.version, Status.PAUSED)
+    row.concurrency_limit = 1
+    row.save()  # the admin's save: permits.sync_type
+    jobtypes.clear_cache()
+    running = enqueue("Export", {"i": 1})
+    assert [j.pk for j in Job.objects.claim("w", 1, types=["Export"])] == [running.pk]
+    if parked is Status.WAITING:
+        finish(a)
+    else:
+        Job.objects.modify(Job.objects.get(pk=parked_job.pk), None, Status.PENDING)
+    assert state(parked_job) is Status.PENDING
+    assert Job.objects.claim("w", 10, types=["Export"]) == [], "1 of 1 running: the released job must wait"
+    Job.objects.complete(Job.objects.get(pk=running.pk))
+    assert [j.pk for j in Job.objects.claim("w", 10, types=["Export"])] == [parked_job.pk]
+
+
+def test_a_job_waiting_when_its_types_limit_is_removed_is_claimed_at_once_when_released(noop_type, make_type) -> None:
+    from django_sqlqueue import jobtypes
+
+    row = make_type("Export", concurrency_limit=1, rate_limit="")
+    jobtypes.clear_cache()
+    a = enqueue("Noop")
+    waiting = enqueue("Export", after=[a])
+    row.concurrency_limit = None
+    row.save()
+    jobtypes.clear_cache()
+    finish(a)
+    assert [j.pk for j in Job.objects.claim("w", 10, types=["Export"])] == [waiting.pk]
