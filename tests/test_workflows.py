@@ -400,3 +400,20 @@ def test_a_job_waiting_when_its_types_limit_is_removed_is_claimed_at_once_when_r
     jobtypes.clear_cache()
     finish(a)
     assert [j.pk for j in Job.objects.claim("w", 10, types=["Export"])] == [waiting.pk]
+
+
+def test_an_operator_retry_of_a_cancelled_dependent_is_refused_while_its_dependencies_are_unfinished(
+        noop_type) -> None:
+    # Cancelled while it waited, then retried: it must not run before the job it waits for has finished.
+    from django_sqlqueue.exceptions import IllegalTransition
+
+    a = enqueue("Noop")
+    b = enqueue("Noop", after=[a])
+    Job.objects.cancel(b, by="ops")
+    with pytest.raises(IllegalTransition, match=f"waits for job {a.pk}"):
+        Job.objects.modify(b.pk, None, Status.PENDING)
+    assert state(b) is Status.CANCELLED
+    assert [j.pk for j in Job.objects.claim("w", 10)] == [a.pk]
+    Job.objects.complete_many([(Job.objects.get(pk=a.pk), None)])
+    Job.objects.modify(b.pk, None, Status.PENDING)  # its dependency has finished: the retry is allowed
+    assert [j.pk for j in Job.objects.claim("w", 10)] == [b.pk]

@@ -77,6 +77,8 @@ class ModifyMixin(RowsMixin):
         current = job.state
         if new not in TRANSITIONS[current] or (current, new) in CLAIM_ONLY:
             raise IllegalTransition(f"job {job.pk}: {current.label} -> {new.label} is not allowed")
+        if new == Status.PENDING and current in FINISHED:
+            self._refuse_early_retry(job, alias)
         if scheduled_for is not None:
             limits.check_when(scheduled_for)
         if run_in is not None:
@@ -105,6 +107,21 @@ class ModifyMixin(RowsMixin):
 
             after_finish([updated], alias)
         return updated
+
+    def _refuse_early_retry(self, job: Job, alias: str) -> None:
+        """An operator's retry of a finished job that waits for unfinished ones (cancelled while it was
+        Waiting) would run it before them: refused. One seek on the dependencies' unique index, on
+        retries only (never on a worker's path)."""
+        from ..models import JobDependency
+        from ..states import UNFINISHED
+
+        pending = list(JobDependency.objects.using(alias).filter(
+            job_id=job.pk, depends_on__status_id__in=sorted(UNFINISHED)).order_by("depends_on_id")
+            .values_list("depends_on_id", flat=True)[:10])
+        if pending:
+            raise IllegalTransition(
+                f"job {job.pk} waits for job {', '.join(map(str, pending))}, not finished yet: a retry now would "
+                "run it before them; retry it once they have finished")
 
     def _modify_statement(self, dialect: Any, job: Job, current: Status, new: Status, step: str | None,
                           response: Any, error: str | None, scheduled_for: datetime | None,
