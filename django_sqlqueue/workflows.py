@@ -30,7 +30,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Exists, OuterRef
 
 from .batches import (
@@ -310,7 +310,14 @@ def backstop(using: str | None = None, limit: int = 200) -> tuple[int, int]:
     members = Job.objects.db_manager(alias).filter(batch_id=OuterRef("pk"), status_id__in=sorted(UNFINISHED))
     due = list(Batch.objects.using(alias).filter(finished_at__isnull=True, closed_at__isnull=False)
                .filter(~Exists(members)).order_by("pk").values_list("pk", flat=True)[:limit])
-    fired = sum(1 for b in due if finish_batch(b, alias))
+    fired = 0
+    for batch_id in due:
+        try:
+            fired += bool(finish_batch(batch_id, alias))
+        except (OperationalError, InterfaceError):
+            raise  # the database is gone: so are the other batches' chances, this pass
+        except Exception:  # one batch whose callback cannot be enqueued must not hold back the others
+            log.exception("batch_finish_failed batch=%s (retried at the next backstop)", batch_id)
     if moved or fired:
         log.warning("workflow_backstop moved=%s batches=%s (a release was missed, e.g. a worker died)",
                     len(moved), fired)

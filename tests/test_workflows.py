@@ -417,3 +417,16 @@ def test_an_operator_retry_of_a_cancelled_dependent_is_refused_while_its_depende
     Job.objects.complete_many([(Job.objects.get(pk=a.pk), None)])
     Job.objects.modify(b.pk, None, Status.PENDING)  # its dependency has finished: the retry is allowed
     assert [j.pk for j in Job.objects.claim("w", 10)] == [b.pk]
+
+
+def test_the_backstop_fires_the_other_batches_when_one_callback_cannot_be_enqueued(noop_type) -> None:
+    # A batch whose callback cannot be enqueued (its type is gone) must not stop the backstop from
+    # finishing every batch after it, on every pass.
+    from django.utils import timezone
+
+    bad = Batch.objects.create(closed_at=timezone.now(), on_success={"job_type": "NoSuchTypeAnyMore"})
+    good = Batch.objects.create(closed_at=timezone.now(), on_success={"job_type": "Noop"})
+    backstop()
+    assert Batch.objects.get(pk=good.pk).finished_at is not None
+    assert len(Batch.objects.get(pk=good.pk).callback_ids) == 1
+    assert Batch.objects.get(pk=bad.pk).finished_at is None  # left for a later pass, the failure logged
