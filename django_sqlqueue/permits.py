@@ -78,15 +78,18 @@ def sync_type(row: JobType, using: str) -> None:
 
     Rows of another kind, or of slots at or beyond the limit, go (a job running under one keeps
     running; a lowered limit admits again only once fewer than N hold a permit). Missing rows are
-    created for the type's "" scope and for every key of its unfinished jobs.
+    created for the type's "" scope and for every key of its unfinished jobs (Waiting and Paused too).
     """
     from .models import Job, LimitPermit
-    from .states import CLAIMABLE, Status
+    from .states import UNFINISHED
 
     need = wanted(row.concurrency_limit, row.rate_limit)
     permits = LimitPermit.objects.using(using).filter(job_type_id=row.pk)
     # The type's unfinished jobs leave (or join) the ordinary claim's index: one UPDATE of its jobs.
-    Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=[*CLAIMABLE, Status.PROCESSING]).exclude(
+    # Waiting and Paused ones too: they become Pending later without passing through here (a workflow's
+    # release, a resume), and heal (the supervisor's, every REAP_SECONDS) looks at claimable ones only.
+    unfinished = sorted(UNFINISHED)
+    Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=unfinished).exclude(
         limited=need is not None).update(limited=need is not None)
     if need is None:
         permits.delete()
@@ -96,7 +99,7 @@ def sync_type(row: JobType, using: str) -> None:
     permits.filter(slot__gte=slots).delete()
     if hold is not None:
         permits.exclude(hold_seconds=hold).update(hold_seconds=hold)
-    keys = set(Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=[*CLAIMABLE, Status.PROCESSING])
+    keys = set(Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=unfinished)
                .values_list("concurrency_key", flat=True).order_by().distinct())
     ensure(using, row.pk, keys | {""}, need)
 

@@ -510,3 +510,34 @@ def test_claims_back_off_the_limited_branch_while_it_finds_nothing() -> None:
     jobtypes.limited_branch_result("default", False)
     time.sleep(jobtypes.LIMITED_RECHECK_SECONDS + 0.05)
     assert claim_sql()[1], "the back-off ends"
+
+
+@pytest.mark.django_db(transaction=True)  # the release of Waiting jobs runs on commit
+def test_a_waiting_job_follows_its_types_limit_set_or_removed_while_it_waits() -> None:
+    """A Waiting job (workflows) whose type gets a limit, or loses it, while it waits is claimable once its
+    dependency is done: the type's save flips its flag and makes its key's permits, as for Pending jobs
+    (the supervisor's heal, up to REAP_SECONDS later and only under run_queue_worker, is not needed)."""
+    JobType.objects.update_or_create(name="Export", defaults={"concurrency_limit": None, "rate_limit": ""})
+    JobType.objects.get_or_create(name="Noop")
+    jobtypes.clear_cache()
+    first = Job.objects.enqueue("Noop", {})
+    waiting = Job.objects.enqueue("Export", {"i": 0}, after=[first], concurrency_key="k")
+    assert waiting.state == Status.WAITING
+    limited("Export", concurrency_limit=1)  # set while it waits
+    (got,) = Job.objects.claim("w1", 1)
+    Job.objects.complete(got)  # releases the Waiting job
+    assert Job.objects.get(pk=waiting.pk).state == Status.PENDING
+    jobtypes.permits_released("default")  # (the Noop claim found no limited job: no 0.25 s back-off here)
+    (taken,) = Job.objects.claim("w1", 1)
+    assert taken.pk == waiting.pk and LimitPermit.objects.get(key="k").job_id == waiting.pk
+
+    # ... and removed while another waits.
+    first = Job.objects.enqueue("Noop", {})
+    waiting = Job.objects.enqueue("Export", {"i": 1}, after=[first])
+    row = limited("Export", concurrency_limit=None)
+    assert row.concurrency_limit is None
+    (got,) = Job.objects.claim("w2", 1)
+    Job.objects.complete(got)
+    (taken,) = Job.objects.claim("w2", 1)
+    assert taken.pk == waiting.pk
+
