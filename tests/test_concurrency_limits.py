@@ -541,3 +541,32 @@ def test_a_waiting_job_follows_its_types_limit_set_or_removed_while_it_waits() -
     (taken,) = Job.objects.claim("w2", 1)
     assert taken.pk == waiting.pk
 
+
+
+@pytest.mark.django_db(transaction=True)  # PostgreSQL's now() is the transaction's start
+def test_a_job_taken_over_under_another_permit_holds_one_permit_not_two() -> None:
+    """A dead worker's job retaken by the limited branch under another (free) permit: its old, expired
+    permit still names the job, and the new holder's lease renewal must not revive it (the job would
+    hold two permits of the limit to its end, and a limit of 2 would admit one job)."""
+    limited("Export", concurrency_limit=2, lease_seconds=1)
+    stuck = Job.objects.enqueue("Export", {"i": 0})
+    (got,) = Job.objects.claim("dead-worker", 1)
+    assert got.pk == stuck.pk
+    time.sleep(1.2)  # its lease and its permit expire
+    (again,) = Job.objects.claim("w2", 1, incarnation="i2")
+    assert again.pk == stuck.pk
+    assert Job.objects.renew_leases("w2", [stuck.pk], 1, incarnation="i2") == 1
+    other = Job.objects.enqueue("Export", {"i": 1})
+    taken = Job.objects.claim("w3", 1)
+    assert [j.pk for j in taken] == [other.pk], "1 of 2 running: a permit is free"
+    # A late renewal of a lease nobody took over still holds its (expired) permit again.
+    Job.objects.complete(again)
+    Job.objects.complete(taken[0])
+    late = Job.objects.enqueue("Export", {"i": 2})
+    limited("Export", concurrency_limit=1, lease_seconds=1)
+    (got,) = Job.objects.claim("slow", 1, incarnation="s")
+    assert got.pk == late.pk
+    time.sleep(1.2)
+    assert Job.objects.renew_leases("slow", [late.pk], 60, incarnation="s") == 1
+    Job.objects.enqueue("Export", {"i": 3})
+    assert Job.objects.claim("w4", 1) == [], "the renewed job holds its permit again"
