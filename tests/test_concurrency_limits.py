@@ -570,3 +570,25 @@ def test_a_job_taken_over_under_another_permit_holds_one_permit_not_two() -> Non
     assert Job.objects.renew_leases("slow", [late.pk], 60, incarnation="s") == 1
     Job.objects.enqueue("Export", {"i": 3})
     assert Job.objects.claim("w4", 1) == [], "the renewed job holds its permit again"
+
+
+@pytest.mark.django_db(transaction=True)  # a type row read inside a transaction is not cached
+def test_an_enqueue_with_a_stale_type_cache_makes_no_permits_beyond_the_limit() -> None:
+    """Another process lowered the limit (its save's signal clears only its own cache): this process's
+    enqueues of new keys, and of keys whose surplus slots that save removed, must not create permits from
+    the cached, higher limit; the claim takes whatever permit rows exist, so they would over-admit."""
+    row = limited("Sync", concurrency_limit=3)
+    Job.objects.enqueue("Sync", {"i": 0}, concurrency_key="a")  # caches the type (limit 3); a's permits
+    assert LimitPermit.objects.filter(job_type=row, key="a").count() == 3
+    JobType.objects.filter(pk=row.pk).update(concurrency_limit=1)  # the other process's save ...
+    permits.sync_type(JobType.objects.get(pk=row.pk), "default")  # ... and its sync of the permits
+    assert LimitPermit.objects.filter(job_type=row, key="a").count() == 1
+    assert jobtypes.get_type("Sync", using="default").concurrency_limit == 3, "this process's cache is stale"
+    for key in "ab":
+        for i in range(3):
+            Job.objects.enqueue("Sync", {"i": i}, concurrency_key=key)
+    for key in "ab":
+        assert LimitPermit.objects.filter(job_type=row, key=key).count() == 1, key
+    for _ in range(6):
+        Job.objects.claim("w1", 1)
+    assert processing("Sync", "a") == 1 and processing("Sync", "b") == 1
