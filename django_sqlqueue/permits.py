@@ -78,7 +78,7 @@ def sync_type(row: JobType, using: str) -> None:
 
     Rows of another kind, or of slots at or beyond the limit, go (a job running under one keeps
     running; a lowered limit admits again only once fewer than N hold a permit). Missing rows are
-    created for the type's "" scope and for every key of its unfinished jobs.
+    created for the type's "" scope and for every key of its unfinished jobs (Waiting and Paused too).
     """
     from .models import Job, LimitPermit
     from .states import UNFINISHED
@@ -86,8 +86,8 @@ def sync_type(row: JobType, using: str) -> None:
     need = wanted(row.concurrency_limit, row.rate_limit)
     permits = LimitPermit.objects.using(using).filter(job_type_id=row.pk)
     # The type's unfinished jobs leave (or join) the ordinary claim's index: one UPDATE of its jobs.
-    # Waiting and Paused ones too: released or resumed later (modify, which keeps the flag), a job with
-    # a stale flag would be claimable by neither branch until the supervisor's heal.
+    # Waiting and Paused ones too: they become Pending later without passing through here (a workflow's
+    # release, a resume), and heal (the supervisor's, every REAP_SECONDS) looks at claimable ones only.
     unfinished = sorted(UNFINISHED)
     Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=unfinished).exclude(
         limited=need is not None).update(limited=need is not None)
@@ -111,12 +111,21 @@ def ensure_for_enqueue(using: str, info: TypeInfo, keys: Iterable[str]) -> None:
     fresh = {k for k in keys if k}
     if need is None or not fresh:
         return
-    from .models import LimitPermit
+    from .models import JobType, LimitPermit
 
-    have = set(LimitPermit.objects.using(using).filter(job_type_id=info.id, key__in=fresh, kind=need[0],
-                                                       slot=need[1] - 1).values_list("key", flat=True))
-    if fresh - have:
-        ensure(using, info.id, fresh - have, need)
+    def missing(need: tuple[int, int, float | None]) -> set[str]:
+        return fresh - set(LimitPermit.objects.using(using).filter(
+            job_type_id=info.id, key__in=fresh, kind=need[0], slot=need[1] - 1).values_list("key", flat=True))
+
+    if not missing(need):
+        return
+    # Rows are created from the type row, never from the cached limits: the claim takes whatever permit
+    # rows exist, so permits made from a limit another process has just lowered (or changed to a rate)
+    # would admit more than the limit, for good. One more read, only when a scope lacks permits.
+    row = JobType.objects.using(using).filter(pk=info.id).values("concurrency_limit", "rate_limit").first()
+    need = None if row is None else wanted(row["concurrency_limit"], row["rate_limit"] or "")
+    if need is not None and (keys := missing(need)):
+        ensure(using, info.id, keys, need)
 
 
 def heal(using: str) -> int:

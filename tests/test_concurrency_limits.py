@@ -510,3 +510,85 @@ def test_claims_back_off_the_limited_branch_while_it_finds_nothing() -> None:
     jobtypes.limited_branch_result("default", False)
     time.sleep(jobtypes.LIMITED_RECHECK_SECONDS + 0.05)
     assert claim_sql()[1], "the back-off ends"
+
+
+@pytest.mark.django_db(transaction=True)  # the release of Waiting jobs runs on commit
+def test_a_waiting_job_follows_its_types_limit_set_or_removed_while_it_waits() -> None:
+    """A Waiting job (workflows) whose type gets a limit, or loses it, while it waits is claimable once its
+    dependency is done: the type's save flips its flag and makes its key's permits, as for Pending jobs
+    (the supervisor's heal, up to REAP_SECONDS later and only under run_queue_worker, is not needed)."""
+    JobType.objects.update_or_create(name="Export", defaults={"concurrency_limit": None, "rate_limit": ""})
+    JobType.objects.get_or_create(name="Noop")
+    jobtypes.clear_cache()
+    first = Job.objects.enqueue("Noop", {})
+    waiting = Job.objects.enqueue("Export", {"i": 0}, after=[first], concurrency_key="k")
+    assert waiting.state == Status.WAITING
+    limited("Export", concurrency_limit=1)  # set while it waits
+    (got,) = Job.objects.claim("w1", 1)
+    Job.objects.complete(got)  # releases the Waiting job
+    assert Job.objects.get(pk=waiting.pk).state == Status.PENDING
+    jobtypes.permits_released("default")  # (the Noop claim found no limited job: no 0.25 s back-off here)
+    (taken,) = Job.objects.claim("w1", 1)
+    assert taken.pk == waiting.pk and LimitPermit.objects.get(key="k").job_id == waiting.pk
+
+    # ... and removed while another waits.
+    first = Job.objects.enqueue("Noop", {})
+    waiting = Job.objects.enqueue("Export", {"i": 1}, after=[first])
+    row = limited("Export", concurrency_limit=None)
+    assert row.concurrency_limit is None
+    (got,) = Job.objects.claim("w2", 1)
+    Job.objects.complete(got)
+    (taken,) = Job.objects.claim("w2", 1)
+    assert taken.pk == waiting.pk
+
+
+
+@pytest.mark.django_db(transaction=True)  # PostgreSQL's now() is the transaction's start
+def test_a_job_taken_over_under_another_permit_holds_one_permit_not_two() -> None:
+    """A dead worker's job retaken by the limited branch under another (free) permit: its old, expired
+    permit still names the job, and the new holder's lease renewal must not revive it (the job would
+    hold two permits of the limit to its end, and a limit of 2 would admit one job)."""
+    limited("Export", concurrency_limit=2, lease_seconds=1)
+    stuck = Job.objects.enqueue("Export", {"i": 0})
+    (got,) = Job.objects.claim("dead-worker", 1)
+    assert got.pk == stuck.pk
+    time.sleep(1.2)  # its lease and its permit expire
+    (again,) = Job.objects.claim("w2", 1, incarnation="i2")
+    assert again.pk == stuck.pk
+    assert Job.objects.renew_leases("w2", [stuck.pk], 1, incarnation="i2") == 1
+    other = Job.objects.enqueue("Export", {"i": 1})
+    taken = Job.objects.claim("w3", 1)
+    assert [j.pk for j in taken] == [other.pk], "1 of 2 running: a permit is free"
+    # A late renewal of a lease nobody took over still holds its (expired) permit again.
+    Job.objects.complete(again)
+    Job.objects.complete(taken[0])
+    late = Job.objects.enqueue("Export", {"i": 2})
+    limited("Export", concurrency_limit=1, lease_seconds=1)
+    (got,) = Job.objects.claim("slow", 1, incarnation="s")
+    assert got.pk == late.pk
+    time.sleep(1.2)
+    assert Job.objects.renew_leases("slow", [late.pk], 60, incarnation="s") == 1
+    Job.objects.enqueue("Export", {"i": 3})
+    assert Job.objects.claim("w4", 1) == [], "the renewed job holds its permit again"
+
+
+@pytest.mark.django_db(transaction=True)  # a type row read inside a transaction is not cached
+def test_an_enqueue_with_a_stale_type_cache_makes_no_permits_beyond_the_limit() -> None:
+    """Another process lowered the limit (its save's signal clears only its own cache): this process's
+    enqueues of new keys, and of keys whose surplus slots that save removed, must not create permits from
+    the cached, higher limit; the claim takes whatever permit rows exist, so they would over-admit."""
+    row = limited("Sync", concurrency_limit=3)
+    Job.objects.enqueue("Sync", {"i": 0}, concurrency_key="a")  # caches the type (limit 3); a's permits
+    assert LimitPermit.objects.filter(job_type=row, key="a").count() == 3
+    JobType.objects.filter(pk=row.pk).update(concurrency_limit=1)  # the other process's save ...
+    permits.sync_type(JobType.objects.get(pk=row.pk), "default")  # ... and its sync of the permits
+    assert LimitPermit.objects.filter(job_type=row, key="a").count() == 1
+    assert jobtypes.get_type("Sync", using="default").concurrency_limit == 3, "this process's cache is stale"
+    for key in "ab":
+        for i in range(3):
+            Job.objects.enqueue("Sync", {"i": i}, concurrency_key=key)
+    for key in "ab":
+        assert LimitPermit.objects.filter(job_type=row, key=key).count() == 1, key
+    for _ in range(6):
+        Job.objects.claim("w1", 1)
+    assert processing("Sync", "a") == 1 and processing("Sync", "b") == 1

@@ -53,7 +53,9 @@ def page_sandbox(tmp_path, monkeypatch):
     registry._handlers.update(handlers)
     registry._unresolved.clear()
     for name in set(sys.modules) - before:
-        if name.split(".")[0] == "myapp":
+        # the page's own modules (myapp, shop, ...): another page may write a module of the same name
+        if name.split(".")[0] == "myapp" or str(getattr(sys.modules[name], "__file__", None) or "").startswith(
+                str(tmp_path)):
             del sys.modules[name]
     jobtypes.clear_cache()
 

@@ -369,10 +369,17 @@ class Dialect:
 
     def renew_permits_sql(self, count: int) -> str:
         """Hold the concurrency permits of ``count`` running jobs as long as their renewed leases.
-        Params: lease seconds, job ids."""
-        p = self.n.p
-        return (f"UPDATE {self.n.permit} SET {p['held_until']} = {self.now_plus('%s')} "
-                f"WHERE {p['job_id']} IN ({_marks(count)}) AND {p['kind']} = 1 AND {p['held_until']} IS NOT NULL")
+        Params: lease seconds, job ids.
+
+        A job taken over after its lease expired may have been given another permit than its old one,
+        which still names it (expired): that one is renewed only while the job holds no live permit
+        (a late renewal of a lease nobody took over), else the job would hold two to its end."""
+        p, permit = self.n.p, self.n.permit
+        live = f"{{t}}.{p['held_until']} >= {self.now()}"
+        return (f"UPDATE {permit} SET {p['held_until']} = {self.now_plus('%s')} "
+                f"WHERE {p['job_id']} IN ({_marks(count)}) AND {p['kind']} = 1 AND {p['held_until']} IS NOT NULL "
+                f"AND ({live.format(t=permit)} OR NOT EXISTS (SELECT 1 FROM {permit} q "
+                f"WHERE q.{p['job_id']} = {permit}.{p['job_id']} AND q.{p['kind']} = 1 AND {live.format(t='q')}))")
 
     def insert_permits_sql(self) -> str:
         """Create one permit row unless it exists. Params: type id, key, kind, slot, hold seconds, then
