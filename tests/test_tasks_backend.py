@@ -353,3 +353,38 @@ def test_checks(settings) -> None:
                                   "OPTIONS": {"max_attempts": 0, "retries": 2}}}
     ids = sorted(m.id for m in task_backends["default"].check())
     assert ids == ["sqlqueue.E102", "sqlqueue.E103", "sqlqueue.E104"]
+
+
+def test_a_payload_holds_only_what_differs_from_the_defaults(settings) -> None:
+    # Every byte is stored and parsed on every claim: a no-argument task's payload is {}; arguments,
+    # run_after and a backend that is not the task's own are kept, and each reaches the run.
+    settings.TASKS = {"default": {"BACKEND": BACKEND, "QUEUES": []}, "other": {"BACKEND": BACKEND, "QUEUES": []}}
+    plain = defs.echo.enqueue()
+    assert Job.objects.get(pk=int(plain.id)).payload == {}
+    later = timezone.now() - timedelta(seconds=1)
+    full = task_backends["other"].enqueue(defs.echo.using(run_after=later), [1], {"k": "v"})
+    stored = Job.objects.get(pk=int(full.id)).payload
+    assert stored == {"args": [1], "kwargs": {"k": "v"}, "backend": "other", "run_after": later.isoformat()}
+    seen = []
+    with _Connected(task_started, lambda sender, task_result, **kw: seen.append(task_result)):
+        run_one()
+        run_one()
+    by_id = {r.id: r for r in seen}
+    assert (by_id[plain.id].args, by_id[plain.id].kwargs, by_id[plain.id].backend) == ([], {}, "default")
+    assert (by_id[full.id].args, by_id[full.id].kwargs, by_id[full.id].backend) == ([1], {"k": "v"}, "other")
+    assert by_id[full.id].task.run_after == later
+    plain.refresh()
+    full.refresh()
+    assert plain.return_value == {"args": [], "kwargs": {}}
+    assert full.return_value == {"args": [1], "kwargs": {"k": "v"}}
+
+
+class _Connected:
+    def __init__(self, signal, receiver) -> None:
+        self.signal, self.receiver = signal, receiver
+
+    def __enter__(self) -> None:
+        self.signal.connect(self.receiver)
+
+    def __exit__(self, *exc) -> None:
+        self.signal.disconnect(self.receiver)
