@@ -8,6 +8,7 @@ bumped by it, so the worker's own finish still goes through; a finish that came 
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 from django.db import connections
@@ -195,3 +196,17 @@ def test_queue_why_says_a_cancel_is_pending() -> None:
     Job.objects.cancel(job, by="frank")
     reasons = why_not_running(Job.objects.get(pk=job.pk))
     assert any("a cancel was requested at" in r and "by frank" in r for r in reasons), reasons
+
+
+def test_a_running_job_whose_lease_ran_out_is_cancelled_at_once() -> None:
+    # Its worker is dead (or stalled past its lease): a request would wait for nobody and the next claim
+    # would run the job again, so the cancel ends it now, closing its attempt with who and why.
+    job = claimed("w-dead")
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=job.lease_expires_at - timedelta(days=1))
+    done = Job.objects.cancel(job.pk, by="alice", reason="worker is gone")
+    assert done.state == Status.CANCELLED and not CancelRequest.objects.filter(job_id=job.pk).exists()
+    assert Job.objects.claim("w-next", 1) == []  # nothing left to take over
+    attempt = JobAttempt.objects.get(job_id=job.pk)
+    assert attempt.finished_at is not None and "alice" in (attempt.error or "")
+    with pytest.raises(StaleJob):  # the dead worker's late result is refused by the token
+        Job.objects.complete(job, response=None)

@@ -68,6 +68,18 @@ class CancelMixin(RowsMixin):
             if token is not None and current.version != token:
                 raise StaleJob(f"job {job_id}: token {token} is stale (now {current.version}); nothing was changed")
             state = current.state
+            if state == Status.PROCESSING and self._lease_expired(current, alias):
+                # No live worker holds it (its lease ran out: dead, or stalled past its lease), so no
+                # one would act on a request, and the next claim would run it again: cancel it now,
+                # as the claim would have taken it over (a stalled holder's late result is refused by
+                # the token, as after a takeover).
+                try:
+                    return self.modify(current, current.version, Status.CANCELLED,  # type: ignore[attr-defined]
+                                       error=cancel_text(by, reason), using=alias)
+                except StaleJob:
+                    if token is not None:
+                        raise
+                    continue  # taken over (or renewed and finished) meanwhile: look again
             if state == Status.PROCESSING:
                 request = self._request_cancel(current, reason, by, alias)
                 if request is not None:
@@ -87,6 +99,14 @@ class CancelMixin(RowsMixin):
                     raise
                 continue  # claimed (or changed) between the read and the write: look again
         raise StaleJob(f"job {job_id} kept changing while it was being cancelled; nothing was changed")
+
+    def _lease_expired(self, job: Job, alias: str) -> bool:
+        """Whether ``job``'s lease has run out by the database's clock (the one leases are set by)."""
+        if job.lease_expires_at is None:
+            return False
+        now = RawSQL(get_dialect(connections[alias]).now(), [])
+        return self.model._default_manager.using(alias).filter(  # type: ignore[attr-defined]
+            pk=job.pk, version=job.version, lease_expires_at__lt=now).exists()
 
     def _request_cancel(self, job: Job, reason: str, by: str, alias: str) -> CancelRequest | None:
         """Record the request for ``job``'s current attempt if it is still running; None if it is not.
