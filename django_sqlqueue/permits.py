@@ -104,6 +104,31 @@ def sync_type(row: JobType, using: str) -> None:
     ensure(using, row.pk, keys | {""}, need)
 
 
+def follow_type_on_retry(job: Job, using: str) -> None:
+    """An operator's retry of a finished job (-> Pending): its ``limited`` flag, and its key's permits,
+    follow the type's limit as it is now.
+
+    :func:`sync_type` updates unfinished jobs only, so a job that finished before its type's limit was
+    set (or removed) would otherwise come back with a stale flag, claimable by neither branch until the
+    supervisor's heal. The type row is read, not the cache: a retry is rare, and a stale cache is what
+    this mends. In the retry's transaction.
+    """
+    from .models import Job, JobType, LimitPermit
+
+    row = JobType.objects.using(using).only("concurrency_limit", "rate_limit").get(pk=job.job_type_id)
+    need = wanted(row.concurrency_limit, row.rate_limit)
+    if bool(job.limited) != (need is not None):
+        Job.objects.using(using).filter(pk=job.pk).update(limited=need is not None)
+        job.limited = need is not None
+    if need is not None:
+        kind, slots, _ = need
+        for key in {job.concurrency_key or "", ""}:
+            have = LimitPermit.objects.using(using).filter(
+                job_type_id=row.pk, key=key, kind=kind, slot__lt=slots).count()
+            if have < slots:
+                ensure(using, row.pk, [key], need)
+
+
 def ensure_for_enqueue(using: str, info: TypeInfo, keys: Iterable[str]) -> None:
     """At enqueue, for a limited type: the permits of each key's scope exist (the "" scope's are made
     when the limit is set)."""

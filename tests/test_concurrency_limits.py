@@ -592,3 +592,27 @@ def test_an_enqueue_with_a_stale_type_cache_makes_no_permits_beyond_the_limit() 
     for _ in range(6):
         Job.objects.claim("w1", 1)
     assert processing("Sync", "a") == 1 and processing("Sync", "b") == 1
+
+
+def test_a_finished_job_retried_after_its_types_limit_changed_follows_the_limit_now() -> None:
+    # sync_type updates unfinished jobs only: a job that had finished when the limit was set (or
+    # removed) comes back, through an operator's retry, flagged as its type is now.
+    limited("Export")
+    old = Job.objects.enqueue("Export", {"customer": "c1"}, concurrency_key="c1")
+    got = Job.objects.claim("w1", 1)
+    Job.objects.modify(got[0], got[0].version, Status.FAILED, error="boom")
+    limited("Export", concurrency_limit=1)
+    running = Job.objects.enqueue("Export", {"customer": "c1"}, concurrency_key="c1")
+    assert [j.pk for j in Job.objects.claim("w1", 10)] == [running.pk]
+    retried = Job.objects.modify(old.pk, None, Status.PENDING)
+    assert Job.objects.get(pk=retried.pk).limited is True
+    assert Job.objects.claim("w2", 10) == [], "1 of 1 running for key c1: the retried job waits"
+    Job.objects.complete(Job.objects.get(pk=running.pk))
+    assert [j.pk for j in Job.objects.claim("w2", 10)] == [old.pk]
+    # And back: the limit removed while the job had failed again; retried, the ordinary claim takes it.
+    again = Job.objects.get(pk=old.pk)
+    Job.objects.modify(again, again.version, Status.FAILED, error="boom")
+    limited("Export")
+    Job.objects.modify(old.pk, None, Status.PENDING)
+    assert Job.objects.get(pk=old.pk).limited is False
+    assert [j.pk for j in Job.objects.claim("w3", 10)] == [old.pk]

@@ -102,6 +102,8 @@ class ModifyMixin(RowsMixin):
                 if job.job_type_id in jobtypes.limited_type_ids(alias):
                     permits.release(cursor, dialect, [job.pk])  # its concurrency permit, if it holds one
                     jobtypes.permits_released(alias)  # (if this rolls back: one claim looks in vain)
+            if new == Status.PENDING and current in FINISHED:  # an operator's retry: limits as they are now
+                permits.follow_type_on_retry(updated, alias)
         if (updated.has_dependents or updated.batch_id) and updated.state in FINISHED:  # workflows only (markers)
             from ..workflows import after_finish
 
