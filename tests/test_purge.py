@@ -176,3 +176,24 @@ def test_purge_refuses_unfinished_statuses_through_the_api(noop_type) -> None:
     # A Completed status asked for, a Pending job named: the DELETE's own conditions keep it.
     assert Job.objects.purge([pending.pk], statuses=[Status.COMPLETED], cutoff=timezone.now()) == 0
     assert Job.objects.filter(pk=pending.pk).exists()
+
+
+def test_finished_batches_go_once_no_member_is_left(noop_type) -> None:
+    # A workflow batch (docs/workflows.md) finished before the cutoff goes when its last member has
+    # been purged; one with a member still kept, a younger one, and an unfinished one stay.
+    from django_sqlqueue.models import Batch
+
+    old = timezone.now() - timedelta(days=10)
+    emptied, kept_member, young, open_ = (Batch.objects.create(description=d) for d in ("a", "b", "c", "d"))
+    Batch.objects.filter(pk__in=[emptied.pk, kept_member.pk]).update(finished_at=old, closed_at=old)
+    Batch.objects.filter(pk=young.pk).update(finished_at=timezone.now() - timedelta(days=1))
+    done = finished(Status.COMPLETED, days_ago=10)
+    failed = finished(Status.FAILED, days_ago=10)
+    Job.objects.filter(pk=done.pk).update(batch=emptied)
+    Job.objects.filter(pk=failed.pk).update(batch=kept_member)
+    assert "would purge 1 job(s) (Completed)" in purge("--older-than", "7d", "--dry-run")
+    assert purge("--older-than", "7d", "--dry-run").rstrip().endswith("and 1 finished batch(es)")  # a only
+    out = purge("--older-than", "7d")
+    assert "purged 1 job(s)" in out and "and 1 finished batch(es) without members" in out
+    assert sorted(Batch.objects.values_list("description", flat=True)) == ["b", "c", "d"]
+    assert Job.objects.get(pk=failed.pk).batch_id == kept_member.pk

@@ -56,7 +56,9 @@ class Command(BaseCommand):
         parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
 
     def handle(self, *args: Any, **o: Any) -> None:
-        from django_sqlqueue.models import Job, Worker
+        from django.db.models import Exists, OuterRef
+
+        from django_sqlqueue.models import Batch, Job, Worker
 
         age = parse_age(o["older_than"])
         statuses = self._statuses(o["statuses"] or ["Completed"])
@@ -68,10 +70,15 @@ class Command(BaseCommand):
         cutoff = timezone.now() - age
         qs = Job.objects.using(using).purgeable(statuses, cutoff, o["queues"])
         workers = Worker.objects.using(using).filter(last_heartbeat__lt=cutoff)
+        # Workflow batches (docs/workflows.md) that finished before the cutoff go once no member is left
+        # (a member kept, of a status or queue not purged, keeps its batch, and its page in the admin).
+        old_batches = Batch.objects.using(using).filter(finished_at__lt=cutoff)
         labels = ", ".join(s.label for s in statuses)
         if o["dry_run"]:
+            staying = Job.objects.using(using).filter(batch_id=OuterRef("pk")).exclude(pk__in=qs.values("pk"))
             self.stdout.write(f"would purge {qs.count()} job(s) ({labels}) finished before {cutoff:%Y-%m-%d %H:%M:%S} UTC"
-                              + (f" and {workers.count()} worker row(s)" if o["workers"] else ""))
+                              + (f" and {workers.count()} worker row(s)" if o["workers"] else "")
+                              + f" and {old_batches.exclude(Exists(staying)).count()} finished batch(es)")
             return
         deleted = 0
         while True:
@@ -85,10 +92,37 @@ class Command(BaseCommand):
             if o["pause"]:
                 time.sleep(o["pause"])
         message = f"purged {deleted} job(s) ({labels}) finished before {cutoff:%Y-%m-%d %H:%M:%S} UTC"
+        gone = self._purge_batches(old_batches.exclude(
+            Exists(Job.objects.using(using).filter(batch_id=OuterRef("pk")))), using)
+        if gone:
+            message += f" and {gone} finished batch(es) without members"
         if o["workers"]:
             n, _ = workers.delete()
             message += f" and {n} worker row(s)"
         self.stdout.write(message)
+
+    @staticmethod
+    def _purge_batches(batches: Any, using: str) -> int:
+        """Delete these batches by id (ids read first, rows never loaded: a batch's callbacks carry job
+        payloads), in chunks; the DELETE repeats "no member" so a member added meanwhile keeps it."""
+        from django.db import connections
+
+        from django_sqlqueue.models import Batch, Job
+
+        connection = connections[using]
+        qn = connection.ops.quote_name
+        batch_t, job_t = qn(Batch._meta.db_table), qn(Job._meta.db_table)
+        batch_col = qn(Job._meta.get_field("batch").column)
+        gone = 0
+        ids = list(batches.order_by("id").values_list("id", flat=True))
+        for start in range(0, len(ids), MAX_BATCH):
+            chunk = ids[start:start + MAX_BATCH]
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"DELETE FROM {batch_t} WHERE {qn('id')} IN ({', '.join(['%s'] * len(chunk))}) "
+                    f"AND NOT EXISTS (SELECT 1 FROM {job_t} j WHERE j.{batch_col} = {batch_t}.{qn('id')})", chunk)
+                gone += cursor.rowcount
+        return gone
 
     @staticmethod
     def _statuses(labels: list[str]) -> list[Status]:
