@@ -327,10 +327,11 @@ class CancelRequest(models.Model):
     Written by :meth:`JobManager.cancel <django_sqlqueue.managers.cancel.CancelMixin.cancel>` for a
     Processing job, read by the slot running that attempt (its heartbeat thread polls while a job runs
     longer than ``CANCEL_CHECK_SECONDS``). A table of its own, not columns of the job: the claim, the
-    lease renewal and the finish never read or write it, so jobs nobody cancels do not pay for it, and a
-    request is tied to the attempt it was made for (a later attempt is not cancelled by an old request).
-    A request whose attempt ended otherwise (Completed first) stays as the record of a cancel that came
-    too late.
+    lease renewal and the finish never read or write it, so jobs nobody cancels do not pay for it. A
+    request is made for the attempt then running and also covers later attempts until one finishes (its
+    worker died and the job was taken over, or the handler failed and the job is retried: the operator
+    asked for the job to stop); an operator's retry of a finished job is not cancelled by it. A request
+    whose attempt ended otherwise (Completed first) stays as the record of a cancel that came too late.
     """
 
     job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="cancel_requests", db_index=False)

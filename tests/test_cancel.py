@@ -53,7 +53,9 @@ def test_a_running_job_gets_a_request_and_keeps_its_token() -> None:
         job.pk, 1, "bob", "wrong customer")
     assert request.requested_at is not None
     assert Job.objects.cancel_request_for(job.pk, 1) == request
-    assert Job.objects.cancel_request_for(job.pk, 2) is None  # another attempt is not cancelled by it
+    # A later attempt (this one unfinished: taken over or retried) is cancelled by it too; one after a
+    # finished attempt is not (test_a_request_does_not_outlive_a_finished_attempt).
+    assert Job.objects.cancel_request_for(job.pk, 2) == request
     # Asking again keeps the first request.
     again = Job.objects.cancel(job.pk, by="carol", reason="me too")
     assert again.cancel_request.pk == request.pk and again.cancel_request.requested_by == "bob"
@@ -210,3 +212,31 @@ def test_a_running_job_whose_lease_ran_out_is_cancelled_at_once() -> None:
     assert attempt.finished_at is not None and "alice" in (attempt.error or "")
     with pytest.raises(StaleJob):  # the dead worker's late result is refused by the token
         Job.objects.complete(job, response=None)
+
+
+def test_a_request_outlives_an_attempt_that_ended_before_its_worker_acted() -> None:
+    # The operator asked for the job to stop: its worker died (the job is taken over) or its handler
+    # failed (the job is retried) before the request was acted on; the next attempt is cancelled too.
+    job = claimed("w-dies")
+    asked = Job.objects.cancel(job.pk, by="alice")
+    assert asked.cancel_request is not None and asked.cancel_request.attempt_num == 1
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=job.lease_expires_at - timedelta(days=1))
+    taken = Job.objects.claim("w-next", 1)
+    assert [(j.pk, j.attempt_num) for j in taken] == [(job.pk, 2)]
+    found = Job.objects.cancel_request_for(job.pk, 2)
+    assert found is not None and found.requested_by == "alice"
+    failed = Job.objects.fail(taken[0], "boom", retry_in=0)  # and a failed attempt: retried, still asked
+    third = Job.objects.claim("w-third", 1)[0]
+    assert third.attempt_num == 3 and failed.state == Status.ERROR
+    assert Job.objects.cancel_request_for(job.pk, 3) is not None
+
+
+def test_a_request_does_not_outlive_a_finished_attempt() -> None:
+    # Done (Cancelled), then retried by an operator: the retry is a new decision, not cancelled again.
+    job = claimed("w-done")
+    Job.objects.cancel(job.pk, by="bob")
+    ended = Job.objects.modify(job, job.version, Status.CANCELLED, error="cancelled by bob")
+    Job.objects.modify(ended, ended.version, Status.PENDING)  # the operator's retry
+    again = Job.objects.claim("w-again", 1)[0]
+    assert again.attempt_num == 2 and Job.objects.cancel_request_for(job.pk, 2) is None
+    assert Job.objects.cancel_request_for(job.pk, 1) is not None  # its own attempt's record stays

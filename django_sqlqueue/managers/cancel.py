@@ -131,9 +131,26 @@ class CancelMixin(RowsMixin):
         return request
 
     def cancel_request_for(self, job_id: int, attempt_num: int, *, using: str | None = None) -> Any:
-        """The cancel request for this attempt of a job, or None (the running slot's check: a seek on the
-        (job, attempt) unique index of a table that holds only requests)."""
-        from ..models import CancelRequest
+        """The cancel request that applies to this attempt of a job, or None.
 
-        return CancelRequest.objects.using(self._alias(using)).filter(
-            job_id=job_id, attempt_num=attempt_num).first()
+        That is the request made for this attempt, or one made for an earlier attempt that no attempt
+        since has ended in a finished status. A request outlives an attempt that ended before its worker
+        acted on it: the worker died and the job was taken over, or the handler failed and the job is being
+        retried. The operator asked for the job to stop, not for one attempt to. It does not outlive
+        a finished attempt: the job was Cancelled (the request done), Completed (too late), or Failed, and
+        an operator's retry of it is a new decision.
+
+        The running slot's check: one seek on the (job, attempt) unique index of a table that holds only
+        requests, and a second read of the job's history only when an earlier request exists.
+        """
+        from ..models import CancelRequest, JobAttempt
+
+        alias = self._alias(using)
+        request = CancelRequest.objects.using(alias).filter(
+            job_id=job_id, attempt_num__lte=attempt_num).order_by("-attempt_num").first()
+        if request is None or request.attempt_num == attempt_num:
+            return request
+        ended = JobAttempt.objects.using(alias).filter(
+            job_id=job_id, attempt_num__gte=request.attempt_num, attempt_num__lt=attempt_num,
+            outcome_id__in=sorted(FINISHED)).exists()
+        return None if ended else request
