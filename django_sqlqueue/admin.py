@@ -492,6 +492,9 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
                 return _("waiting for its worker to stop it")
             if outcome == Status.CANCELLED:
                 return _("done: the attempt was cancelled")
+            if outcome not in FINISHED:  # e.g. Error: it covers the next attempts (managers/cancel.py)
+                return _("the attempt ended %(status)s first: its next attempt is stopped") % {
+                    "status": human_label(outcome)}
             return _("too late: the attempt ended %(status)s first") % {"status": human_label(outcome)}
 
         return format_html('<ul class="sqlqueue-cancel-requests">{}</ul>', format_html_join(

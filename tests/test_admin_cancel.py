@@ -75,3 +75,14 @@ def test_a_stale_token_is_refused_for_a_running_job_too(admin_client) -> None:
                            confirm="yes")
     assert "concurrency token is stale" in " ".join(messages_of(response))
     assert not CancelRequest.objects.exists()
+
+
+def test_the_job_page_says_a_request_carries_to_the_next_attempt(admin_client) -> None:
+    # The handler failed before its worker acted on the request: the job is retried, and the request
+    # stops that next attempt too (managers/cancel.py); the page says so instead of "too late".
+    running = make_job(Status.PROCESSING)
+    post_action(admin_client, "cancel", [running], confirm="yes")
+    Job.objects.fail(Job.objects.get(pk=running.pk), "boom", retry_in=0)
+    page = admin_client.get(change_url(running)).content.decode()
+    assert "the attempt ended Error first: its next attempt is stopped" in page
+    assert "too late" not in page
