@@ -6,11 +6,12 @@
 (a throwaway PostgreSQL: ``python -m tests.pgcluster --fsync`` prints its URL). Each round empties the
 queue, enqueues ``--jobs`` no-op jobs of the test project's ``test.Noop`` handler and drains them with
 an in-process burst worker (default options, no process start-up), then does the same with as many
-``tick.enqueue()`` calls of the test project's ``@task`` and drains those. Prints the microseconds per
-job of each round (wall clock, and the process's CPU time) and the median of the per-round ratios (task / native): the rounds interleave, so a
-noisy machine slows both sides of a ratio alike. ``--quiet-tasks-log`` raises the ``django.tasks``
-logger to WARNING first: Django's own receivers of ``task_started`` / ``task_finished`` log at INFO,
-and with the default logging configuration each task run builds two log records. Not run in CI.
+``enqueue()`` calls of the test project's no-op ``@task`` (``--task tick``: one returning a short
+string) and drains those. Prints the microseconds per job of each round (wall clock, and the process's
+CPU time) and the median of the per-round ratios (task / native): the rounds interleave, so a noisy
+machine slows both sides of a ratio alike. ``--quiet-tasks-log`` raises the ``django.tasks`` logger to
+WARNING first (Django's own receivers of ``task_started`` / ``task_finished`` log at INFO). Not run in
+CI.
 """
 
 from __future__ import annotations

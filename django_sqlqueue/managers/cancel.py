@@ -68,19 +68,11 @@ class CancelMixin(RowsMixin):
             if token is not None and current.version != token:
                 raise StaleJob(f"job {job_id}: token {token} is stale (now {current.version}); nothing was changed")
             state = current.state
-            if state == Status.PROCESSING and self._lease_expired(current, alias):
-                # No live worker holds it (its lease ran out: dead, or stalled past its lease), so no
-                # one would act on a request, and the next claim would run it again: cancel it now,
-                # as the claim would have taken it over (a stalled holder's late result is refused by
-                # the token, as after a takeover).
-                try:
-                    return self.modify(current, current.version, Status.CANCELLED,  # type: ignore[attr-defined]
-                                       error=cancel_text(by, reason), using=alias)
-                except StaleJob:
-                    if token is not None:
-                        raise
-                    continue  # taken over (or renewed and finished) meanwhile: look again
-            if state == Status.PROCESSING:
+            # A running job is asked to stop, unless its lease ran out (its worker is dead, or stalled past
+            # the lease): then no one would act on a request and the next claim would run the job again,
+            # so it is cancelled now, below, as a takeover would have taken it (a stalled holder's late
+            # result is refused by the token, as after any takeover).
+            if state == Status.PROCESSING and not self._lease_expired(current, alias):
                 request = self._request_cancel(current, reason, by, alias)
                 if request is not None:
                     current.cancel_request = request  # type: ignore[attr-defined]
@@ -97,7 +89,7 @@ class CancelMixin(RowsMixin):
             except StaleJob:
                 if token is not None:
                     raise
-                continue  # claimed (or changed) between the read and the write: look again
+                continue  # claimed, taken over or changed between the read and the write: look again
         raise StaleJob(f"job {job_id} kept changing while it was being cancelled; nothing was changed")
 
     def _lease_expired(self, job: Job, alias: str) -> bool:

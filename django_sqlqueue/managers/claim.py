@@ -103,7 +103,7 @@ class ClaimMixin(RowsMixin):
         limited = jobtypes.limited_type_ids(alias)
         # The permits of completed jobs of limited types are freed in the same transaction (one more
         # statement, only when such jobs finish; see docs/limits.md).
-        releasing = [job.pk for job, *_ in done if job.job_type_id in limited] if limited else []
+        releasing = {job.pk for job, *_ in done if job.job_type_id in limited} if limited else set()
         req = ClaimRequest(
             worker=worker or "-",
             limit=limit,
