@@ -83,8 +83,8 @@ def _bulk_fill(n: int, type_id: int) -> None:
 
 
 def _throughput(jobs: int, batch: int) -> float:
-    from django_sqlqueue.managers import JobSpec
     from django_sqlqueue.models import Job
+    from django_sqlqueue.queue import JobSpec
 
     _reset()
     Job.objects.enqueue_many(JobSpec("Noop") for _ in range(jobs))

@@ -261,8 +261,8 @@ class Ours(System):
         self.batch = batch
         if batch != "auto":
             self.name = f"{OURS} (batch {batch})"
-        from django_sqlqueue.managers import JobSpec
         from django_sqlqueue.models import Job
+        from django_sqlqueue.queue import JobSpec
 
         self.Job, self.JobSpec = Job, JobSpec
 

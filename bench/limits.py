@@ -85,8 +85,8 @@ def run_one(url: str, backlog: int, samples: int) -> dict:
     _setup(url)
     from django.db import connection
 
-    from django_sqlqueue.managers import JobSpec
     from django_sqlqueue.models import Job, JobType
+    from django_sqlqueue.queue import JobSpec
 
     noop = JobType.objects.get_or_create(name="Noop")[0].id
     export = _set_limit("Export", None)

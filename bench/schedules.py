@@ -75,8 +75,8 @@ def _analyze() -> None:
 
 
 def _fill_jobs(n: int) -> None:
-    from django_sqlqueue.managers import JobSpec
     from django_sqlqueue.models import Job
+    from django_sqlqueue.queue import JobSpec
 
     for start in range(0, n, 5000):
         Job.objects.enqueue_many([JobSpec("test.Noop", {}) for _ in range(min(5000, n - start))])

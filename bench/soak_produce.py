@@ -110,8 +110,8 @@ class Producer:
         raise SystemExit(f"producer {self.args.index}: gave up after {MAX_TRIES} tries")
 
     def run(self) -> None:
-        from django_sqlqueue.managers import JobSpec
         from django_sqlqueue.models import Job
+        from django_sqlqueue.queue import JobSpec
         from django_sqlqueue.states import Status
 
         a = self.args

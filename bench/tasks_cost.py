@@ -45,9 +45,9 @@ def main() -> int:
     from django.core.management import call_command
     from django.db import connection
 
-    from django_sqlqueue.managers import JobSpec
     from django_sqlqueue.models import Job, JobAttempt
-    from django_sqlqueue.worker import Worker, WorkerConfig
+    from django_sqlqueue.queue import JobSpec
+    from django_sqlqueue.worker.loop import Worker, WorkerConfig
     from testproject.testjobs import tasks as test_tasks
 
     call_command("migrate", verbosity=0)

@@ -96,8 +96,8 @@ def child(args: argparse.Namespace) -> int:
 def fill(n: int) -> None:
     from django.db import connection
 
-    from django_sqlqueue.managers import JobSpec
     from django_sqlqueue.models import Job, JobAttempt, Worker
+    from django_sqlqueue.queue import JobSpec
 
     JobAttempt.objects.all().delete()
     Job.objects.all().delete()
@@ -173,7 +173,7 @@ def profile(db: str, n: int, batch: int) -> None:
     import cProfile
     import pstats
 
-    from django_sqlqueue.worker import Worker, WorkerConfig
+    from django_sqlqueue.worker.loop import Worker, WorkerConfig
 
     n = min(n, 5000)
     fill(n)
@@ -185,7 +185,7 @@ def profile(db: str, n: int, batch: int) -> None:
     prof.disable()
     wall = time.monotonic() - started
     stats = pstats.Stats(prof)
-    parts = {"claim": ("managers/claim.py", "claim"), "handler dispatch": ("runner.py", "run"),
+    parts = {"claim": ("queue/claim.py", "claim"), "handler dispatch": ("runner.py", "run"),
              "finish": ("worker.py", "_record")}
     total = sum(v[3] for k, v in stats.stats.items() if k[2] == "_loop" and k[0].endswith("worker.py"))  # type: ignore[attr-defined]
     shares = {}

@@ -60,7 +60,8 @@ __all__ = [
 ]
 
 
-_LAZY = {"Retry": "runner", "Cancel": "runner", "Fail": "runner", "JobContext": "runner", "JobSpec": "managers",
+_LAZY = {"Retry": "worker.runner", "Cancel": "worker.runner", "Fail": "worker.runner", "JobContext": "worker.runner",
+         "JobSpec": "queue",
          "signals": None}
 
 
@@ -75,7 +76,7 @@ def __getattr__(name: str) -> Any:
 
 
 def enqueue(job_type: str, payload: Any = None, **options: Any) -> Job:
-    """Shortcut for ``Job.objects.enqueue``; see :meth:`django_sqlqueue.managers.JobManager.enqueue`."""
+    """Shortcut for ``Job.objects.enqueue``; see :meth:`django_sqlqueue.queue.JobManager.enqueue`."""
     from .models import Job
 
     return Job.objects.enqueue(job_type, payload, **options)

@@ -16,16 +16,16 @@ class SqlQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers system checks)
         from .jobtypes import clear_cache
         from .models import JobType
+        from .ops import checks  # noqa: F401  (registers system checks)
 
         # Handlers live in each app's jobs.py, found the way the admin finds admin.py.
         autodiscover_modules("jobs")
         from django.core.signals import setting_changed
 
-        from .task_runner import forget_heard
-        from .task_runner import install as install_task_resolver
+        from .tasks.runner import forget_heard
+        from .tasks.runner import install as install_task_resolver
 
         # Django tasks: the job type is the task's import path, resolved lazily in worker processes.
         install_task_resolver()
@@ -61,7 +61,7 @@ def _sync_permits(sender: Any, instance: Any, using: str = "default", update_fie
         return  # loaddata
     if update_fields is not None and not {"concurrency_limit", "rate_limit"} & set(update_fields):
         return  # paused, code_options...: the limits did not change
-    from .permits import sync_type
+    from .limits import sync_type
 
     sync_type(instance, using)
 

@@ -193,7 +193,7 @@ def response_problem(value: Any) -> str | None:
     """
     import json
 
-    from .managers import unstorable
+    from .queue import unstorable
 
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))

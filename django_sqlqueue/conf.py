@@ -12,8 +12,8 @@ from typing import Any
 
 from django.conf import settings as django_settings
 
+from .bounds import MAX_BACKOFF_SECONDS
 from .exceptions import SqlQueueConfigError
-from .limits import MAX_BACKOFF_SECONDS
 
 
 @dataclass(frozen=True)

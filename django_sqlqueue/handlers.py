@@ -40,7 +40,7 @@ class Handler:
 
     def key_of(self, payload: Any) -> str:
         """The concurrency key of a job with ``payload`` ("" when the handler declares none)."""
-        from .limits import storable_concurrency_key
+        from .bounds import storable_concurrency_key
 
         spec = self.concurrency_key
         if spec is None:
@@ -63,7 +63,7 @@ _UNSET_VALUE: dict[str, Any] = {"description": "", "rate_limit": ""}
 def _check_option(name: str, key: str, value: Any) -> None:
     """Refuse a handler option the JobType column cannot hold, when the handler is declared."""
     if key in ("concurrency_limit", "rate_limit"):
-        from .limits import check_concurrency_limit, parse_rate
+        from .bounds import check_concurrency_limit, parse_rate
 
         if key == "concurrency_limit":
             check_concurrency_limit(value, f"handler option concurrency_limit of {name!r}")

@@ -161,7 +161,7 @@ def _fresh(entry: tuple[float, TypeInfo] | None) -> TypeInfo | None:
 def validate_name(name: object) -> str:
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise InvalidArgument(f"a job type name must be a non-empty string of at most 200 characters, got {name!r}")
-    from .limits import check_type_name
+    from .bounds import check_type_name
 
     return check_type_name(name)  # no control characters or line breaks (they would forge log lines)
 

@@ -1,6 +1,6 @@
 """Queue tables: status vocabulary, job types, the base job table, attempt history, workers, subtypes.
 
-Jobs are written through :class:`~django_sqlqueue.managers.JobManager` (enqueue, claim, modify), which
+Jobs are written through :class:`~django_sqlqueue.queue.JobManager` (enqueue, claim, modify), which
 keeps the lifecycle columns consistent; the ORM is used freely for reads.
 """
 
@@ -14,9 +14,9 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from . import limits
+from . import bounds
 from .fields import JSONValueField
-from .managers import JobManager
+from .queue import JobManager
 from .states import CLAIMABLE, DEDUPE_SCOPE, Status
 
 
@@ -51,26 +51,26 @@ class JobType(models.Model):
     the database (whatever writes the row), and again when a row is read (:meth:`from_db`).
     """
 
-    name = models.CharField(max_length=200, unique=True, validators=[limits.validate_type_name])
+    name = models.CharField(max_length=200, unique=True, validators=[bounds.validate_type_name])
     description = models.CharField(max_length=500, blank=True, default="")
     max_attempts = models.PositiveSmallIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(limits.MIN_ATTEMPTS)],
+        null=True, blank=True, validators=[MinValueValidator(bounds.MIN_ATTEMPTS)],
         help_text=_("At least 1. Blank: SQLQUEUE['MAX_ATTEMPTS'] (3 unless set).")
     )
     backoff_base_seconds = models.FloatField(
-        null=True, blank=True, validators=[limits.FiniteRange(0, limits.MAX_BACKOFF_SECONDS)],
+        null=True, blank=True, validators=[bounds.FiniteRange(0, bounds.MAX_BACKOFF_SECONDS)],
         help_text=_("0 to 31536000 (a year). Blank: SQLQUEUE['BACKOFF_BASE_SECONDS'].")
     )
     backoff_max_seconds = models.FloatField(
-        null=True, blank=True, validators=[limits.FiniteRange(0, limits.MAX_BACKOFF_SECONDS)],
+        null=True, blank=True, validators=[bounds.FiniteRange(0, bounds.MAX_BACKOFF_SECONDS)],
         help_text=_("0 to 31536000 (a year). Blank: SQLQUEUE['BACKOFF_MAX_SECONDS'].")
     )
     timeout_seconds = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(limits.MIN_TIMEOUT_SECONDS)],
+        null=True, blank=True, validators=[MinValueValidator(bounds.MIN_TIMEOUT_SECONDS)],
         help_text=_("At least 1. Blank: SQLQUEUE['TIMEOUT_SECONDS'].")
     )
     lease_seconds = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(limits.MIN_LEASE_SECONDS)],
+        null=True, blank=True, validators=[MinValueValidator(bounds.MIN_LEASE_SECONDS)],
         help_text=_("At least 1; renewed every third of it while the job runs. Blank: SQLQUEUE['LEASE_SECONDS'].")
     )
     paused = models.BooleanField(default=False, help_text=_("Workers do not claim jobs of a paused type."))
@@ -78,12 +78,12 @@ class JobType(models.Model):
     #: this many jobs Processing at once, fleet-wide; or at most N starts per period ("10/s"). Per key
     #: when jobs carry a ``concurrency_key`` (the handler's declaration or the enqueue's).
     concurrency_limit = models.PositiveSmallIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(limits.MIN_CONCURRENCY_LIMIT),
-                                           MaxValueValidator(limits.MAX_CONCURRENCY_LIMIT)],
+        null=True, blank=True, validators=[MinValueValidator(bounds.MIN_CONCURRENCY_LIMIT),
+                                           MaxValueValidator(bounds.MAX_CONCURRENCY_LIMIT)],
         help_text=_("At most this many jobs of the type (per concurrency key) run at once across all workers. "
                     "Blank: no limit."))
     rate_limit = models.CharField(
-        max_length=32, blank=True, default="", validators=[limits.validate_rate_limit],
+        max_length=32, blank=True, default="", validators=[bounds.validate_rate_limit],
         help_text=_('At most N job starts per period across all workers (per concurrency key), e.g. "10/s", '
                     '"100/m", "500/h". Blank: no limit.'))
     #: The handler's options as the code last wrote them to this row. A setting still equal to its value
@@ -100,18 +100,18 @@ class JobType(models.Model):
         verbose_name = _("job type")
         ordering = ["name"]
         constraints = [
-            models.CheckConstraint(condition=_at_least("max_attempts", limits.MIN_ATTEMPTS),
+            models.CheckConstraint(condition=_at_least("max_attempts", bounds.MIN_ATTEMPTS),
                                    name="sqlqueue_jobtype_max_attempts"),
-            models.CheckConstraint(condition=_at_least("timeout_seconds", limits.MIN_TIMEOUT_SECONDS),
+            models.CheckConstraint(condition=_at_least("timeout_seconds", bounds.MIN_TIMEOUT_SECONDS),
                                    name="sqlqueue_jobtype_timeout"),
-            models.CheckConstraint(condition=_at_least("lease_seconds", limits.MIN_LEASE_SECONDS),
+            models.CheckConstraint(condition=_at_least("lease_seconds", bounds.MIN_LEASE_SECONDS),
                                    name="sqlqueue_jobtype_lease"),
-            models.CheckConstraint(condition=_between("backoff_base_seconds", 0, limits.MAX_BACKOFF_SECONDS),
+            models.CheckConstraint(condition=_between("backoff_base_seconds", 0, bounds.MAX_BACKOFF_SECONDS),
                                    name="sqlqueue_jobtype_backoff_base"),
-            models.CheckConstraint(condition=_between("backoff_max_seconds", 0, limits.MAX_BACKOFF_SECONDS),
+            models.CheckConstraint(condition=_between("backoff_max_seconds", 0, bounds.MAX_BACKOFF_SECONDS),
                                    name="sqlqueue_jobtype_backoff_max"),
-            models.CheckConstraint(condition=_between("concurrency_limit", limits.MIN_CONCURRENCY_LIMIT,
-                                                      limits.MAX_CONCURRENCY_LIMIT),
+            models.CheckConstraint(condition=_between("concurrency_limit", bounds.MIN_CONCURRENCY_LIMIT,
+                                                      bounds.MAX_CONCURRENCY_LIMIT),
                                    name="sqlqueue_jobtype_concurrency_limit"),
         ]
 
@@ -133,9 +133,9 @@ class JobType(models.Model):
         them (or with its constraints dropped), so no worker ever runs with a lease of 0 s.
         """
         row = super().from_db(db, field_names, values, **kwargs)  # kwargs: fetch_mode (Django 6.1)
-        for field in limits.TYPE_SETTING_BOUNDS:
+        for field in bounds.TYPE_SETTING_BOUNDS:
             value = row.__dict__.get(field)
-            fixed = limits.clamp_type_setting(row.__dict__.get("name", "?"), field, value)
+            fixed = bounds.clamp_type_setting(row.__dict__.get("name", "?"), field, value)
             if fixed is not value:
                 row.__dict__[field] = fixed
         return row
@@ -324,7 +324,7 @@ class JobAttempt(models.Model):
 class CancelRequest(models.Model):
     """An operator's (or code's) request to stop one running attempt of a job: who, when, why.
 
-    Written by :meth:`JobManager.cancel <django_sqlqueue.managers.cancel.CancelMixin.cancel>` for a
+    Written by :meth:`JobManager.cancel <django_sqlqueue.queue.cancel.CancelMixin.cancel>` for a
     Processing job, read by the slot running that attempt (its heartbeat thread polls while a job runs
     longer than ``CANCEL_CHECK_SECONDS``). A table of its own, not columns of the job: the claim, the
     lease renewal and the finish never read or write it, so jobs nobody cancels do not pay for it. A

@@ -12,7 +12,7 @@ from django.test import RequestFactory
 from django.utils import timezone
 
 from django_sqlqueue import StaleJob
-from django_sqlqueue.admin_actions import run_transition
+from django_sqlqueue.admin.actions import run_transition
 from django_sqlqueue.models import Job, JobAttempt
 from django_sqlqueue.states import Status
 from tests.test_admin_support import (  # noqa: F401  (fixtures)

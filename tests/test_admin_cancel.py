@@ -7,7 +7,7 @@ import pytest
 from django.core.exceptions import PermissionDenied
 from django.test import RequestFactory
 
-from django_sqlqueue import admin_actions
+from django_sqlqueue.admin import actions as admin_actions
 from django_sqlqueue.models import CancelRequest, Job
 from django_sqlqueue.states import Status
 from tests.test_admin_support import (  # noqa: F401  (fixtures)
@@ -79,7 +79,7 @@ def test_a_stale_token_is_refused_for_a_running_job_too(admin_client) -> None:
 
 def test_the_job_page_says_a_request_carries_to_the_next_attempt(admin_client) -> None:
     # The handler failed before its worker acted on the request: the job is retried, and the request
-    # stops that next attempt too (managers/cancel.py); the page says so instead of "too late".
+    # stops that next attempt too (queue/cancel.py); the page says so instead of "too late".
     running = make_job(Status.PROCESSING)
     post_action(admin_client, "cancel", [running], confirm="yes")
     Job.objects.fail(Job.objects.get(pk=running.pk), "boom", retry_in=0)

@@ -350,7 +350,7 @@ def test_group_actions_need_their_permissions(client) -> None:
     client.force_login(user_with("view_job", username="viewer3"))
     html = client.get(reverse(FAILURES)).content.decode()
     assert "SMTPError" in html and "Retry all" not in html
-    from django_sqlqueue.admin_triage import failure_groups
+    from django_sqlqueue.admin.triage import failure_groups
 
     key = next(g.key for g in failure_groups(Job)[0] if g.exc == "SMTPError")
     assert client.post(reverse(FAILURES), {"group": key, "op": "retry", "confirm": "yes"}).status_code == 403
@@ -364,7 +364,7 @@ def test_group_actions_need_their_permissions(client) -> None:
     ("", "", ""),
 ])
 def test_exception_class_and_message(error, cls, message) -> None:
-    from django_sqlqueue.admin_triage import error_message, exception_class
+    from django_sqlqueue.admin.triage import error_message, exception_class
 
     assert exception_class(error) == cls and error_message(error) == message
 
@@ -413,7 +413,7 @@ def test_wording(admin_client) -> None:
 
 
 def test_attempt_error_is_cut_at_a_word_with_an_ellipsis() -> None:
-    from django_sqlqueue.admin import ellipsize
+    from django_sqlqueue.admin.site import ellipsize
 
     assert ellipsize("alpha beta gamma", 12) == "alpha beta…"
     assert ellipsize("short", 12) == "short"
@@ -445,7 +445,7 @@ def test_throughput_rates_wait_and_runtime(admin_client) -> None:
 
 
 def test_percentile_nearest_rank() -> None:
-    from django_sqlqueue.admin_throughput import percentile
+    from django_sqlqueue.admin.throughput import percentile
 
     assert percentile([], 50) is None
     assert percentile([5, 1, 3], 50) == 3 and percentile(list(range(1, 101)), 95) == 95
@@ -465,7 +465,7 @@ def test_search_by_a_payload_value(admin_client) -> None:
 def test_payload_search_uses_containment_on_postgresql(admin_client) -> None:
     from django.db import connection
 
-    from django_sqlqueue.admin import payload_condition
+    from django_sqlqueue.admin.site import payload_condition
 
     sql, _params = Job.objects.filter(payload_condition("to=a@example.com", None)).query.sql_with_params()
     if connection.vendor == "postgresql":

@@ -10,7 +10,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_sqlqueue.admin_filters import CheapPaginator, distinct_values
+from django_sqlqueue.admin.filters import CheapPaginator, distinct_values
 from django_sqlqueue.models import Job, JobType
 from django_sqlqueue.states import Status
 from testproject.notifications.models import EmailChannel, ResetPassword
@@ -154,7 +154,7 @@ def test_paginator_estimates_the_unfiltered_list_on_postgresql(admin_client, mon
 
 def test_the_list_costs_the_same_queries_for_5_or_50_jobs(admin_client) -> None:
     def queries_for_list() -> int:
-        from django_sqlqueue import admin_filters
+        from django_sqlqueue.admin import filters as admin_filters
 
         admin_filters._choices_cache.clear()  # measure the choices' loose scans too
         with CaptureQueriesContext(connection) as ctx:
@@ -244,7 +244,7 @@ def test_subtype_rows_show_as_inlines(admin_client) -> None:
 
 
 def test_subtype_inline_hook(admin_client) -> None:
-    from django_sqlqueue.admin_subtypes import SubtypeInline, _custom, register_subtype_inline
+    from django_sqlqueue.admin.subtypes import SubtypeInline, _custom, register_subtype_inline
 
     JobType.objects.get_or_create(name="ResetPassword")
     job = Job.objects.enqueue("ResetPassword", {}, subtypes=[
@@ -265,7 +265,7 @@ def test_subtype_inline_hook(admin_client) -> None:
 
 
 def test_queue_choices_are_cached_briefly(admin_client, monkeypatch) -> None:
-    from django_sqlqueue import admin_filters
+    from django_sqlqueue.admin import filters as admin_filters
 
     make_job(queue="first")
     assert '?queue=first"' in admin_client.get(changelist_url()).content.decode()
@@ -285,7 +285,7 @@ def test_queue_choices_are_cached_briefly(admin_client, monkeypatch) -> None:
 ])
 def test_filters_on_filtered_indexes_send_their_predicate_as_a_literal(name, literal) -> None:
     """SQL Server matches a filtered index only on the same literal predicate: a parameter never does."""
-    from django_sqlqueue import admin_filters
+    from django_sqlqueue.admin import filters as admin_filters
 
     condition = getattr(admin_filters, name)
     q = condition("default") if name == "has_error" else condition("default", timezone.now())
@@ -298,7 +298,7 @@ def test_the_dashboards_index_reads_send_their_predicate_as_a_literal() -> None:
     """The oldest due job and the jobs each worker holds are read through partial indexes: SQLite and
     SQL Server use one only when the query carries its predicate as a literal (at 1M jobs on SQLite a
     parameter made each of these a table scan: 0.3 s per priority, 1.1 s for the worker counts)."""
-    from django_sqlqueue.admin_views import oldest_due, workers
+    from django_sqlqueue.admin.views import oldest_due, workers
 
     make_job(priority=1)
     make_job(Status.PROCESSING, worker="w-1")
@@ -317,7 +317,7 @@ def test_the_dashboards_index_reads_send_their_predicate_as_a_literal() -> None:
 def test_throughput_buckets_are_counted_by_the_database_in_the_right_place(key) -> None:
     """Jobs near bucket edges land in the window's buckets, on every vendor (the database computes
     minutes or hours since 1970; Python adds them up into the window's buckets)."""
-    from django_sqlqueue.admin_throughput import WINDOWS, rates
+    from django_sqlqueue.admin.throughput import WINDOWS, rates
 
     window = WINDOWS[key]
     now = timezone.now().replace(microsecond=0)

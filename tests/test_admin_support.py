@@ -112,7 +112,7 @@ def fast_password_hasher(settings):
 @pytest.fixture(autouse=True)
 def fresh_admin_caches():
     """The queue / step dropdown choices are cached per process: start each test without them."""
-    from django_sqlqueue import admin_filters
+    from django_sqlqueue.admin import filters as admin_filters
 
     admin_filters._choices_cache.clear()
     yield

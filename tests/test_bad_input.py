@@ -31,10 +31,10 @@ from django_sqlqueue.exceptions import (
     UnknownJobType,
 )
 from django_sqlqueue.handlers import registry
-from django_sqlqueue.managers import MAX_ERROR_CHARS, JobSpec
 from django_sqlqueue.models import Job, JobType
-from django_sqlqueue.runner import Retry
+from django_sqlqueue.queue import MAX_ERROR_CHARS, JobSpec
 from django_sqlqueue.states import Status
+from django_sqlqueue.worker.runner import Retry
 from tests import workerutil as wu
 from tests.workerutil import REPO
 

@@ -7,11 +7,11 @@ import logging
 
 import pytest
 
-from django_sqlqueue.batching import BatchSizer
-from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobAttempt
+from django_sqlqueue.queue import JobSpec
 from django_sqlqueue.states import Status
-from django_sqlqueue.worker import RELEASED, SUCCEEDED, Worker, WorkerConfig
+from django_sqlqueue.worker.batch_size import BatchSizer
+from django_sqlqueue.worker.loop import RELEASED, SUCCEEDED, Worker, WorkerConfig
 
 # ----- the sizing rule, without a database ---------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from django.db import connections
 from django_sqlqueue import IllegalTransition, InvalidArgument, StaleJob, Status, enqueue
 from django_sqlqueue.exceptions import CancelTooLate
 from django_sqlqueue.models import CancelRequest, Job, JobAttempt
-from django_sqlqueue.runner import JobContext
+from django_sqlqueue.worker.runner import JobContext
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("noop_type")]
 
@@ -191,7 +191,7 @@ def test_in_process_a_handler_that_returns_successfully_after_the_cancel_complet
 
 
 def test_queue_why_says_a_cancel_is_pending() -> None:
-    from django_sqlqueue.diagnose import why_not_running
+    from django_sqlqueue.ops.diagnose import why_not_running
 
     job = claimed()
     assert not any("a cancel was requested" in r for r in why_not_running(Job.objects.get(pk=job.pk)))

@@ -8,8 +8,8 @@ import pytest
 from django.utils import timezone
 
 from django_sqlqueue import InvalidArgument, Status, UnknownJobType, enqueue, jobtypes
-from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobAttempt, JobType, Worker
+from django_sqlqueue.queue import JobSpec
 
 pytestmark = pytest.mark.django_db
 

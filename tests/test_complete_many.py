@@ -6,8 +6,8 @@ import pytest
 
 from django_sqlqueue import InvalidArgument, Status, enqueue
 from django_sqlqueue.conf import get_settings
-from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobAttempt, JobType
+from django_sqlqueue.queue import JobSpec
 
 pytestmark = pytest.mark.django_db
 

@@ -19,8 +19,8 @@ import pytest
 from django.db import connection, connections
 
 from django_sqlqueue import Status
-from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobAttempt, JobType
+from django_sqlqueue.queue import JobSpec
 
 from . import procutil
 

@@ -16,10 +16,11 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection, connections
 
-from django_sqlqueue import jobtypes, permits
+from django_sqlqueue import jobtypes
+from django_sqlqueue import limits as permits
+from django_sqlqueue.bounds import parse_rate
 from django_sqlqueue.exceptions import InvalidArgument
 from django_sqlqueue.handlers import Registry
-from django_sqlqueue.limits import parse_rate
 from django_sqlqueue.models import Job, JobType, LimitPermit
 from django_sqlqueue.states import Status
 
@@ -426,8 +427,8 @@ def test_the_limited_claim_seeks_its_indexes_with_a_deep_limited_backlog() -> No
     """5,000 waiting jobs of a saturated limited type, 1,000 unlimited ones: the claim's plan walks the
     claim index and the limited index, never the whole job table (PostgreSQL, SQLite; SQL Server's plan
     is read where one runs: tests/test_mssql_live.py)."""
-    from django_sqlqueue.explain import explain_claim
-    from django_sqlqueue.managers import JobSpec
+    from django_sqlqueue.ops.explain import explain_claim
+    from django_sqlqueue.queue import JobSpec
 
     limited("Export", concurrency_limit=2)
     if connection.vendor == "microsoft":  # Babelfish returns no plan: it says so, and claims nothing

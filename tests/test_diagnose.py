@@ -10,8 +10,8 @@ from django.core.management import CommandError, call_command
 from django.utils import timezone
 
 from django_sqlqueue import Status, enqueue, handler, registry
-from django_sqlqueue.diagnose import why_not_running
 from django_sqlqueue.models import Job, JobType, Worker
+from django_sqlqueue.ops.diagnose import why_not_running
 
 pytestmark = pytest.mark.django_db
 

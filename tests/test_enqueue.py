@@ -11,8 +11,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from django_sqlqueue import InvalidArgument, InvalidPayload, Status, SubtypeMismatch, UnknownJobType, enqueue
-from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobType
+from django_sqlqueue.queue import JobSpec
 from testproject.notifications.models import EmailChannel, ResetPassword, SmsChannel
 
 from . import procutil

@@ -10,8 +10,8 @@ from django.db import connection
 from django.utils import timezone
 
 from django_sqlqueue.dialects.base import JOB_COLUMNS
-from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobType
+from django_sqlqueue.queue import JobSpec
 
 pytestmark = pytest.mark.django_db
 

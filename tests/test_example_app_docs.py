@@ -38,7 +38,7 @@ def test_lifecycle_diagram_is_the_transition_table() -> None:
 
 
 def test_tasks_status_table_is_the_mapping() -> None:
-    from django_sqlqueue.tasks import STATUS_MAP
+    from django_sqlqueue.tasks.backend import STATUS_MAP
 
     rows = re.findall(r"^\| (\w+) \| `(\w+)` \|", doc("tasks.md"), re.M)
     assert {Status.from_label(q): f for q, f in rows} == {s: str(v) for s, v in STATUS_MAP.items()}

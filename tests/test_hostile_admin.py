@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from django_sqlqueue.admin import PRETTY_JSON_DEPTH
+from django_sqlqueue.admin.site import PRETTY_JSON_DEPTH
 from django_sqlqueue.models import Job, JobType
 from django_sqlqueue.states import Status
 from tests.test_admin_support import (  # noqa: F401  (fixtures)

@@ -273,8 +273,8 @@ def test_an_outcome_that_cannot_be_stored_fails_the_job_with_the_reason() -> Non
     tests/test_limits.py), and an outcome the queue still refuses (here a retry 10^12 s away, as a
     backoff row written before the bounds existed produced) is recorded as Failed with the reason,
     not a slot crash that re-runs the handler on every restart."""
-    from django_sqlqueue import runner
-    from django_sqlqueue.worker import Worker, WorkerConfig
+    from django_sqlqueue.worker import runner
+    from django_sqlqueue.worker.loop import Worker, WorkerConfig
 
     job = Job.objects.enqueue("test.AlwaysFail", {}, max_attempts=5)
     [claimed] = Job.objects.claim("unstorable/0", 1)

@@ -20,8 +20,8 @@ from django.utils import timezone
 from django_sqlqueue import jobtypes
 from django_sqlqueue.conf import get_settings
 from django_sqlqueue.exceptions import InvalidArgument, InvalidPayload, SqlQueueConfigError
-from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobType
+from django_sqlqueue.queue import JobSpec
 from django_sqlqueue.states import Status
 
 pytestmark = pytest.mark.django_db
@@ -68,7 +68,7 @@ def test_a_retry_beyond_a_century_is_refused_with_the_bound_named(noop_type) -> 
 
 def test_retry_at_seconds_refuses_what_retry_at_must_refuse() -> None:
     """``Retry(at=...)`` goes through this (runner.py): a century at most, aware datetimes only."""
-    from django_sqlqueue.limits import retry_at_seconds
+    from django_sqlqueue.bounds import retry_at_seconds
 
     assert retry_at_seconds(timezone.now() - timedelta(hours=1)) == 0.0
     assert 3590 < retry_at_seconds(timezone.now() + timedelta(hours=1)) <= 3600
@@ -200,7 +200,7 @@ def test_a_response_over_the_size_limit_is_refused_naming_its_size(noop_type, se
 def test_response_problem_says_why_a_return_value_cannot_be_stored(settings) -> None:
     """What the worker asks before recording a success (runner.py), so an oversized return value fails
     its job with the reason instead of being stored or crashing the slot."""
-    from django_sqlqueue.limits import response_problem
+    from django_sqlqueue.bounds import response_problem
 
     settings.SQLQUEUE = {**settings.SQLQUEUE, "MAX_RESPONSE_BYTES": 100}
     assert response_problem({"ok": True}) is None

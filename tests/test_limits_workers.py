@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from django_sqlqueue import jobtypes
-from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobType, LimitPermit
+from django_sqlqueue.queue import JobSpec
 from django_sqlqueue.states import Status
 from tests import workerutil as wu
 

@@ -17,8 +17,8 @@ from django_sqlqueue import (
     Status,
     enqueue,
 )
-from django_sqlqueue.managers import CLAIM_ONLY
 from django_sqlqueue.models import Job, JobAttempt, JobType
+from django_sqlqueue.queue import CLAIM_ONLY
 from django_sqlqueue.states import TRANSITIONS
 
 pytestmark = pytest.mark.django_db

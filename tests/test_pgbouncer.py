@@ -22,8 +22,8 @@ import time
 import pytest
 from django.db import connection
 
-from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job
+from django_sqlqueue.queue import JobSpec
 from django_sqlqueue.states import Status
 from tests import workerutil as wu
 from tests.pgbouncer import PgBouncer, find_pgbouncer

@@ -9,9 +9,9 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from django_sqlqueue.explain import explain_claim, picking_lines, postgresql_scans
-from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobType
+from django_sqlqueue.ops.explain import explain_claim, picking_lines, postgresql_scans
+from django_sqlqueue.queue import JobSpec
 
 pytestmark = pytest.mark.django_db
 

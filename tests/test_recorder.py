@@ -10,8 +10,8 @@ import time
 import pytest
 
 from django_sqlqueue import signals
-from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobAttempt, Worker
+from django_sqlqueue.queue import JobSpec
 from django_sqlqueue.states import Status
 from tests import workerutil as wu
 
@@ -72,10 +72,10 @@ def test_a_stale_success_is_refused_not_written() -> None:
     [job] = Job.objects.enqueue_many([JobSpec("test.Noop")])
     [claimed] = Job.objects.claim("rec", 1)
     Job.objects.modify(claimed, claimed.version, Status.TERMINATED)
-    from django_sqlqueue.recorder import Recorder
-    from django_sqlqueue.runner import Kind, Outcome
-    from django_sqlqueue.worker import Worker as SlotWorker
-    from django_sqlqueue.worker import WorkerConfig
+    from django_sqlqueue.worker.loop import Worker as SlotWorker
+    from django_sqlqueue.worker.loop import WorkerConfig
+    from django_sqlqueue.worker.recorder import Recorder
+    from django_sqlqueue.worker.runner import Kind, Outcome
 
     worker = SlotWorker(WorkerConfig(name="rec"))
     recorder = Recorder(worker)
@@ -86,7 +86,7 @@ def test_a_stale_success_is_refused_not_written() -> None:
 
 
 def test_slot_channel_keeps_unrecorded_ids() -> None:
-    from django_sqlqueue.slots import SlotChannel
+    from django_sqlqueue.worker.slots import SlotChannel
 
     ctx = multiprocessing.get_context("spawn")
     channel = SlotChannel(ctx, ctx.Event(), ctx.RawArray("q", 5), None)

@@ -12,11 +12,11 @@ import sys
 import pytest
 from django.utils import timezone
 
-from django_sqlqueue.heartbeat import sweep_gone_workers
 from django_sqlqueue.models import Job, JobAttempt
 from django_sqlqueue.models import Worker as WorkerRow
 from django_sqlqueue.states import Status
-from django_sqlqueue.support import process_gone, process_key
+from django_sqlqueue.worker.heartbeat import sweep_gone_workers
+from django_sqlqueue.worker.support import process_gone, process_key
 from tests import workerutil as wu
 
 worker_procs = wu.worker_procs

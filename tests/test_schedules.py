@@ -15,8 +15,8 @@ from django.db import connection
 from django.test import override_settings
 
 from django_sqlqueue import schedules
-from django_sqlqueue.checks import check_schedules
 from django_sqlqueue.models import Job, Schedule, ScheduleRun
+from django_sqlqueue.ops.checks import check_schedules
 from django_sqlqueue.schedules import (
     ScheduleDef,
     ScheduleError,

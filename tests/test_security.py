@@ -23,9 +23,9 @@ from django.urls import reverse
 
 import django_sqlqueue
 from django_sqlqueue import jobtypes
-from django_sqlqueue.diagnose import why_not_running
-from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobAttempt, JobType, Worker
+from django_sqlqueue.ops.diagnose import why_not_running
+from django_sqlqueue.queue import JobSpec
 from django_sqlqueue.states import Status
 from tests import procutil
 from tests import workerutil as wu

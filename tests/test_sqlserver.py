@@ -14,8 +14,8 @@ from django.db import DatabaseError, connection
 
 from django_sqlqueue import Status, enqueue
 from django_sqlqueue.dialects import get_dialect
-from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobType
+from django_sqlqueue.queue import JobSpec
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

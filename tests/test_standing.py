@@ -8,9 +8,9 @@ import time
 import pytest
 from django.utils import timezone
 
-from django_sqlqueue.heartbeat import CLAIM_SHARE, STOP_SHARE, Heartbeat, register
 from django_sqlqueue.models import Job
 from django_sqlqueue.models import Worker as WorkerRow
+from django_sqlqueue.worker.heartbeat import CLAIM_SHARE, STOP_SHARE, Heartbeat, register
 
 pytestmark = pytest.mark.django_db
 

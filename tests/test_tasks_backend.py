@@ -21,7 +21,7 @@ from django.utils import timezone
 from django_sqlqueue import Status, enqueue, task_runner
 from django_sqlqueue.handlers import registry
 from django_sqlqueue.models import Job, JobType
-from django_sqlqueue.tasks import STATUS_MAP, SqlQueueBackend, TaskArgumentsError, exception_entry
+from django_sqlqueue.tasks.backend import STATUS_MAP, SqlQueueBackend, TaskArgumentsError, exception_entry
 
 from . import test_tasks_defs as defs
 from .test_tasks_defs import run_one

@@ -106,9 +106,9 @@ def run_one(worker: str = "w1") -> Any:
     works inside a test's transaction. Round trips through a real worker process are in
     tests/test_tasks_worker.py and tests/test_example_app_worker.py.
     """
-    from django_sqlqueue import runner
     from django_sqlqueue.handlers import registry
     from django_sqlqueue.models import Job, JobType
+    from django_sqlqueue.worker import runner
 
     claimed = Job.objects.claim(worker, 1)
     if not claimed:

@@ -20,7 +20,7 @@ from django.tasks.signals import task_finished, task_started
 from django.test.utils import CaptureQueriesContext
 
 from django_sqlqueue.models import JobAttempt
-from django_sqlqueue.tasks import LazyHistoryResult
+from django_sqlqueue.tasks.backend import LazyHistoryResult
 
 from . import test_tasks_defs as defs
 from .test_tasks_defs import run_one
@@ -195,7 +195,7 @@ def test_the_worker_result_is_the_one_the_constructor_builds() -> None:
     # The worker builds its RUNNING result without the dataclass constructor (running_result): every
     # field the constructor sets must be set, to the same value, for a task with options and arguments.
     from django_sqlqueue.models import Job
-    from django_sqlqueue.tasks import _FAST_RESULT, build_result, running_result
+    from django_sqlqueue.tasks.backend import _FAST_RESULT, build_result, running_result
 
     assert _FAST_RESULT  # this Django's TaskResult has the fields running_result sets (else the slow path)
     defs.echo.using(priority=3, queue_name="queue_1").enqueue([1, {"a": None}], when={"k": [2.5, "x"]})
@@ -283,7 +283,7 @@ def test_signals_whose_log_lines_every_handler_drops_are_not_sent(monkeypatch, s
     # task's INFO lines. (pytest's own capture handlers on the root logger are set aside here.)
     import logging
 
-    from django_sqlqueue.task_runner import _heard, forget_heard
+    from django_sqlqueue.tasks.runner import _heard, forget_heard
 
     monkeypatch.setattr(logging.getLogger(), "handlers", [])
     forget_heard()  # the answer of a walk is kept for a second (and dropped when a setting changes)

@@ -49,7 +49,7 @@ def test_a_fresh_django_process_resolves_tasks() -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip() == "True", (
         "a worker process cannot resolve Django tasks: django_sqlqueue.apps.SqlQueueConfig.ready() must call "
-        "django_sqlqueue.task_runner.install()"
+        "django_sqlqueue.tasks.runner.install()"
     )
 
 

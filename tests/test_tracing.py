@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from django_sqlqueue import tracing
 from django_sqlqueue.models import Job
+from django_sqlqueue.ops import tracing
 from django_sqlqueue.states import Status
 from tests import workerutil as wu
 

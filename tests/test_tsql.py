@@ -16,8 +16,8 @@ from sqlglot import exp
 
 from django_sqlqueue.dialects import JOB_COLUMNS, ClaimRequest
 from django_sqlqueue.dialects.mssql import Batch, MssqlDialect, batch
-from django_sqlqueue.managers import INSERT_COLUMNS, JobManager
 from django_sqlqueue.models import Job
+from django_sqlqueue.queue import INSERT_COLUMNS, JobManager
 from django_sqlqueue.states import Status
 
 
@@ -143,7 +143,7 @@ def test_modify_statements(dialect: MssqlDialect, current: Status, new: Status, 
     args = {"step": None, "response": object(), "error": None, "scheduled_for": None, "run_in": None,
             "reset_attempts": False, **kwargs}
     if "response" not in kwargs:
-        from django_sqlqueue.managers import UNSET
+        from django_sqlqueue.queue import UNSET
 
         args["response"] = UNSET
     manager = JobManager()

@@ -13,10 +13,10 @@ import pytest
 from django.utils import timezone
 
 from django_sqlqueue.exceptions import WorkerNameInUse
-from django_sqlqueue.heartbeat import register
 from django_sqlqueue.models import Job
 from django_sqlqueue.models import Worker as WorkerRow
 from django_sqlqueue.states import Status
+from django_sqlqueue.worker.heartbeat import register
 from tests import workerutil as wu
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]

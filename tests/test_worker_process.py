@@ -14,8 +14,8 @@ import time
 import pytest
 
 from django_sqlqueue import jobtypes
-from django_sqlqueue.managers import JobSpec
 from django_sqlqueue.models import Job, JobAttempt, JobType, Worker
+from django_sqlqueue.queue import JobSpec
 from django_sqlqueue.states import Status
 from tests import workerutil as wu
 

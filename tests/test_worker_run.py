@@ -108,7 +108,7 @@ def test_cancel_from_handler_is_final(job_log) -> None:
 
 def test_fail_from_handler_is_final_with_attempts_left(job_log) -> None:
     import django_sqlqueue as sqlqueue
-    from django_sqlqueue.runner import Fail
+    from django_sqlqueue.worker.runner import Fail
 
     assert sqlqueue.Fail is Fail
     job = Job.objects.enqueue("test.FailNow", {"log": str(job_log.path)})
@@ -225,7 +225,7 @@ def test_idle_wait_wakes_on_postgresql_notify() -> None:
     from django.db import connection
 
     from django_sqlqueue.conf import get_settings
-    from django_sqlqueue.wakeup import PgListener
+    from django_sqlqueue.worker.wakeup import PgListener
 
     if connection.vendor != "postgresql":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
@@ -256,7 +256,7 @@ def test_idle_wait_wakes_on_a_sqlite_commit_by_another_connection() -> None:
 
     from django.db import connection
 
-    from django_sqlqueue.wakeup import SqliteWatcher
+    from django_sqlqueue.worker.wakeup import SqliteWatcher
 
     if connection.vendor != "sqlite":
         pytest.skip("PRAGMA data_version is SQLite only")

@@ -98,7 +98,7 @@ def test_listen_goes_through_the_listen_database_alias(worker_procs, pg_cluster)
 def test_the_listen_alias_must_exist() -> None:
     from django.test import override_settings
 
-    from django_sqlqueue.checks import check_queue_database
+    from django_sqlqueue.ops.checks import check_queue_database
 
     with override_settings(SQLQUEUE={"LISTEN_DATABASE": "nowhere"}):
         assert [e.id for e in check_queue_database()] == ["sqlqueue.E006"]

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from django_sqlqueue.support import pid_alive  # noqa: F401  (tests call wu.pid_alive)
+from django_sqlqueue.worker.support import pid_alive  # noqa: F401  (tests call wu.pid_alive)
 from tests.procutil import test_db_env
 
 REPO = Path(__file__).resolve().parent.parent
@@ -149,7 +149,7 @@ def job_log(tmp_path: Path) -> JobLog:
 
 def run_worker(name: str = "inproc", **config: Any) -> Any:
     """Run a Worker in this process (no supervisor: no timeouts) until it stops; return its counters."""
-    from django_sqlqueue.worker import Worker, WorkerConfig
+    from django_sqlqueue.worker.loop import Worker, WorkerConfig
 
     config.setdefault("burst", True)
     worker = Worker(WorkerConfig(name=name, **config))

@@ -32,9 +32,9 @@ def main() -> int:
     from django.db import connection
 
     call_command("migrate", verbosity=0)
-    from django_sqlqueue.managers import JobSpec
     from django_sqlqueue.models import Job, JobAttempt
-    from django_sqlqueue.worker import Worker, WorkerConfig
+    from django_sqlqueue.queue import JobSpec
+    from django_sqlqueue.worker.loop import Worker, WorkerConfig
 
     with connection.cursor() as c:
         for model in (JobAttempt, Job):

@@ -38,13 +38,13 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from .admin_views import COUNT_CAP
-from .exceptions import CancelTooLate, IllegalTransition, InvalidArgument, JobNotFound, StaleJob
-from .limits import MAX_DELAY_SECONDS, check_when
-from .states import Status
+from ..bounds import MAX_DELAY_SECONDS, check_when
+from ..exceptions import CancelTooLate, IllegalTransition, InvalidArgument, JobNotFound, StaleJob
+from ..states import Status
+from .views import COUNT_CAP
 
 if TYPE_CHECKING:
-    from .models import Job
+    from ..models import Job
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def run_transition(
     ``on_running(job, token)``: what to do with a Processing job instead of refusing it (Cancel: ask its
     worker to stop it); it may raise as ``modify`` does.
     """
-    from .models import Job
+    from ..models import Job
 
     if not request.user.has_perm(f"django_sqlqueue.{permission}"):
         logger.warning("action=%s refused=permission user=%s", verb, request.user.pk)
@@ -149,7 +149,7 @@ def run_transition(
         except StaleJob:  # changed between our read and the UPDATE: modify's WHERE version caught it
             outcome.refused[stale].append(job.pk)
         except IllegalTransition:
-            from .states import human_label
+            from ..states import human_label
 
             if job.state == target:
                 reason = _("already %(status)s") % {"status": human_label(job.state)}
@@ -231,7 +231,7 @@ def _report(modeladmin: Any, request: HttpRequest, outcome: Outcome, verb: str, 
 
 def _back_to_job(request: HttpRequest, outcome: Outcome) -> HttpResponse | None:
     """Buttons on a job's page post here with ``_sqlqueue_return``: send the operator back to that job."""
-    from .admin_filters import parse_id
+    from .filters import parse_id
 
     # parse_id, not str.isdigit(): "²" is a digit to isdigit() and a ValueError to int(), which was a 500
     # after the action had been applied.
@@ -407,7 +407,7 @@ def cancel(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpRes
 
     Asks for confirmation first: a cancelled job runs again only through an operator's retry.
     """
-    from .models import Job
+    from ..models import Job
 
     page = _confirm(modeladmin, request, queryset, "cancel_job", _("Cancel"),
                     _("Cancelled jobs do not run; an operator's retry brings one back. A running job is "
@@ -470,8 +470,8 @@ def requeue(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpRe
     does (:mod:`.health`); this hands them back at once. A job whose worker is alive is refused: it is
     running. The attempt is given back (the history row says it was requeued, and by whom).
     """
-    from .health import dead_q
-    from .models import Worker
+    from ..models import Worker
+    from ..ops.health import dead_q
 
     now = timezone.now()
     dead = set(Worker.objects.filter(dead_q(now)).values_list("name", flat=True))
@@ -524,8 +524,8 @@ _TARGETS = {
 
 def applies(action_name: str, status: Status) -> bool:
     """Whether the action could move a job in ``status`` (the job page offers only these)."""
-    from .managers import CLAIM_ONLY
-    from .states import TRANSITIONS
+    from ..queue import CLAIM_ONLY
+    from ..states import TRANSITIONS
 
     target = _TARGETS.get(action_name)
     if target is None:

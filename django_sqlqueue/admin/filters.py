@@ -34,8 +34,8 @@ from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 from django_admin_listfilter_dropdown.filters import SimpleDropdownFilter
 
-from .predicates import has_error, index_predicate, lease_expired, overdue  # noqa: F401 (also imported from here)
-from .states import Status, human_label
+from ..dialects.predicates import has_error, index_predicate, lease_expired, overdue  # noqa: F401 (also imported from here)
+from ..states import Status, human_label
 
 #: Largest id a filter or the search takes: the id columns are 64-bit integers.
 MAX_ID = 2**63 - 1
@@ -60,7 +60,7 @@ def refuse(parameter: str, value: Any, why: str) -> NoReturn:
 
 def text_value(parameter: str, value: str, max_length: int) -> str:
     """A free-text filter value (queue, step, worker) a column of ``max_length`` could hold."""
-    from .managers import unstorable
+    from ..queue import unstorable
 
     if len(value) > max_length:
         refuse(parameter, value[:50], f"longer than {max_length} characters")
@@ -162,7 +162,7 @@ class JobTypeFilter(CheckedFilter, SimpleDropdownFilter):
     parameter_name = "type"
 
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
-        from .models import JobType
+        from ..models import JobType
 
         return [(str(pk), name) for pk, name in JobType.objects.order_by("name").values_list("pk", "name")]
 
@@ -183,7 +183,7 @@ class QueueFilter(CheckedFilter, SimpleDropdownFilter):
     parameter_name = "queue"
 
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
-        from .models import Job
+        from ..models import Job
 
         return [(q, q) for q in cached_distinct_values(Job.objects.all(), "queue")]
 
@@ -201,7 +201,7 @@ class StepFilter(CheckedFilter, SimpleDropdownFilter):
     parameter_name = "step"
 
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
-        from .models import Job
+        from ..models import Job
 
         steps = cached_distinct_values(Job.objects.filter(step__gt=""), "step")
         return [("-", _("(no step)")), *((s, s) for s in steps)]
@@ -220,7 +220,7 @@ class WorkerFilter(CheckedFilter, SimpleDropdownFilter):
     parameter_name = "worker"
 
     def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
-        from .models import Worker
+        from ..models import Worker
 
         # The worker table is small; list the most recently alive ones.
         names = Worker.objects.order_by("-last_heartbeat").values_list("name", flat=True)[:100]
@@ -280,7 +280,7 @@ class OrphanedFilter(_YesFilter):
     parameter_name = "orphaned"
 
     def condition(self, using: str) -> Q:
-        from .health import orphaned_q
+        from ..ops.health import orphaned_q
 
         return orphaned_q(timezone.now(), using)
 
@@ -385,7 +385,7 @@ class CheapPaginator(Paginator):
     def _estimate(self, qs: QuerySet) -> int | None:
         if qs.query.where or qs.query.is_sliced:
             return None  # filtered: an estimate of the whole table would mislead
-        from .dialects import get_dialect
+        from ..dialects import get_dialect
 
         return get_dialect(connections[qs.db]).estimated_rows(qs.model._meta.db_table)
 

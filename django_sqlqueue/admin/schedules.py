@@ -22,11 +22,11 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from . import schedules
-from .admin_filters import DeclaredFiltersOnly
-from .admin_types import status_badge
-from .conf import get_settings
-from .models import Job, JobType, Schedule, ScheduleRun
+from .. import schedules
+from ..conf import get_settings
+from ..models import Job, JobType, Schedule, ScheduleRun
+from .filters import DeclaredFiltersOnly
+from .types import status_badge
 
 #: Ticks shown on the change page.
 NEXT_RUNS = 5
@@ -35,7 +35,7 @@ RECENT_RUNS = 10
 
 
 def _known_type(name: str) -> bool:
-    from .handlers import registry
+    from ..handlers import registry
 
     return registry.is_registered(name) or JobType.objects.filter(name=name).exists()
 

@@ -27,8 +27,15 @@ from django.utils.safestring import SafeString
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext_lazy as _
 
-from . import admin_actions, admin_workflows, health, sensitive
-from .admin_filters import (
+from .. import sensitive
+from ..conf import get_settings
+from ..dialects.predicates import has_error
+from ..models import Job, JobAttempt, JobType, Worker
+from ..ops import health
+from ..states import CLAIMABLE, FINISHED, TRANSITIONS, Status, human_label
+from . import actions as admin_actions
+from . import workflows as admin_workflows
+from .filters import (
     CheapPaginator,
     DeclaredFiltersOnly,
     HasErrorFilter,
@@ -44,15 +51,11 @@ from .admin_filters import (
     date_hierarchy_context,
     parse_id,
 )
-from .admin_subtypes import ReadOnlyJobInline, subtype_inlines_for
-from .admin_throughput import throughput_view
-from .admin_triage import error_message, triage_view
-from .admin_types import JobTypeAdmin, WorkerAdmin, status_badge
-from .admin_views import dashboard_view
-from .conf import get_settings
-from .models import Job, JobAttempt, JobType, Worker
-from .predicates import has_error
-from .states import CLAIMABLE, FINISHED, TRANSITIONS, Status, human_label
+from .subtypes import ReadOnlyJobInline, subtype_inlines_for
+from .throughput import throughput_view
+from .triage import error_message, triage_view
+from .types import JobTypeAdmin, WorkerAdmin, status_badge
+from .views import dashboard_view
 
 #: Characters of the error shown in the list (the rest stays in the database until the job is opened).
 ERROR_EXCERPT_CHARS = 120
@@ -222,7 +225,7 @@ class JobChangeList(ChangeList):
     def get_results(self, request: HttpRequest) -> None:
         """Flag the page's orphaned Processing jobs: one read of the (small) worker table per page."""
         super().get_results(request)
-        from .permits import explain_many
+        from ..limits import explain_many
 
         # Why a due job of a limited type waits: one read of the page's scopes' permits.
         for job, why in explain_many(self.result_list).items():
@@ -492,7 +495,7 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
                 return _("waiting for its worker to stop it")
             if outcome == Status.CANCELLED:
                 return _("done: the attempt was cancelled")
-            if outcome not in FINISHED:  # e.g. Error: it covers the next attempts (managers/cancel.py)
+            if outcome not in FINISHED:  # e.g. Error: it covers the next attempts (queue/cancel.py)
                 return _("the attempt ended %(status)s first: its next attempt is stopped") % {
                     "status": human_label(outcome)}
             return _("too late: the attempt ended %(status)s first") % {"status": human_label(outcome)}
@@ -572,7 +575,7 @@ def payload_condition(term: str, user: Any) -> Q | None:
         return Q(pk__in=[])
     from django.db import connections
 
-    from .dialects import get_dialect
+    from ..dialects import get_dialect
 
     indexed = get_dialect(connections[Job.objects.db]).payload_containment_indexed
     condition = Q(pk__in=[])
@@ -608,7 +611,7 @@ def explain(job: Job) -> str:
     if state == Status.PAUSED:
         return _("Paused by an operator: Resume to let workers take it.")
     if state == Status.WAITING:
-        from .diagnose import waiting_reasons
+        from ..ops.diagnose import waiting_reasons
 
         return " ".join(waiting_reasons(job)) or _("Waiting for other jobs.")
     if state == Status.PROCESSING:
@@ -620,7 +623,7 @@ def explain(job: Job) -> str:
     if job.scheduled_for > now:
         return _("Scheduled: due %(t)s.") % {"t": until(job.scheduled_for, now)}
     if job.job_type.concurrency_limit is not None or job.job_type.rate_limit:
-        from .permits import explain as limit_wait
+        from ..limits import explain as limit_wait
 
         waiting = limit_wait(job)
         if waiting:
@@ -676,4 +679,4 @@ admin.site.register(Worker, WorkerAdmin)
 # project with its own index template keeps it and may include "admin/django_sqlqueue/index_link.html".
 if admin.site.index_template is None:
     admin.site.index_template = "admin/django_sqlqueue/index.html"
-from . import admin_schedules  # noqa: E402, F401  (registers the Schedule admin)
+from . import schedules as admin_schedules  # noqa: E402, F401  (registers the Schedule admin)

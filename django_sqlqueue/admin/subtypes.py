@@ -26,8 +26,8 @@ from django.contrib import admin
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from .models import Job, JobData
-from .sensitive import MASK, can_view, sensitive_fields
+from ..models import Job, JobData
+from ..sensitive import MASK, can_view, sensitive_fields
 
 _custom: dict[type[JobData], type[admin.options.InlineModelAdmin] | None] = {}
 

@@ -30,8 +30,8 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from .dialects import get_dialect
-from .states import Status
+from ..dialects import get_dialect
+from ..states import Status
 
 #: Jobs read (newest finished first) for the wait and run-time percentiles.
 SAMPLE_LIMIT = 5_000
@@ -102,7 +102,7 @@ def rates(job_model: Any, now: datetime, window: Window) -> dict[str, list[int]]
 
 
 def waits_and_runtimes(job_model: Any, now: datetime, window: Window) -> dict[str, Any]:
-    from .models import JobType
+    from ..models import JobType
 
     rows = list(job_model.objects.filter(finished_at__gte=now - window.span, finished_at__lte=now,
                                          started_at__isnull=False)

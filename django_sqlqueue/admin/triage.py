@@ -30,8 +30,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from .predicates import has_error
-from .states import Status
+from ..dialects.predicates import has_error
+from ..states import Status
 
 #: How many failed jobs the page reads (newest first) to group them.
 SCAN_LIMIT = 10_000
@@ -104,7 +104,7 @@ def _rows(job_model: Any, type_id: int | None = None) -> tuple[list[tuple[Any, .
 
 def failure_groups(job_model: Any, type_id: int | None = None) -> tuple[list[Group], bool]:
     """The groups, largest first, and whether the scan stopped at :data:`SCAN_LIMIT`."""
-    from .models import JobType
+    from ..models import JobType
 
     names = dict(JobType.objects.values_list("pk", "name"))
     rows, capped = _rows(job_model, type_id)
@@ -214,7 +214,7 @@ def _chunks(ids: list[int]) -> list[list[int]]:
 
 def _in_chunks(modeladmin: Any, request: HttpRequest, model: Any, ids: list[int], status: Status | None, *,
                verb: str, permission: str, target: Status) -> None:
-    from .admin_actions import merge, report, run_transition
+    from .actions import merge, report, run_transition
 
     outcomes = []
     for chunk in _chunks(ids):

@@ -19,11 +19,11 @@ from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from .admin_filters import CheckedFilter, DeclaredFiltersOnly, refuse
-from .admin_views import changelist_url
-from .conf import get_settings
-from .models import Job, JobType, Worker
-from .states import Status, human_label  # noqa: F401 (human_label: also imported from here)
+from ..conf import get_settings
+from ..models import Job, JobType, Worker
+from ..states import Status, human_label  # noqa: F401 (human_label: also imported from here)
+from .filters import CheckedFilter, DeclaredFiltersOnly, refuse
+from .views import changelist_url
 
 
 def status_badge(status_id: int | None) -> SafeString:
@@ -109,7 +109,7 @@ class JobTypeAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
         Django's collector would walk every job of the type (slow for a busy type) and then report
         a missing permission (jobs are not deletable here) rather than the protection.
         """
-        from .admin_views import COUNT_CAP
+        from .views import COUNT_CAP
 
         protected = []
         for jt in objs:
@@ -176,8 +176,8 @@ class JobTypeAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
     @admin.display(description=_("limit in use"))
     def limit_usage(self, obj: JobType) -> SafeString:
         """How many permits are held now, per key (the busiest 20), and the handler's key (docs/limits.md)."""
-        from .handlers import registry
-        from .permits import usage
+        from ..handlers import registry
+        from ..limits import usage
 
         if obj.pk is None or (obj.concurrency_limit is None and not obj.rate_limit):
             return format_html('<span class="quiet">{}</span>', _("no limit"))
@@ -194,7 +194,7 @@ class JobTypeAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
     @admin.display(description=_("code"))
     def code_drift(self, obj: JobType) -> SafeString:
         """Where this row and the handler's options disagree (handlers.compare; no query)."""
-        from .handlers import compare, registry
+        from ..handlers import compare, registry
 
         options = registry.options_for(obj.name) if obj.pk is not None else None
         if options is None:

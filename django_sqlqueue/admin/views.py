@@ -22,10 +22,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from .states import CLAIMABLE, FINISHED, Status, sql_list
+from ..states import CLAIMABLE, FINISHED, Status, sql_list
 
 if TYPE_CHECKING:
-    from .models import Job
+    from ..models import Job
 
 #: Counts that could be large (overdue, lease expired) stop counting here and show "more than".
 COUNT_CAP = 10_000
@@ -70,8 +70,8 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
 
     The (status, type, queue) index covers all three columns: an index-only scan, no table reads.
     """
-    from .models import JobType
-    from .states import human_label
+    from ..models import JobType
+    from ..states import human_label
 
     rows = (job_model.objects.order_by().values("queue", "job_type_id", "status_id").annotate(n=Count("*"))
             .values_list("queue", "job_type_id", "status_id", "n"))
@@ -125,8 +125,8 @@ def oldest_due(job_model: type[Job], now: datetime) -> datetime | None:
     ordered by (-priority, scheduled_for): list its few distinct priorities (loose index scan), then
     take the first due Pending row of each priority, which is where that index starts.
     """
-    from .admin_filters import distinct_values
-    from .predicates import index_predicate
+    from ..dialects.predicates import index_predicate
+    from .filters import distinct_values
 
     # The index's own predicate as a literal: a parameter never matches a partial index on SQLite or a
     # filtered one on SQL Server (a scan of the table per distinct priority at 1M jobs on SQLite).
@@ -142,7 +142,10 @@ def oldest_due(job_model: type[Job], now: datetime) -> datetime | None:
 
 def backlog(job_model: type[Job], now: datetime) -> dict[str, Any]:
     """The oldest due Pending job's age, and how many jobs are overdue or hold an expired lease."""
-    from .predicates import lease_expired, overdue  # the partial indexes' own predicates, as literals
+    from ..dialects.predicates import (  # the partial indexes' own predicates, as literals
+        lease_expired,
+        overdue,
+    )
 
     oldest = oldest_due(job_model, now)
     jobs = job_model.objects.all()
@@ -163,7 +166,7 @@ def stuck_work(job_model: type[Job], now: datetime, pairs: Any = None) -> dict[s
 
     ``pairs``: the (queue, type) pairs holding waiting jobs, when the caller already counted them.
     """
-    from .health import orphaned_q, unserved_due_work
+    from ..ops.health import orphaned_q, unserved_due_work
 
     orphaned, orphaned_capped = _capped_count(job_model.objects.filter(orphaned_q(now, job_model.objects.db)))
     unserved = unserved_due_work(job_model, now, pairs=pairs)
@@ -229,9 +232,9 @@ def workers(now: datetime, limit: int = WORKER_LIST_LIMIT) -> dict[str, Any]:
     are "72" even though the list shows ``limit`` of them. Stopped workers still holding Processing
     jobs are listed too, flagged: their jobs are orphaned until a claim or an operator requeues them.
     """
-    from .health import dead_after
-    from .models import Job, Worker
-    from .predicates import index_predicate
+    from ..dialects.predicates import index_predicate
+    from ..models import Job, Worker
+    from ..ops.health import dead_after
 
     stale_before = now - dead_after()
     # Through the Processing partial index (lease_expires_at, worker), which covers the count: its

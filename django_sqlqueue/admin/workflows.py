@@ -16,10 +16,10 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 
-from .admin_types import status_badge
-from .models import Batch, Job, JobDependency
-from .states import Status, human_label
-from .workflows import batch_counts
+from ..models import Batch, Job, JobDependency
+from ..states import Status, human_label
+from ..workflows import batch_counts
+from .types import status_badge
 
 #: Rows shown in the waits-for / waited-by lists and the batch's member table.
 SHOWN = 100

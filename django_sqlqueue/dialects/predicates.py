@@ -15,7 +15,7 @@ from django.db import connections
 from django.db.models import BooleanField, Q
 from django.db.models.expressions import RawSQL
 
-from .states import CLAIMABLE, Status, sql_list
+from ..states import CLAIMABLE, Status, sql_list
 
 
 def index_predicate(using: str, column: str, sql: str) -> Q:
@@ -23,7 +23,7 @@ def index_predicate(using: str, column: str, sql: str) -> Q:
     predicate. ``sql`` holds code constants only (status ids from :mod:`.states`, an empty string), never
     input; names come from model meta through ``quote_name``.
     """
-    from .models import Job
+    from ..models import Job
 
     qn = connections[using].ops.quote_name
     field = Job._meta.get_field(column)
@@ -43,6 +43,6 @@ def lease_expired(using: str, now: datetime.datetime) -> Q:
 def has_error(using: str) -> Q:
     """Jobs with error text: ``error > ''``, the predicate of the partial index sqlqueue_job_has_error
     (rather than ``NOT error = ''``, a form SQL Server does not accept in a filtered index)."""
-    from .dialects import get_dialect
+    from . import get_dialect
 
     return index_predicate(using, "error", f"> {get_dialect(connections[using]).empty_string}")

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, connections, transaction
 from django.utils import timezone
 
-from . import limits
+from .. import bounds
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
 
-    from .dialects import Dialect
-    from .jobtypes import TypeInfo
-    from .models import Job, JobType
+    from ..dialects import Dialect
+    from ..jobtypes import TypeInfo
+    from ..models import Job, JobType
 
 CONCURRENCY, RATE = 1, 2
 
@@ -32,7 +32,7 @@ def wanted(concurrency_limit: int | None, rate_limit: str) -> tuple[int, int, fl
     if concurrency_limit is not None:
         return CONCURRENCY, int(concurrency_limit), None
     if rate_limit:
-        count, period = limits.parse_rate(rate_limit)
+        count, period = bounds.parse_rate(rate_limit)
         return RATE, count, period
     return None
 
@@ -59,7 +59,7 @@ def ensure(using: str, type_id: int, keys: Iterable[str], need: tuple[int, int, 
     """
     kind, slots, hold = need
     connection = connections[using]
-    from .dialects import get_dialect
+    from ..dialects import get_dialect
 
     dialect = get_dialect(connection)
     sql = dialect.insert_permits_sql()
@@ -80,8 +80,8 @@ def sync_type(row: JobType, using: str) -> None:
     running; a lowered limit admits again only once fewer than N hold a permit). Missing rows are
     created for the type's "" scope and for every key of its unfinished jobs (Waiting and Paused too).
     """
-    from .models import Job, LimitPermit
-    from .states import UNFINISHED
+    from ..models import Job, LimitPermit
+    from ..states import UNFINISHED
 
     need = wanted(row.concurrency_limit, row.rate_limit)
     permits = LimitPermit.objects.using(using).filter(job_type_id=row.pk)
@@ -113,7 +113,7 @@ def follow_type_on_retry(job: Job, using: str) -> None:
     supervisor's heal. The type row is read, not the cache: a retry is rare, and a stale cache is what
     this mends. In the retry's transaction.
     """
-    from .models import Job, JobType, LimitPermit
+    from ..models import Job, JobType, LimitPermit
 
     row = JobType.objects.using(using).only("concurrency_limit", "rate_limit").get(pk=job.job_type_id)
     need = wanted(row.concurrency_limit, row.rate_limit)
@@ -136,7 +136,7 @@ def ensure_for_enqueue(using: str, info: TypeInfo, keys: Iterable[str]) -> None:
     fresh = {k for k in keys if k}
     if need is None or not fresh:
         return
-    from .models import JobType, LimitPermit
+    from ..models import JobType, LimitPermit
 
     def missing(need: tuple[int, int, float | None]) -> set[str]:
         return fresh - set(LimitPermit.objects.using(using).filter(
@@ -159,8 +159,8 @@ def heal(using: str) -> int:
     and scopes were fixed. Cheap when nothing is amiss: index seeks that find nothing."""
     from django.db.models import Exists, OuterRef, Q
 
-    from .models import Job, JobType, LimitPermit
-    from .states import CLAIMABLE, Status
+    from ..models import Job, JobType, LimitPermit
+    from ..states import CLAIMABLE, Status
 
     types = {t.pk: t for t in JobType.objects.using(using).filter(
         Q(concurrency_limit__isnull=False) | ~Q(rate_limit=""))}
@@ -191,9 +191,9 @@ def explain_many(jobs: Iterable[Job]) -> dict[Job, str]:
     read of their scopes' permits, not one per job."""
     from django.db.models import Q
 
-    from .jobtypes import get_type_by_id
-    from .models import LimitPermit
-    from .states import CLAIMABLE
+    from ..jobtypes import get_type_by_id
+    from ..models import LimitPermit
+    from ..states import CLAIMABLE
 
     now = timezone.now()
     waiting = [j for j in jobs if j.status_id in CLAIMABLE and j.scheduled_for <= now]
@@ -226,7 +226,7 @@ def explain_many(jobs: Iterable[Job]) -> dict[Job, str]:
 
 def _row_info(row: JobType) -> Any:
     """What :func:`_why` reads of a type, from its row."""
-    from .jobtypes import TypeInfo
+    from ..jobtypes import TypeInfo
 
     return TypeInfo(id=row.pk, name=row.name, max_attempts=0, backoff_base_seconds=0, backoff_max_seconds=0,
                     timeout_seconds=0, lease_seconds=0, paused=row.paused, concurrency_limit=row.concurrency_limit,
@@ -236,8 +236,8 @@ def _row_info(row: JobType) -> Any:
 def explain(job: Job) -> str | None:
     """Why a claimable job waits for its limit ("held by the concurrency limit of Export: 2 of 2
     running"), or None when its scope has a free permit (or its type has no limit)."""
-    from .jobtypes import get_type_by_id
-    from .models import LimitPermit
+    from ..jobtypes import get_type_by_id
+    from ..models import LimitPermit
 
     using = job._state.db or "default"
     info = get_type_by_id(job.job_type_id, using=using)
@@ -272,7 +272,7 @@ def _why(info: TypeInfo, key: str, rows: list[Any], now: Any) -> str | None:
 
 def usage(row: JobType, top: int = 20) -> list[tuple[str, int, int]]:
     """(key, permits held now, slots) of a type's busiest ``top`` scopes, for the admin's type page."""
-    from .models import LimitPermit
+    from ..models import LimitPermit
 
     need = wanted(row.concurrency_limit, row.rate_limit)
     if need is None:

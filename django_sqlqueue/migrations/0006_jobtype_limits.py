@@ -11,9 +11,9 @@ import math
 import django.core.validators
 from django.db import migrations, models
 
-import django_sqlqueue.limits
+import django_sqlqueue.bounds
 
-#: Field -> (smallest, largest) allowed; the constants of django_sqlqueue.limits at the time of writing.
+#: Field -> (smallest, largest) allowed; the constants of django_sqlqueue.bounds at the time of writing.
 BOUNDS = {
     "max_attempts": (1, None),
     "timeout_seconds": (1, None),
@@ -63,7 +63,7 @@ class Migration(migrations.Migration):
             model_name="jobtype",
             name="name",
             field=models.CharField(max_length=200, unique=True,
-                                   validators=[django_sqlqueue.limits.validate_type_name]),
+                                   validators=[django_sqlqueue.bounds.validate_type_name]),
         ),
         migrations.AlterField(
             model_name="jobtype",
@@ -76,14 +76,14 @@ class Migration(migrations.Migration):
             model_name="jobtype",
             name="backoff_base_seconds",
             field=models.FloatField(
-                blank=True, null=True, validators=[django_sqlqueue.limits.FiniteRange(0, 31536000)],
+                blank=True, null=True, validators=[django_sqlqueue.bounds.FiniteRange(0, 31536000)],
                 help_text="0 to 31536000 (a year). Blank: SQLQUEUE['BACKOFF_BASE_SECONDS']."),
         ),
         migrations.AlterField(
             model_name="jobtype",
             name="backoff_max_seconds",
             field=models.FloatField(
-                blank=True, null=True, validators=[django_sqlqueue.limits.FiniteRange(0, 31536000)],
+                blank=True, null=True, validators=[django_sqlqueue.bounds.FiniteRange(0, 31536000)],
                 help_text="0 to 31536000 (a year). Blank: SQLQUEUE['BACKOFF_MAX_SECONDS']."),
         ),
         migrations.AlterField(

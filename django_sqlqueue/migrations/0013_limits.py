@@ -10,7 +10,7 @@ is the one lock READPAST cannot skip). The index definitions are written out, no
 
 import django.core.validators
 import django.db.models.deletion
-import django_sqlqueue.limits
+import django_sqlqueue.bounds
 from django.db import migrations, models
 
 
@@ -90,7 +90,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='jobtype',
             name='rate_limit',
-            field=models.CharField(blank=True, default='', help_text='At most N job starts per period across all workers (per concurrency key), e.g. "10/s", "100/m", "500/h". Blank: no limit.', max_length=32, validators=[django_sqlqueue.limits.validate_rate_limit]),
+            field=models.CharField(blank=True, default='', help_text='At most N job starts per period across all workers (per concurrency key), e.g. "10/s", "100/m", "500/h". Blank: no limit.', max_length=32, validators=[django_sqlqueue.bounds.validate_rate_limit]),
         ),
         migrations.AddIndex(
             model_name='job',

@@ -8,9 +8,9 @@ from django.conf import settings
 from django.core import checks
 from django.db import connections
 
-from .conf import get_settings
-from .dialects import capabilities, dialect_class
-from .exceptions import SqlQueueConfigError
+from ..conf import get_settings
+from ..dialects import capabilities, dialect_class
+from ..exceptions import SqlQueueConfigError
 
 
 # No ``database`` tag: none of this opens a connection (the vendor and SQLite's version come from the
@@ -78,8 +78,8 @@ def check_job_types_follow_code(app_configs: Any = None, databases: Any = None,
     """
     from django.db import DatabaseError
 
-    from .handlers import compare, registry
-    from .models import JobType
+    from ..handlers import compare, registry
+    from ..models import JobType
 
     try:
         alias = get_settings().DATABASE
@@ -111,7 +111,7 @@ def check_job_types_follow_code(app_configs: Any = None, databases: Any = None,
 @checks.register(checks.Tags.compatibility)
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Each bad ``SQLQUEUE["SCHEDULES"]`` entry, by name (no database needed): a worker skips it."""
-    from .schedules import declared_errors
+    from ..schedules import declared_errors
 
     try:
         get_settings()

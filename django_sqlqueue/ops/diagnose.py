@@ -12,11 +12,11 @@ from datetime import timedelta
 from django.utils import timezone
 from django.utils.timesince import timeuntil
 
-from . import jobtypes
-from .conf import get_settings
-from .handlers import registry
-from .models import Job, Worker
-from .states import CLAIMABLE, FINISHED, Status
+from .. import jobtypes
+from ..conf import get_settings
+from ..handlers import registry
+from ..models import Job, Worker
+from ..states import CLAIMABLE, FINISHED, Status
 
 
 def why_not_running(job: Job) -> list[str]:
@@ -41,7 +41,7 @@ def why_not_running(job: Job) -> list[str]:
         reasons.append(f"it is scheduled for {job.scheduled_for:%Y-%m-%d %H:%M:%S} UTC "
                        f"(in {timeuntil(job.scheduled_for, now)})")
     if state in CLAIMABLE and job.scheduled_for <= now and info.limited:
-        from .permits import explain
+        from ..limits import explain
 
         waiting = explain(job)  # "held by the concurrency limit of Export: 2 of 2 running"
         if waiting:
@@ -80,8 +80,8 @@ NAMED_DEPENDENCIES = 10
 def waiting_reasons(job: Job) -> list[str]:
     """Why a Waiting job waits: each unfinished dependency, with its status and, when one is running,
     the worker that holds it ("waits for job 12 (Processing on host-a/2)")."""
-    from .models import JobDependency
-    from .states import UNFINISHED
+    from ..models import JobDependency
+    from ..states import UNFINISHED
 
     deps = JobDependency.objects.using(job._state.db).filter(job_id=job.pk)
     pending = deps.filter(depends_on__status_id__in=sorted(UNFINISHED)).order_by("depends_on_id")

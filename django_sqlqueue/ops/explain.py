@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from django.db import connections
 
-from .conf import get_settings
-from .dialects import ClaimRequest, get_dialect
-from .dialects.base import CLAIM_INDEX
-from .dialects.plans import picking_lines, postgresql_scans  # noqa: F401 (also imported from here)
+from ..conf import get_settings
+from ..dialects import ClaimRequest, get_dialect
+from ..dialects.base import CLAIM_INDEX
+from ..dialects.plans import picking_lines, postgresql_scans  # noqa: F401 (also imported from here)
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def explain_claim(*, using: str | None = None, limit: int = 10, worker: str = "e
 
     ``limited``: with the limited branch (docs/limits.md); None: as a worker's claim would be now (with
     it while some type has a limit)."""
-    from .jobtypes import limited_type_ids
+    from ..jobtypes import limited_type_ids
 
     alias = using or get_settings().DATABASE
     connection = connections[alias]
@@ -46,7 +46,7 @@ def explain_claim(*, using: str | None = None, limit: int = 10, worker: str = "e
     req = ClaimRequest(worker=worker, limit=limit, default_max_attempts=get_settings().MAX_ATTEMPTS,
                        default_lease_seconds=get_settings().LEASE_SECONDS, limited=limited)
     sql, params = dialect.claim_sql(req)
-    from .models import Job
+    from ..models import Job
 
     table = Job._meta.db_table  # from model meta, never written out
     with connection.cursor() as cursor:

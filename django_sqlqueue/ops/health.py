@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 from django.db.models import Q, QuerySet
 
-from .conf import get_settings
-from .predicates import index_predicate
-from .states import CLAIMABLE, Status, sql_list
+from ..conf import get_settings
+from ..dialects.predicates import index_predicate
+from ..states import CLAIMABLE, Status, sql_list
 
 if TYPE_CHECKING:
-    from .models import Job, Worker
+    from ..models import Job, Worker
 
 
 def dead_after() -> timedelta:
@@ -47,7 +47,7 @@ def serves(worker: Worker, queue: str, type_name: str) -> bool:
 
 
 def live_workers(now: datetime, using: str | None = None) -> list[Worker]:
-    from .models import Worker
+    from ..models import Worker
 
     return list(Worker.objects.using(using).filter(live_q(now)).only("name", "queues", "types"))
 
@@ -58,7 +58,7 @@ def orphaned_q(now: datetime, using: str = "default") -> Q:
     The status test is the partial Processing index's own literal predicate (SQL Server matches a
     filtered index only on a literal), so this reads that index's few rows, never the job table.
     """
-    from .models import Worker
+    from ..models import Worker
 
     processing = index_predicate(using, "status", f"= {int(Status.PROCESSING)}")
     dead_names = Worker.objects.using(using).filter(dead_q(now)).values("name")
@@ -74,7 +74,7 @@ class Holder:
 
 
 def holder_of(job: Job, now: datetime) -> Holder:
-    from .models import Worker
+    from ..models import Worker
 
     worker = Worker.objects.using(job._state.db).filter(name=job.worker).first() if job.worker else None
     if worker is None:
@@ -132,7 +132,7 @@ def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Wor
     table row (the claim index holds no queue or type): 0.4 s at 150,000 due jobs. Paused types are
     left out (nobody is meant to run them).
     """
-    from .models import JobType
+    from ..models import JobType
 
     using = job_model.objects.db
     workers = list(workers) if workers is not None else live_workers(now, using)

@@ -34,7 +34,7 @@ from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.utils import timezone
 
-from .states import UNFINISHED, Status, sql_list
+from ..states import UNFINISHED, Status, sql_list
 
 #: The recent window the finished / failed / retried gauges and the histogram cover.
 WINDOW_SECONDS = 300
@@ -90,10 +90,10 @@ class QueueCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 
-        from .admin_views import oldest_due
+        from ..admin.views import oldest_due
+        from ..dialects.predicates import index_predicate
+        from ..models import Job, JobType, Worker
         from .health import dead_q, live_q, orphaned_q, unserved_due_work
-        from .models import Job, JobType, Worker
-        from .predicates import index_predicate
 
         started = time.perf_counter()
         jobs = Job.objects.using(self.using) if self.using else Job.objects.all()

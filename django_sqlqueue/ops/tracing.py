@@ -23,7 +23,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .models import Job
+    from ..models import Job
 
 #: ``Job.trace_context``'s length.
 MAX_CARRIER_CHARS = 2000

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import random
 
-from .conf import get_settings
-from .jobtypes import TypeInfo
+from ..conf import get_settings
+from ..jobtypes import TypeInfo
 
 
 def backoff_seconds(attempt_num: int, info: TypeInfo, *, rng: random.Random | None = None) -> float:

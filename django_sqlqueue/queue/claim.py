@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections
 
-from .. import jobtypes, permits
+from .. import jobtypes
+from .. import limits as permits
 from ..conf import get_settings
 from ..dialects import COL, ClaimRequest, get_dialect
 from ..exceptions import InvalidArgument

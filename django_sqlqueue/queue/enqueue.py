@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from .. import jobtypes, limits, permits, tracing
+from .. import bounds, jobtypes
+from .. import limits as permits
 from ..conf import get_settings
 from ..dialects import JOB_COLUMNS, get_dialect
 from ..exceptions import InvalidArgument, SubtypeMismatch
+from ..ops import tracing
 from ..states import DEDUPE_SCOPE, Status
 from .rows import RowsMixin
 from .values import encode_json, storable_key
@@ -130,7 +132,7 @@ class EnqueueMixin(RowsMixin):
         for spec in specs:
             info = infos.get(spec.job_type)
             if info is None:
-                limits.check_type_name(spec.job_type)
+                bounds.check_type_name(spec.job_type)
                 info = jobtypes.get_type(spec.job_type, using=alias, create=registry.is_registered(spec.job_type))
                 infos[spec.job_type] = info
             rows.append(self._validated_row(spec, info, settings.MAX_PAYLOAD_BYTES, alias, dialect, carrier))
@@ -192,14 +194,14 @@ class EnqueueMixin(RowsMixin):
         if spec.delay is not None:
             if when is not None:
                 raise InvalidArgument("give scheduled_for or delay, not both")
-            seconds = limits.check_delay(spec.delay)
+            seconds = bounds.check_delay(spec.delay)
             when = timezone.now() + timedelta(seconds=seconds) if seconds else None
         elif when is not None:
-            limits.check_when(when)
+            bounds.check_when(when)
         payload = dialect.json_param(
             "{}" if spec.payload is None else encode_json(spec.payload, "payload", limit))
         if spec.concurrency_key is not None:
-            key = limits.storable_concurrency_key(spec.concurrency_key)
+            key = bounds.storable_concurrency_key(spec.concurrency_key)
         else:
             from ..handlers import registry
 

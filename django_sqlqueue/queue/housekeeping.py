@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, models
 from django.utils import timezone
 
-from .. import jobtypes, permits
+from .. import jobtypes
+from .. import limits as permits
 from ..conf import get_settings
 from ..dialects import get_dialect
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from .. import jobtypes, limits, permits
+from .. import bounds, jobtypes
+from .. import limits as permits
 from ..conf import get_settings
 from ..dialects import get_dialect
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
@@ -80,11 +81,11 @@ class ModifyMixin(RowsMixin):
         if new == Status.PENDING and current in FINISHED:
             self._refuse_early_retry(job, alias)
         if scheduled_for is not None:
-            limits.check_when(scheduled_for)
+            bounds.check_when(scheduled_for)
         if run_in is not None:
             if scheduled_for is not None:
                 raise InvalidArgument("give run_in or scheduled_for, not both")
-            limits.check_delay(run_in, "run_in (a retry's delay)")
+            bounds.check_delay(run_in, "run_in (a retry's delay)")
         ms = duration_ms(duration)
         connection = connections[alias]
         dialect = get_dialect(connection)
@@ -173,7 +174,7 @@ class ModifyMixin(RowsMixin):
         Becomes Failed instead when the job has no attempts left.
         """
         if retry_in is None:
-            from ..backoff import backoff_seconds
+            from .backoff import backoff_seconds
 
             info = jobtypes.get_type_by_id(job.job_type_id, using=using or job._state.db or self._alias(None))
             retry_in = backoff_seconds(job.attempt_num, info)

@@ -8,7 +8,7 @@ import math
 import uuid
 from typing import Any
 
-from .. import limits
+from .. import bounds
 from ..exceptions import InvalidArgument, InvalidPayload
 
 #: ``response`` not given to modify (None is a response: JSON null).
@@ -18,7 +18,7 @@ MAX_ERROR_CHARS = 65_536
 
 
 #: Longest delay or retry a caller may ask for (a century; see :mod:`.limits`).
-MAX_DELAY_SECONDS = limits.MAX_DELAY_SECONDS
+MAX_DELAY_SECONDS = bounds.MAX_DELAY_SECONDS
 
 
 def new_incarnation() -> str:
@@ -52,7 +52,7 @@ def unstorable(value: Any) -> str | None:
 
 def finite_seconds(value: Any) -> bool:
     """A non-negative, finite number of seconds within :data:`MAX_DELAY_SECONDS`."""
-    return limits.is_seconds(value, MAX_DELAY_SECONDS)
+    return bounds.is_seconds(value, MAX_DELAY_SECONDS)
 
 
 def duration_ms(seconds: float | None) -> int | None:
@@ -109,7 +109,7 @@ def encode_json(value: Any, what: str, limit: int | None = None) -> str:
 
 def check_response(value: Any) -> None:
     """A response the queue may store: JSON, storable on every vendor, within ``MAX_RESPONSE_BYTES``."""
-    why = limits.response_too_large(encode_json(value, "response"))
+    why = bounds.response_too_large(encode_json(value, "response"))
     if why:
         raise InvalidPayload(f"response cannot be stored: {why}")
 

@@ -36,11 +36,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 from django.db import DatabaseError, IntegrityError, connections, transaction
 
-from .conf import get_settings
-from .dialects import get_dialect
-from .exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
-from .states import CLAIMABLE, Status
-from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line
+from ..conf import get_settings
+from ..dialects import get_dialect
+from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
+from ..states import CLAIMABLE, Status
+from ..worker.support import DB_DOWN_ERRORS, close_connection, db_now, one_line
 
 log = logging.getLogger("django_sqlqueue.schedules")
 
@@ -153,8 +153,8 @@ def check_target(job_type: str, task: str, payload: Any, queue: str, priority: A
 
     ``known_type(name)`` decides whether a job type exists (default: a handler is registered for it).
     """
-    from .handlers import registry
-    from .jobtypes import validate_name
+    from ..handlers import registry
+    from ..jobtypes import validate_name
 
     if bool(job_type) == bool(task):
         raise ScheduleError("give either a job type ('type') or a Django task ('task'), not both and not neither")
@@ -187,7 +187,7 @@ def check_target(job_type: str, task: str, payload: Any, queue: str, priority: A
 def load_schedule_task(path: str) -> Any:
     """The ``django.tasks`` Task at ``path``, enqueued through a SqlQueueBackend (so ``get_result``
     reads the tick's job); :class:`ScheduleError` otherwise."""
-    from .task_runner import load_task
+    from ..tasks.runner import load_task
 
     try:
         task_obj = load_task(path)
@@ -195,7 +195,7 @@ def load_schedule_task(path: str) -> Any:
         raise ScheduleError(f"task {path!r} cannot be imported: {exc}") from None
     if task_obj is None:  # also every path on Django < 6.0 (no tasks framework)
         raise ScheduleError(f"unknown task {path!r}: not the import path of a @task function")
-    from .tasks import SqlQueueBackend  # needs django.tasks, which exists if a task was found
+    from ..tasks.backend import SqlQueueBackend  # needs django.tasks, which exists if a task was found
     try:
         backend = task_obj.get_backend()
     except Exception as exc:
@@ -418,7 +418,7 @@ def sync_schedules(using: str | None = None, *, entries: Mapping[str, Any] | Non
     settings entry takes becomes declared. Bad entries are logged and skipped (the system check names
     them); idempotent, and safe while other workers do the same.
     """
-    from .models import Schedule
+    from ..models import Schedule
 
     alias = using or get_settings().DATABASE
     entries = get_settings().SCHEDULES if entries is None else entries
@@ -520,7 +520,7 @@ def run_due(using: str | None = None, *, now: datetime | None = None) -> LookRes
 
 
 def _claim_and_enqueue(alias: str, dialect: Any, now: datetime | None, result: LookResult) -> int:
-    from .models import Schedule
+    from ..models import Schedule
 
     connection = connections[alias]
     with dialect.schedules_transaction():
@@ -542,7 +542,7 @@ def _claim_and_enqueue(alias: str, dialect: Any, now: datetime | None, result: L
 
 def _fire(schedule: Any, clock: datetime, alias: str, result: LookResult) -> None:
     """Enqueue one claimed schedule's due ticks and advance it (inside the look's transaction)."""
-    from .models import Schedule, ScheduleRun
+    from ..models import Schedule, ScheduleRun
 
     rows = Schedule.objects.using(alias).filter(pk=schedule.pk)
     try:
@@ -588,7 +588,7 @@ def _fire(schedule: Any, clock: datetime, alias: str, result: LookResult) -> Non
 def enqueue_target(defn: ScheduleDef, alias: str) -> int:
     """Enqueue one job of ``defn`` now; return its id. A task goes through its TASKS backend (so its
     result is readable with ``get_result``), a job type through ``Job.objects.enqueue``."""
-    from .models import Job
+    from ..models import Job
 
     if defn.task:
         if alias != get_settings().DATABASE:
@@ -602,7 +602,7 @@ def enqueue_target(defn: ScheduleDef, alias: str) -> int:
 
 
 def _prune_runs(schedule_id: int, alias: str) -> None:
-    from .models import ScheduleRun
+    from ..models import ScheduleRun
 
     runs = ScheduleRun.objects.using(alias).filter(schedule_id=schedule_id)
     cutoff = list(runs.order_by("-tick_at").values_list("tick_at", flat=True)[KEEP_RUNS:KEEP_RUNS + 1])
@@ -612,7 +612,7 @@ def _prune_runs(schedule_id: int, alias: str) -> None:
 
 def _expire(alias: str, now: datetime | None, result: LookResult) -> None:
     """Cancel tick jobs that have not started by their expiry (still Pending, or Error awaiting a retry)."""
-    from .models import Job, ScheduleRun
+    from ..models import Job, ScheduleRun
 
     clock: Any = now if now is not None else db_now(alias)
     runs = ScheduleRun.objects.using(alias)
@@ -634,7 +634,7 @@ def _expire(alias: str, now: datetime | None, result: LookResult) -> None:
 
 def run_now(schedule: Any, using: str | None = None) -> int:
     """Enqueue one extra job of ``schedule`` now ("run now"); its ticks and next_run_at do not move."""
-    from .models import Schedule
+    from ..models import Schedule
 
     alias = using or get_settings().DATABASE
     defn = definition_of(schedule)

@@ -25,10 +25,11 @@ from django.tasks.signals import task_enqueued
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
-from . import jobtypes, task_runner, workflows
-from .conf import get_settings
-from .exceptions import InvalidPayload
-from .states import Status
+from .. import jobtypes, workflows
+from ..conf import get_settings
+from ..exceptions import InvalidPayload
+from ..states import Status
+from . import runner as task_runner
 
 __all__ = ["STATUS_MAP", "LazyHistoryResult", "SqlQueueBackend", "TaskArgumentsError", "build_result",
            "running_result"]
@@ -126,7 +127,7 @@ class SqlQueueBackend(BaseTaskBackend):
         Sends ``task_enqueued``. Raises ``InvalidTask`` for a task this backend cannot run and
         :class:`TaskArgumentsError` (a ``TypeError``) for arguments that are not JSON-serialisable.
         """
-        from .models import Job
+        from ..models import Job
 
         if task not in self._checked:
             self.validate_task(task)
@@ -174,7 +175,7 @@ class SqlQueueBackend(BaseTaskBackend):
         A job that is not a task job (a typed job, or a task that no longer imports) does not exist
         as far as the framework is concerned.
         """
-        from .models import Job
+        from ..models import Job
 
         try:
             pk = int(str(result_id))
@@ -222,7 +223,7 @@ class SqlQueueBackend(BaseTaskBackend):
 
 def _offending_argument(args: Any, kwargs: Any) -> str:
     """Which argument (and where inside it) the JSON round trip refused: ``kwargs['when']``, ``args[0][2]``."""
-    from .managers import offending_path
+    from ..queue import offending_path
 
     named = [(f"args[{i}]", a) for i, a in enumerate(args)] + [(f"kwargs[{k!r}]", v) for k, v in dict(kwargs).items()]
     for label, value in named:
@@ -280,7 +281,7 @@ class LazyHistoryResult(TaskResult):
 
 
 def _read_history(job: Any) -> list[Any]:
-    from .models import JobAttempt
+    from ..models import JobAttempt
 
     return list(
         JobAttempt.objects.using(job._state.db or get_settings().DATABASE)

@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.utils import timezone
 
-from .handlers import Handler, registry
-from .runner import Fail, JobContext  # Fail: the worker fails these at once instead of retrying
+from ..handlers import Handler, registry
+from ..worker.runner import Fail, JobContext  # Fail: the worker fails these at once instead of retrying
 
 if TYPE_CHECKING:
-    from .models import Job
+    from ..models import Job
 
 logger = logging.getLogger(__name__)
 
@@ -63,8 +63,8 @@ def may_import(name: str, *, imported_ok: bool = True) -> bool:
 def _flagged_as_task(name: str) -> bool:
     from django.db import DatabaseError, transaction
 
-    from .conf import get_settings
-    from .models import JobType
+    from ..conf import get_settings
+    from ..models import JobType
 
     alias = get_settings().DATABASE
     try:
@@ -326,7 +326,7 @@ def _api() -> _Api:
     from django.tasks import TaskContext, TaskResultStatus, signals
     from django.tasks.signals import task_finished, task_started
 
-    from .tasks import SqlQueueBackend, build_result, running_result
+    from .backend import SqlQueueBackend, build_result, running_result
 
     return _Api(TaskContext, TaskResultStatus, task_started, task_finished, SqlQueueBackend, build_result,
                 running_result, iscoroutinefunction, signals.logger, signals.log_task_started,
@@ -370,8 +370,8 @@ def _finish(result: Any, status: Any, value: Any) -> None:
 
 
 def _will_retry(job: Job) -> bool:
-    from . import jobtypes
-    from .conf import get_settings
+    from .. import jobtypes
+    from ..conf import get_settings
 
     limit = job.max_attempts
     if limit is None:

@@ -111,7 +111,7 @@ class DatabaseThread:
         """
         from django.db import connections
 
-        from .dialects import dialect_class
+        from ..dialects import dialect_class
 
         base = connections[self.using]
         extra = dialect_class(base.vendor).connect_timeout_options(self.connect_timeout)
@@ -132,7 +132,7 @@ def bounded_connect(using: str, seconds: float) -> Iterator[None]:
     """
     from django.db import connections
 
-    from .dialects import dialect_class
+    from ..dialects import dialect_class
 
     base = connections[using]
     extra = dialect_class(base.vendor).connect_timeout_options(seconds)

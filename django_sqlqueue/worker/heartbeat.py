@@ -31,9 +31,9 @@ from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import DateTimeField, F, Q
 from django.db.models.expressions import RawSQL
 
-from .conf import get_settings
-from .dialects import get_dialect
-from .exceptions import WorkerNameInUse
+from ..conf import get_settings
+from ..dialects import get_dialect
+from ..exceptions import WorkerNameInUse
 from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line, pid_alive, process_gone, process_key
 
 log = logging.getLogger("django_sqlqueue.worker")
@@ -60,7 +60,7 @@ def register(name: str, using: str, incarnation: str = "", queues: Sequence[str]
     process's ``incarnation``: a process the name was taken from learns it at its next beat, and the
     ``queues`` and ``types`` it serves (empty: all), for the admin.
     """
-    from .models import Worker
+    from ..models import Worker
 
     host, pid = socket.gethostname()[:200], os.getpid()
     now = db_now(using)
@@ -112,7 +112,7 @@ def mark_stopped(name: str, using: str, jobs_done: int = 0, incarnation: str | N
 
     With ``incarnation``, only if the row is still that incarnation's (never stop a replacement's row).
     """
-    from .models import Worker
+    from ..models import Worker
 
     rows = Worker.objects.using(using).filter(name=name)
     if incarnation is not None:
@@ -132,7 +132,7 @@ def sweep_gone_workers(using: str) -> list[str]:
     the row still being that process's (name, incarnation, process), so a restart that took the name
     meanwhile is never stopped.
     """
-    from .models import Worker
+    from ..models import Worker
 
     host = socket.gethostname()[:200]
     rows = Worker.objects.using(using).filter(host=host, stopped_at__isnull=True).exclude(process="")
@@ -338,7 +338,7 @@ class Heartbeat:
     def _check_cancel(self, running: tuple[int, int, float]) -> None:
         """Look for a cancel request of the running attempt (a seek on a table of requests only); when
         there is one, keep it and tell the slot (``on_cancel``), which starts the grace period."""
-        from .models import Job
+        from ..models import Job
 
         job_id, attempt, _ = running
         self._next_check = time.monotonic() + self.cancel_check
@@ -385,7 +385,7 @@ class Heartbeat:
 
     def beat(self) -> None:
         """Renew the held jobs' leases (grouped by lease length) and stamp the worker row."""
-        from .models import Job, Worker
+        from ..models import Job, Worker
 
         with self._lock:
             held = dict(self._held)
@@ -430,7 +430,7 @@ class Heartbeat:
         A job this slot finished meanwhile (still under its name and incarnation, no longer Processing)
         is not taken; nor is one it dropped since the renewal.
         """
-        from .models import Job
+        from ..models import Job
 
         taken = set(Job.objects.using(self.using).filter(pk__in=ids).exclude(
             worker=self.name, incarnation=self.incarnation).values_list("pk", flat=True))

@@ -29,17 +29,15 @@ from django.db import DataError, IntegrityError, connections
 from django.db.models import Q
 from django.utils import timezone
 
-from . import jobtypes, runner, signals, wakeup
-from .backoff import backoff_seconds
-from .batching import BatchSizer
-from .conf import get_settings
-from .exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob, UnknownJobType
-from .handlers import registry
-from .heartbeat import STOP_SHARE, Heartbeat, mark_stopped, register
-from .recorder import Recorder
-from .states import CLAIMABLE, Status
-from .support import DB_DOWN_ERRORS, close_connection, configure_logging, one_line, send, tidy_connections
-from .worker_contract import (
+from .. import jobtypes, signals
+from ..conf import get_settings
+from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob, UnknownJobType
+from ..handlers import registry
+from ..queue.backoff import backoff_seconds
+from ..states import CLAIMABLE, Status
+from . import runner, wakeup
+from .batch_size import BatchSizer
+from .contract import (
     CANCELLED,
     EXIT_FATAL,
     EXIT_FORCED,
@@ -54,9 +52,12 @@ from .worker_contract import (
     WorkerConfig,
     default_worker_name,
 )
+from .heartbeat import STOP_SHARE, Heartbeat, mark_stopped, register
+from .recorder import Recorder
+from .support import DB_DOWN_ERRORS, close_connection, configure_logging, one_line, send, tidy_connections
 
 if TYPE_CHECKING:
-    from .models import Job
+    from ..models import Job
 
 log = logging.getLogger("django_sqlqueue.worker")
 T = TypeVar("T")
@@ -78,7 +79,7 @@ class Worker:
         self.counters: Any = channel.counters if channel is not None else [0] * N_COUNTERS
         self._budget = config.max_jobs  # in-process budget (a supervisor shares one across slots)
         self._signals = 0
-        from .managers import new_incarnation
+        from ..queue import new_incarnation
 
         self.incarnation = config.incarnation or new_incarnation()
         self.heartbeat = Heartbeat(self.name, self.using, self.settings.HEARTBEAT_SECONDS,
@@ -258,7 +259,7 @@ class Worker:
         jobs are Processing under this name and incarnation, but this process never saw them. They
         are exactly this incarnation's Processing jobs that it neither holds nor has run.
         """
-        from .models import Job
+        from ..models import Job
 
         known = set(self.heartbeat.held()) | set(self.recorder.pending_ids())
         rows = [job for job in Job.objects.using(self.using).filter(
@@ -279,7 +280,7 @@ class Worker:
                         self.name, handed)
 
     def _claim(self) -> list[Job] | None:
-        from .models import Job
+        from ..models import Job
 
         if self._claim_in_doubt:
             self._hand_back_unreceived()
@@ -381,7 +382,7 @@ class Worker:
         """The outcome of a run that was asked to stop: a handler that returned successfully wins (its
         work is done: the cancel came too late); any other end (Cancel, Retry, an exception raised on
         the way out) is Cancelled with the request's who and why, never retried."""
-        from .managers import cancel_text
+        from ..queue import cancel_text
 
         if outcome.kind is runner.Kind.SUCCESS:
             log.warning("cancel_too_late worker=%s job=%s by=%r (the handler returned successfully first: the "
@@ -394,7 +395,7 @@ class Worker:
 
     def _record(self, outcome: runner.Outcome) -> None:
         """Record an attempt that did not succeed, at once (successes go to the recorder, batched)."""
-        from .models import Job
+        from ..models import Job
 
         M, job, kind = Job.objects, outcome.job, outcome.kind
         K = runner.Kind
@@ -440,7 +441,7 @@ class Worker:
 
     def _release(self, jobs: list[Job], reason: str = "stopping") -> int:
         """Hand claimed-but-unstarted jobs back to Pending, their attempt not spent; return how many."""
-        from .models import Job
+        from ..models import Job
 
         released = 0
         for job in jobs:
@@ -457,7 +458,7 @@ class Worker:
 
     def _due_soon(self) -> bool:
         """Burst mode: is a matching job due now or within ``wait_due`` seconds (so worth waiting)?"""
-        from .models import Job
+        from ..models import Job
 
         horizon = timezone.now() + timedelta(seconds=self.config.wait_due)
         due = Q(status_id__in=CLAIMABLE, scheduled_for__lte=horizon)
@@ -524,7 +525,7 @@ class Worker:
             self._db_down_since = None
 
     def _shutdown(self) -> None:
-        from .models import Job
+        from ..models import Job
 
         self.recorder.close()  # record pending successes first: they ran, they are not "unstarted"
         unrecorded = set(self.recorder.pending_ids())  # the database is down: reclaimed later, as run

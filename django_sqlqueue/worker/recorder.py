@@ -3,7 +3,7 @@
 A slot that runs short jobs spends most of its time committing: one transaction to claim, one per
 job to record its outcome. The :class:`Recorder` keeps the successes of the batch being run and
 records them together, in ONE transaction with the next claim when the batch is done
-(:meth:`~django_sqlqueue.managers.JobManager.complete_and_claim`), so a slot commits once per batch
+(:meth:`~django_sqlqueue.queue.JobManager.complete_and_claim`), so a slot commits once per batch
 instead of once per job plus once per claim.
 
 What stays true (at-least-once, and honest history):
@@ -31,15 +31,15 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from . import signals
+from .. import signals
+from .contract import SUCCEEDED
 from .support import DB_DOWN_ERRORS, close_connection, one_line, send
-from .worker_contract import SUCCEEDED
 
 if TYPE_CHECKING:
+    from ..models import Job
+    from .contract import SlotChannel
     from .heartbeat import Heartbeat
-    from .models import Job
     from .runner import Outcome
-    from .worker_contract import SlotChannel
 
 log = logging.getLogger("django_sqlqueue.worker")
 
@@ -106,7 +106,7 @@ class Recorder:
         rows, claimed jobs).
         Returns the claimed jobs. Database errors propagate with the successes still pending.
         """
-        from .models import Job
+        from ..models import Job
 
         with self._lock:
             items = list(self._pending)

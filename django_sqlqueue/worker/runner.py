@@ -31,12 +31,12 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.utils import timezone
 
-from . import tracing
-from .exceptions import InvalidPayload, SqlQueueError
+from ..exceptions import InvalidPayload, SqlQueueError
+from ..ops import tracing
 
 if TYPE_CHECKING:
-    from .handlers import Handler
-    from .models import Job, JobData
+    from ..handlers import Handler
+    from ..models import Job, JobData
 
 
 class Retry(SqlQueueError):
@@ -51,13 +51,13 @@ class Retry(SqlQueueError):
         if delay is not None and at is not None:
             raise ValueError("give delay or at, not both")
         if at is not None:  # aware and within a century (InvalidArgument is a ValueError)
-            from .limits import check_when
+            from ..bounds import check_when
 
             check_when(at, "at")
         if isinstance(delay, timedelta):
             delay = delay.total_seconds()
         if delay is not None:
-            from .managers import MAX_DELAY_SECONDS, finite_seconds
+            from ..queue import MAX_DELAY_SECONDS, finite_seconds
 
             if not finite_seconds(delay):
                 raise ValueError(f"delay must be a non-negative number of seconds up to {MAX_DELAY_SECONDS}, got {delay!r}")
@@ -116,7 +116,7 @@ class Outcome:
 def _subtype_models() -> tuple[type[JobData], ...]:
     from django.apps import apps
 
-    from .models import JobData
+    from ..models import JobData
 
     return tuple(m for m in apps.get_models() if issubclass(m, JobData))
 
@@ -207,8 +207,8 @@ class _BadReturn(Fail, InvalidPayload):
 def _check_json(value: Any, what: str) -> None:
     if value is None or value is True or value is False or (type(value) is int and -2**63 <= value < 2**63):
         return  # JSON as they are, and small: most handlers return None (a huge int is still checked)
-    from .limits import response_too_large
-    from .managers import unstorable
+    from ..bounds import response_too_large
+    from ..queue import unstorable
 
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
@@ -272,7 +272,7 @@ def run(ctx: JobContext) -> Outcome:
 
 
 def _run(ctx: JobContext) -> Outcome:
-    from .models import Job
+    from ..models import Job
 
     started = time.monotonic()
     depths = _atomic_depths()

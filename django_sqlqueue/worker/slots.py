@@ -11,8 +11,8 @@ import logging
 import signal
 import sys
 
+from .contract import EXIT_FATAL, SlotChannel, WorkerConfig
 from .support import one_line
-from .worker_contract import EXIT_FATAL, SlotChannel, WorkerConfig
 
 
 def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None) -> None:
@@ -22,8 +22,8 @@ def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None)
     import django
 
     django.setup()
+    from .loop import Worker
     from .support import configure_logging
-    from .worker import Worker
 
     configure_logging(log_level)
     try:
@@ -31,7 +31,7 @@ def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None)
     except Exception as exc:
         from django.core.exceptions import ImproperlyConfigured
 
-        from .exceptions import UnknownJobType
+        from ..exceptions import UnknownJobType
 
         if isinstance(exc, ImproperlyConfigured | UnknownJobType):
             logging.getLogger("django_sqlqueue.worker").error("worker_fatal worker=%s error=%s", config.name,

@@ -42,14 +42,11 @@ from typing import Any
 
 from django.db import Error as DatabaseError
 
-from . import schedules, signals, tracing
-from .dbthread import Call, DatabaseThread
-from .exceptions import IllegalTransition, JobNotFound, StaleJob
-from .slots import slot_main
-from .states import Status
-from .support import DB_DOWN_ERRORS, close_connection, one_line, send
-from .worker import Worker  # the sender of the signals (signals.py)
-from .worker_contract import (
+from .. import schedules, signals
+from ..exceptions import IllegalTransition, JobNotFound, StaleJob
+from ..ops import tracing
+from ..states import Status
+from .contract import (
     CANCELLED,
     EXIT_FATAL,
     EXIT_FORCED,
@@ -62,6 +59,10 @@ from .worker_contract import (
     SlotChannel,
     WorkerConfig,
 )
+from .dbthread import Call, DatabaseThread
+from .loop import Worker  # the sender of the signals (signals.py)
+from .slots import slot_main
+from .support import DB_DOWN_ERRORS, close_connection, one_line, send
 
 log = logging.getLogger("django_sqlqueue.supervisor")
 
@@ -137,7 +138,7 @@ class Supervisor:
     def run(self) -> Summary:
         from django.db import connections
 
-        from .conf import get_settings
+        from ..conf import get_settings
 
         self._using = self.config.using or get_settings().DATABASE
         self._db = DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS)
@@ -231,7 +232,7 @@ class Supervisor:
 
     # ----- slots -----------------------------------------------------------------------------------
     def _start(self, slot: Slot, budget: Any) -> None:
-        from .managers import new_incarnation
+        from ..queue import new_incarnation
 
         slot.incarnation = new_incarnation()
         slot.channel = SlotChannel(self._ctx, slot.stop, slot.counters, budget)
@@ -337,7 +338,7 @@ class Supervisor:
         """
         from django.db import connections
 
-        from .dialects import dialect_class
+        from ..dialects import dialect_class
 
         hint = dialect_class(connections[self._using].vendor).error_hint(exc)
         detail = "".join(f"{key}={value} " for key, value in fields.items())
@@ -349,7 +350,7 @@ class Supervisor:
         return self._db.submit(f"mark_timed_out:{job_id}", self._mark_timed_out_now, slot.name, job_id, timeout)
 
     def _mark_timed_out_now(self, name: str, job_id: int, timeout: float) -> None:
-        from .models import Job
+        from ..models import Job
 
         try:
             job = Job.objects.get_for_update(job_id, using=self._using)
@@ -375,8 +376,8 @@ class Supervisor:
 
     def _mark_cancelled_now(self, name: str, job_id: int) -> None:
         """Record a killed cancelled job Cancelled, with who cancelled it and why (its request)."""
-        from .managers import cancel_text
-        from .models import Job
+        from ..models import Job
+        from ..queue import cancel_text
 
         try:
             job = Job.objects.get_for_update(job_id, using=self._using)
@@ -409,8 +410,8 @@ class Supervisor:
         return slot.cleanup
 
     def _after_death_now(self, name: str, incarnation: str, started: list[int]) -> None:
+        from ..models import Job
         from .heartbeat import mark_stopped
-        from .models import Job
 
         using = self._using
         try:
@@ -447,7 +448,7 @@ class Supervisor:
         self._reaping = self._db.submit("reap", self._reap_now)
 
     def _reap_now(self) -> None:
-        from .models import Job
+        from ..models import Job
 
         try:
             n = Job.objects.reap(using=self._using)
@@ -461,7 +462,7 @@ class Supervisor:
 
     def _heal_permits(self) -> None:
         """Create the permits of keys enqueued before their process knew the type's limit (permits.py)."""
-        from .permits import heal
+        from ..limits import heal
 
         try:
             healed = heal(self._using)
@@ -474,7 +475,7 @@ class Supervisor:
     def _workflow_backstop(self) -> None:
         """Release Waiting jobs and fire batches that a worker dying between its commit and the release
         left behind (workflows.py); two index seeks that find nothing when no workflow is in use."""
-        from .workflows import backstop
+        from ..workflows import backstop
 
         try:
             backstop(using=self._using)
@@ -495,8 +496,8 @@ class Supervisor:
             return None
         from tqdm import tqdm
 
-        from .models import Job
-        from .states import CLAIMABLE
+        from ..models import Job
+        from ..states import CLAIMABLE
 
         counted: list[int] = []
 

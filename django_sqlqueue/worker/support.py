@@ -10,7 +10,7 @@ from typing import Any
 from django.db import InterfaceError, OperationalError, connections
 from django.db.models.expressions import RawSQL
 
-from .dialects import get_dialect
+from ..dialects import get_dialect
 
 log = logging.getLogger("django_sqlqueue.worker")
 

@@ -64,7 +64,7 @@ def for_worker(using: str, queues: Sequence[str], stop: Callable[[], bool], work
     no wake-ups (SQL Server, ``NOTIFY_CHANNEL = ""``, or LISTEN failed its check: logged as a WARNING).
     A listener that could not connect at all stays in place and retries (and checks) later.
     """
-    from .conf import get_settings
+    from ..conf import get_settings
 
     settings = get_settings()
     waker = for_alias(using, settings.NOTIFY_CHANNEL, queues, listen_using=settings.LISTEN_DATABASE or None)
@@ -114,7 +114,7 @@ class PgListener:
         from django.core.exceptions import ImproperlyConfigured
         from django.db import connections
 
-        from .dialects import capabilities
+        from ..dialects import capabilities
 
         wrapper = connections[using]
         if not capabilities(wrapper.vendor).can_listen or not channel:
@@ -201,7 +201,7 @@ class PgListener:
     def _send_check(self, check: str) -> None:
         from django.db import connections
 
-        from .dialects import get_dialect
+        from ..dialects import get_dialect
 
         assert self.notify_using is not None
         connection = connections[self.notify_using]
@@ -272,7 +272,7 @@ class SqliteWatcher:
     def for_alias(cls, using: str) -> SqliteWatcher | None:
         from django.db import connections
 
-        from .dialects import capabilities
+        from ..dialects import capabilities
 
         return cls(using) if capabilities(connections[using].vendor).watches_data_version else None
 

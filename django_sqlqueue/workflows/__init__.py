@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import InterfaceError, OperationalError, transaction
 from django.db.models import Exists, OuterRef
 
+from ..exceptions import InvalidArgument, JobNotFound, StaleJob
+from ..states import FINISHED, UNFINISHED, Status
 from .batches import (
     BatchClosed,
     BatchHandle,
@@ -43,12 +45,10 @@ from .batches import (
     finish_batch,
     open_batch,
 )
-from .exceptions import InvalidArgument, JobNotFound, StaleJob
-from .states import FINISHED, UNFINISHED, Status
 
 if TYPE_CHECKING:
-    from .managers import JobSpec
-    from .models import Job
+    from ..models import Job
+    from ..queue import JobSpec
 
 __all__ = ["CANCEL", "RUN", "BatchClosed", "BatchHandle", "Dependency", "DependencyError", "after_finish", "backstop",
            "batch", "batch_counts", "close_batch", "create_batch", "current_task_options", "dependencies",
@@ -77,7 +77,7 @@ class Dependency:
 
 
 def _is_spec(value: Any) -> bool:
-    from .managers.enqueue import JobSpec
+    from ..queue.enqueue import JobSpec
 
     return isinstance(value, JobSpec)
 
@@ -148,7 +148,7 @@ def link(specs: Sequence[JobSpec], jobs: Sequence[Job], alias: str) -> None:
     concurrently either committed before (its status is read here) or waits for this transaction and
     then sees the mark (its finish path releases the dependent).
     """
-    from .models import Batch, Job, JobDependency
+    from ..models import Batch, Job, JobDependency
 
     index = {id(s): i for i, s in enumerate(specs)}
     rows: list[JobDependency] = []
@@ -226,7 +226,7 @@ def after_finish(jobs: Iterable[Job], alias: str) -> None:
 def _settle(finished: list[Job], alias: str) -> None:
     """Release or cancel the Waiting dependents of ``finished`` jobs, following cancellations down the
     chain, then finish the batches of every job finished on the way."""
-    from .models import JobDependency
+    from ..models import JobDependency
 
     batches = {j.batch_id for j in finished if j.batch_id}
     frontier = sorted({j.pk for j in finished if j.has_dependents})
@@ -256,7 +256,7 @@ def decide(job_id: int, alias: str) -> tuple[Status | None, str]:
     """What a Waiting job should become now, read from its dependencies' current statuses: Cancelled
     (a dependency under the "cancel" policy ended other than Completed), Pending (all have finished),
     or None (still waiting); with the reason."""
-    from .models import JobDependency
+    from ..models import JobDependency
 
     deps = list(JobDependency.objects.using(alias).filter(job_id=job_id)
                 .values_list("depends_on_id", "depends_on__status_id", "on_failure").order_by("depends_on_id"))
@@ -271,7 +271,7 @@ def decide(job_id: int, alias: str) -> tuple[Status | None, str]:
 def resolve(job_id: int, alias: str) -> Job | None:
     """Move Waiting job ``job_id`` on if its dependencies allow it; return its new row, or None when it
     stays (or someone else moved it first: the token decides, so it moves once)."""
-    from .models import Job
+    from ..models import Job
 
     manager = Job.objects.db_manager(alias)
     try:
@@ -295,8 +295,8 @@ def backstop(using: str | None = None, limit: int = 200) -> tuple[int, int]:
     dependencies allow it, and fire batches whose members have all finished. Returns (jobs moved,
     batches finished). Run by the supervisor with the reaper; cheap when nothing waits (an index
     seek on status Waiting, and on the unfinished batches' partial index)."""
-    from .conf import get_settings
-    from .models import Batch, Job, JobDependency
+    from ..conf import get_settings
+    from ..models import Batch, Job, JobDependency
 
     alias = using or get_settings().DATABASE or "default"
     deps = JobDependency.objects.using(alias).filter(job_id=OuterRef("pk"))

@@ -20,12 +20,12 @@ from django.db import transaction
 from django.db.models import Count
 from django.db.models.functions import Now
 
-from .exceptions import InvalidArgument, SqlQueueError
-from .states import UNFINISHED, Status
+from ..exceptions import InvalidArgument, SqlQueueError
+from ..states import UNFINISHED, Status
 
 if TYPE_CHECKING:
-    from .managers import JobSpec
-    from .models import Batch, Job
+    from ..models import Batch, Job
+    from ..queue import JobSpec
 
 log = logging.getLogger("django_sqlqueue.workflows")
 
@@ -40,7 +40,7 @@ class _NotDone(SqlQueueError):
 
 def batch_counts(batch_id: int, alias: str | None = None) -> dict[Status, int]:
     """The batch's members by status (one index range on ``sqlqueue_job_batch``)."""
-    from .models import Job
+    from ..models import Job
 
     qs = Job.objects.db_manager(alias) if alias else Job.objects
     rows = qs.filter(batch_id=batch_id).order_by().values_list("status_id").annotate(n=Count("id"))
@@ -50,7 +50,7 @@ def batch_counts(batch_id: int, alias: str | None = None) -> dict[Status, int]:
 def finish_batch(batch_id: int, alias: str) -> list[int]:
     """If batch ``batch_id`` is closed, unfinished, and all its members have finished, enqueue its
     callbacks, once; return their ids ([] when it is not time, or another process did it)."""
-    from .models import Batch, Job
+    from ..models import Batch, Job
 
     batch = Batch.objects.using(alias).filter(pk=batch_id).first()
     if batch is None or batch.finished_at is not None or batch.closed_at is None:
@@ -86,7 +86,7 @@ def finish_batch(batch_id: int, alias: str) -> list[int]:
 
 def _callback(value: Any, what: str) -> dict[str, Any] | None:
     """A callback as given (a job type name, or ``(job type, payload)``, or a dict) as stored."""
-    from .managers.values import encode_json
+    from ..queue.values import encode_json
 
     if value is None:
         return None
@@ -117,13 +117,13 @@ class BatchHandle:
 
     def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> Job:
         """:meth:`JobManager.enqueue` of a member of this batch."""
-        from .models import Job
+        from ..models import Job
 
         return Job.objects.enqueue(job_type, payload, batch=self.batch.pk, using=self.alias, **options)
 
     def enqueue_many(self, specs: Iterable[JobSpec]) -> list[Job]:
         """:meth:`JobManager.enqueue_many` of members of this batch."""
-        from .models import Job
+        from ..models import Job
 
         specs = list(specs)
         for spec in specs:
@@ -142,10 +142,10 @@ def create_batch(*, on_success: Any = None, on_failure: Any = None, on_finish: A
                  using: str | None = None) -> Batch:
     """A new, open batch. Callbacks: a job type name, a ``(job type, payload)`` pair, or a dict with
     ``job_type`` and optionally ``payload``, ``queue``, ``priority``. A dict payload gets ``batch_id``."""
-    from . import jobtypes, limits
-    from .conf import get_settings
-    from .handlers import registry
-    from .models import Batch
+    from .. import bounds, jobtypes
+    from ..conf import get_settings
+    from ..handlers import registry
+    from ..models import Batch
 
     if not isinstance(description, str) or len(description) > 200:
         raise InvalidArgument("description must be a string of at most 200 characters")
@@ -154,15 +154,15 @@ def create_batch(*, on_success: Any = None, on_failure: Any = None, on_finish: A
                  "on_finish": _callback(on_finish, "on_finish")}
     for spec in filter(None, callbacks.values()):
         # Now, not when the batch finishes: an unknown type would fail then, long after the caller left.
-        limits.check_type_name(spec["job_type"])
+        bounds.check_type_name(spec["job_type"])
         jobtypes.get_type(spec["job_type"], using=alias, create=registry.is_registered(spec["job_type"]))
     return Batch.objects.using(alias).create(description=description, **callbacks)
 
 
 def close_batch(batch_id: int, *, using: str | None = None) -> None:
     """Close a batch: no more members; its callbacks are enqueued when (or if already) all have finished."""
-    from .conf import get_settings
-    from .models import Batch
+    from ..conf import get_settings
+    from ..models import Batch
 
     alias = using or get_settings().DATABASE or "default"
     Batch.objects.using(alias).filter(pk=batch_id, closed_at__isnull=True).update(closed_at=Now())
@@ -175,7 +175,7 @@ def batch(*, on_success: Any = None, on_failure: Any = None, on_finish: Any = No
     """``with batch(on_success=...) as b: b.enqueue(...)``: one transaction for the batch and its
     members (an exception rolls back all of it); closed at the end unless ``close=False`` (add more
     later with :func:`open_batch`, then ``close()``)."""
-    from .conf import get_settings
+    from ..conf import get_settings
 
     alias = using or get_settings().DATABASE or "default"
     with transaction.atomic(using=alias):
@@ -188,8 +188,8 @@ def batch(*, on_success: Any = None, on_failure: Any = None, on_finish: Any = No
 
 def open_batch(batch_id: int, *, using: str | None = None) -> BatchHandle:
     """A handle on an existing batch, to add members (refused at enqueue once it is closed) or close it."""
-    from .conf import get_settings
-    from .models import Batch
+    from ..conf import get_settings
+    from ..models import Batch
 
     alias = using or get_settings().DATABASE or "default"
     found = Batch.objects.using(alias).filter(pk=batch_id).first()

@@ -28,7 +28,7 @@ from django.db import transaction
 
 import django_sqlqueue as sqlqueue
 from django_sqlqueue.models import Job
-from django_sqlqueue.runner import JobContext, Retry
+from django_sqlqueue.worker.runner import JobContext, Retry
 
 from .models import SideEffect
 

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import django_sqlqueue as sqlqueue
-from django_sqlqueue.runner import Cancel, JobContext, Retry
+from django_sqlqueue.worker.runner import Cancel, JobContext, Retry
 
 
 def _log(job: JobContext, text: str) -> None:

@@ -1,7 +1,7 @@
 """``manage.py purge_queue --older-than 7d --status Completed``: retention for finished jobs.
 
 Deletes in small batches, each its own short transaction (a job row, its history and its subtype rows
-go together, deleted by job id: :meth:`~django_sqlqueue.managers.JobManager.purge`), so the queue table
+go together, deleted by job id: :meth:`~django_sqlqueue.queue.JobManager.purge`), so the queue table
 is never locked for long and SQL Server has no reason to escalate to a table lock. Only finished
 statuses may be purged, and a job that changed since its id was read (retried to Pending) is kept: the
 conditions are checked again, under a lock, in the batch's own transaction. No job row is ever loaded,

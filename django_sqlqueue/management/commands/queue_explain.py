@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...explain import explain_claim
+from ...ops.explain import explain_claim
 
 
 class Command(BaseCommand):

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...diagnose import why_not_running
 from ...models import Job
+from ...ops.diagnose import why_not_running
 
 
 class Command(BaseCommand):

@@ -13,11 +13,11 @@ from django.db import DatabaseError
 
 from django_sqlqueue import jobtypes
 from django_sqlqueue.conf import get_settings
-from django_sqlqueue.dbthread import bounded_connect
 from django_sqlqueue.exceptions import InvalidArgument, UnknownJobType
 from django_sqlqueue.handlers import registry
-from django_sqlqueue.supervisor import Supervisor
-from django_sqlqueue.worker import WorkerConfig, configure_logging, default_worker_name
+from django_sqlqueue.worker.dbthread import bounded_connect
+from django_sqlqueue.worker.loop import WorkerConfig, configure_logging, default_worker_name
+from django_sqlqueue.worker.supervisor import Supervisor
 
 #: The start-up checks' connect timeout: a database that never answers must not hold the start up.
 START_CONNECT_SECONDS = 5.0
@@ -76,7 +76,7 @@ class Command(BaseCommand):
                             help="No progress bar (by default --burst shows one on stderr when it is a terminal).")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from ...checks import check_queue_database
+        from ...ops.checks import check_queue_database
 
         errors = [e for e in check_queue_database() if e.is_serious()]
         if errors:

@@ -98,7 +98,7 @@ class Command(BaseCommand):
             ("digest, scheduled ahead",
              Job.objects.enqueue("SendDigest", {"email": "erin@example.com", "items": 1}, delay=schedule_in)),
         ]
-        if type(default_task_backend).__module__ == "django_sqlqueue.tasks":
+        if type(default_task_backend).__module__ == "django_sqlqueue.tasks.backend":
             from testproject.notifications.tasks import send_welcome_email
 
             result = send_welcome_email.enqueue(1003, "frank@example.com")
