@@ -7,10 +7,12 @@ claims): a Processing row held by its name under another incarnation is a leftov
 process of the same slot and is reclaimed by the claim at once, while a replaced process (paused past
 the dead-after time while another took its name) finds out at its next beat and stops.
 
-Threads: the main thread claims, runs handlers and records outcomes; the heartbeat thread (its own
-connection, see heartbeat.py) stamps the ``Worker`` row, renews the held jobs' leases and keeps the
-slot's *standing*: no claim without a recent beat, and a running job whose lease may be gone is told
-to stop (and killed by the supervisor); the recorder's watchdog thread (see recorder.py).
+Threads: the main thread claims, runs handlers and records outcomes (the slot's one connection); the
+heartbeat thread keeps the slot's *standing*: no claim without a recent beat, and a running job whose
+lease may be gone is told to stop (and killed by the supervisor). Under a supervisor that thread does
+no database work: it reports to the supervisor, whose one connection beats for every slot (beats.py);
+in-process, it stamps the ``Worker`` row and renews the leases on a connection of its own. The
+recorder's watchdog thread (see recorder.py).
 """
 
 from __future__ import annotations
@@ -201,7 +203,7 @@ class Worker:
                 idle = min(idle * 2, s.POLL_MAX_SECONDS)
                 continue
             idle = s.POLL_MIN_SECONDS
-            if len(jobs) >= self._asked and self.channel is not None and self.channel.board is not None:
+            if len(jobs) >= self._asked > 1 and self.channel is not None and self.channel.board is not None:
                 self.channel.board.wake_one(keep=False)  # a full batch: more may wait, for another idle slot
             started, ran = time.monotonic(), 0
             for job in jobs:
@@ -257,7 +259,8 @@ class Worker:
         connection commits (``PRAGMA data_version``, see wakeup.py); on SQL Server it simply sleeps.
         """
         if self._listener is not None:
-            self._listener.wait(seconds, self.stop_requested)
+            if self._listener.wait(seconds, self.stop_requested) and isinstance(self._listener, wakeup.BoardWaker):
+                log.debug("slot_woken worker=%s", self.name)
             return
         self._sleep(seconds)
 
@@ -520,7 +523,9 @@ class Worker:
                 if self.stop_requested():
                     tries += 1
                     if tries > retry_while_stopping:
-                        log.warning("worker_gave_up worker=%s call=%s error=%s", self.name,
+                        # A slot that never connected has nothing to hand back: no warning for that.
+                        starved = self.channel is not None and self.channel.link is not None and not self._registered
+                        (log.info if starved else log.warning)("worker_gave_up worker=%s call=%s error=%s", self.name,
                                     getattr(fn, "__name__", fn), one_line(exc))
                         return None
                 self._db_trouble(exc)
