@@ -2,7 +2,8 @@
 
 A worker of S slots holds S + 1 connections: one per slot (its claims and jobs) and one for its
 supervisor (the heartbeat of all slots, the LISTEN, the schedule looks and its other work). Counted by
-the server (pg_stat_activity, by the application_name the worker's URL sets), never by the worker.
+the server (pg_stat_activity, by the application_name the worker's URL sets; over TDS, Babelfish's
+sys.dm_exec_sessions, by the client process ids), never by the worker.
 
 With fewer connections than that (a role's CONNECTION LIMIT), the worker runs the slots it could
 connect, says so once at WARNING, and every job still runs exactly once.
@@ -10,6 +11,7 @@ connect, says so once at WARNING, and every job still runs exactly once.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 import uuid
@@ -33,10 +35,35 @@ def _pg_only() -> None:
         pytest.skip("PostgreSQL: pg_stat_activity and roles with a connection limit")
 
 
-def _sessions(application_name: str) -> int:
+def _sessions(application_name: str, root: int) -> int:
+    """The server's count of the worker's sessions: PostgreSQL by the application_name its URL sets,
+    SQL Server (Babelfish here) by the client process ids of the worker's process tree."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [application_name])
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [application_name])
+        else:
+            pids = _tree(root)
+            marks = ", ".join(["%s"] * len(pids))
+            cursor.execute(f"SELECT count(*) FROM sys.dm_exec_sessions WHERE host_process_id IN ({marks})", pids)
         return int(cursor.fetchone()[0])
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and its descendants (Linux /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += children.get(pid, [])
+    return out
 
 
 def _idle_and_settled(w: wu.WorkerProcess, slots: int) -> None:
@@ -47,19 +74,22 @@ def _idle_and_settled(w: wu.WorkerProcess, slots: int) -> None:
 @pytest.mark.parametrize("concurrency", [4, 1])
 def test_a_worker_holds_one_connection_per_slot_and_one_for_its_supervisor(worker_procs, job_log,
                                                                           concurrency) -> None:
-    _pg_only()
+    if connection.vendor not in ("postgresql", "microsoft"):
+        pytest.skip("a server that lists its sessions (pg_stat_activity, sys.dm_exec_sessions)")
     name = f"sqlqueue-conn-{uuid.uuid4().hex[:8]}"
-    url = database_url(connection.settings_dict) + f"?application_name={name}"
-    w = worker_procs("--worker-name", "counted", "--concurrency", str(concurrency),
-                     env={"SQLQUEUE_DATABASE_URL": url})
+    env = {}
+    if connection.vendor == "postgresql":
+        env["SQLQUEUE_DATABASE_URL"] = database_url(connection.settings_dict) + f"?application_name={name}"
+    w = worker_procs("--worker-name", "counted", "--concurrency", str(concurrency), env=env)
     _idle_and_settled(w, concurrency)
-    assert "wakeup=listen" in w.stderr(), w.output()  # the LISTEN is one of them
-    idle = _sessions(name)
+    if connection.vendor == "postgresql":
+        assert "wakeup=listen" in w.stderr(), w.output()  # the LISTEN is one of them
+    idle = _sessions(name, w.pid)
     assert idle == concurrency + 1, (idle, w.output())
     # Busy: every slot runs a job (and the supervisor renews their leases, looks for cancels).
     jobs = [Job.objects.enqueue("test.Sleep", {"seconds": 2, "log": str(job_log.path)}) for _ in range(concurrency)]
     wu.wait_until(lambda: all(job_log.events(j.pk) for j in jobs), 60, what=f"every job to start\n{w.output()}")
-    busy = _sessions(name)
+    busy = _sessions(name, w.pid)
     wu.wait_until(lambda: Job.objects.filter(pk__in=[j.pk for j in jobs], status_id=Status.COMPLETED).count()
                   == concurrency, 60, what=f"the jobs to complete\n{w.output()}")
     assert busy <= concurrency + 1, (busy, w.output())

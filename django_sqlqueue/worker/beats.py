@@ -140,8 +140,10 @@ class Beats:
             try:
                 while slot.link.poll():
                     report = slot.link.recv()
-                    if slot.report is None or (report.held.keys() - slot.report.held.keys()):
-                        # A first report, or new jobs: beat soon if their lease is shorter than planned.
+                    if slot.report is None or slot.report.connect_error is not None:
+                        self._next_beat = now  # a new slot claims nothing before its first beat: at once
+                    elif report.held.keys() - slot.report.held.keys():
+                        # New jobs: beat sooner if their lease is shorter than the beats planned so far.
                         self._next_beat = min(self._next_beat, (self._last_sent or 0.0) + self.interval(report))
                     slot.report, slot.reported_at = report, now
             except (EOFError, OSError):
