@@ -247,7 +247,9 @@ def main() -> int:
     p.add_argument("--before", type=Path, help="also run every fleet with this checkout's workers")
     p.add_argument("--no-slot-compare", action="store_true", help="skip the 4-slot vs 1-slot pickup")
     args = p.parse_args()
+    import signal
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the fleet and the cluster (finally blocks)
     cluster = start_cluster()
     try:
         os.environ.update(SQLQUEUE_DATABASE_URL=cluster.url, DJANGO_SETTINGS_MODULE="testproject.settings",

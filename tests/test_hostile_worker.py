@@ -238,7 +238,8 @@ def test_a_slot_whose_heartbeat_cannot_connect_stops_claiming(worker_procs, tmp_
                             autocommit=True)
     try:
         a = worker_procs("--worker-name", "starved", "--concurrency", "1", env={**FAST, "SQLQUEUE_DATABASE_URL": starved_url})
-        wu.wait_until(lambda: WorkerRow.objects.filter(name="starved/0", stopped_at=None).exists(), what="a to register")
+        wu.wait_until(lambda: WorkerRow.objects.filter(name="starved/0", stopped_at=None).exists(), 90,
+                      what="a to register")
         time.sleep(1.0)  # a has both its connections open: the slot's (claims) and the supervisor's (heartbeat)
         # No new connection for the role from now on; the ones open stay. Then cut the heartbeat's: the
         # supervisor's connection, the one whose last statement is not the slot's claim.

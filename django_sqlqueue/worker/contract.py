@@ -91,23 +91,25 @@ class WakeBoard:
     def __init__(self, ctx: Any, slots: int) -> None:
         self.idle = ctx.Array("b", slots)  # its lock guards idle and pending
         self.pending = ctx.Value("i", 0, lock=False)
-        self.events = [ctx.Event() for _ in range(slots)]
+        # A semaphore per slot, not an Event: its release is one sem_post (an Event's set waits for the
+        # woken process to acknowledge, a round trip between processes on the pickup path).
+        self.bells = [ctx.Semaphore(0) for _ in range(slots)]
 
     def wake_one(self, *, keep: bool = True) -> bool:
         """Wake one idle slot; True if one was. Else, with ``keep``, remember it for the next to idle."""
         with self.idle.get_lock():
-            for index in range(len(self.events)):
+            for index in range(len(self.bells)):
                 if self.idle[index]:
                     self.idle[index] = 0
-                    self.events[index].set()
+                    self.bells[index].release()
                     return True
             if keep:
-                self.pending.value = min(len(self.events), self.pending.value + 1)
+                self.pending.value = min(len(self.bells), self.pending.value + 1)
             return False
 
     def wait(self, index: int, seconds: float, stop: Any) -> bool:
         """Slot ``index`` idles up to ``seconds``: True when woken (or a wake-up was pending)."""
-        event = self.events[index]
+        bell = self.bells[index]
         with self.idle.get_lock():
             if self.pending.value > 0:
                 self.pending.value -= 1
@@ -119,13 +121,14 @@ class WakeBoard:
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
-                if event.wait(min(left, 0.25)):
+                if bell.acquire(timeout=min(left, 0.25)):
                     return True
             return False
         finally:
             with self.idle.get_lock():
                 self.idle[index] = 0
-            event.clear()  # a wake-up that came after the wait ended is served by the claim that follows
+            while bell.acquire(False):  # a wake-up that came after the wait ended: the claim that follows
+                pass  # serves it
 
 
 class SlotChannel:
