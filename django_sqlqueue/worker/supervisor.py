@@ -344,8 +344,10 @@ class Supervisor:
 
         slot.incarnation = new_incarnation()
         ours, theirs = self._ctx.Pipe(duplex=True)
+        listener = getattr(self, "_shared_listener", None)
+        wakes = "listen" if self._wakeup or (listener is not None and listener.listening) else ""
         slot.channel = SlotChannel(self._ctx, slot.stop, slot.counters, budget, link=theirs, board=self._board,
-                                   index=slot.index, wakeup=self._wakeup)
+                                   index=slot.index, wakeup=wakes)
         slot.proc = self._ctx.Process(target=slot_main, args=(self._slot_config(slot), slot.channel, self.log_level),
                                       name=f"sqlqueue-slot-{slot.index}")
         slot.proc.start()
