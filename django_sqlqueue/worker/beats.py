@@ -297,6 +297,12 @@ class Beats:
         rows = Job.objects.using(self.using).filter(pk__in=list(owner)).values_list("pk", "worker", "incarnation")
         return {pk for pk, worker, inc in rows if (worker, inc) != owner[pk]}
 
+    def baseline(self) -> None:
+        """Note the database file's identity now (the supervisor's connection was just opened, before
+        the slots start): a file deleted before the first beat must not become the baseline."""
+        if self._identity is None:
+            self._check_identity()
+
     def _check_identity(self) -> None:
         """SQLite: the database file deleted or replaced under the worker (heartbeat.py says why)."""
         identity = get_dialect(connections[self.using]).database_identity()

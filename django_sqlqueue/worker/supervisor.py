@@ -265,6 +265,7 @@ class Supervisor:
 
         try:
             connections[self._using].ensure_connection()
+            self._beats.baseline()
         except DatabaseError as exc:
             self._db_failed("supervisor_connect_failed", exc, quiet=True)
 
