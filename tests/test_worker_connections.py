@@ -25,7 +25,7 @@ from django_sqlqueue.states import Status
 from tests import workerutil as wu
 from tests.procutil import database_url, test_db_env
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(480)]
 worker_procs = wu.worker_procs
 job_log = wu.job_log
 
@@ -67,7 +67,7 @@ def _tree(root: int) -> list[int]:
 
 
 def _idle_and_settled(w: wu.WorkerProcess, slots: int) -> None:
-    wu.wait_until(lambda: w.stderr().count("worker_started") == slots, 90, what=f"{slots} slots to start\n{w.output()}")
+    wu.wait_until(lambda: w.stderr().count("worker_started") == slots, 240, what=f"{slots} slots to start\n{w.output()}")
     time.sleep(2.0)  # a few beats and idle polls: every connection the worker keeps is open by now
 
 
