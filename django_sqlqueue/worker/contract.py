@@ -107,6 +107,11 @@ class WakeBoard:
                 self.pending.value = min(len(self.bells), self.pending.value + 1)
             return False
 
+    def ring_all(self) -> None:
+        """Wake every slot (the worker is stopping: they see it at once)."""
+        for bell in self.bells:
+            bell.release()
+
     def wait(self, index: int, seconds: float, stop: Any) -> bool:
         """Slot ``index`` idles up to ``seconds``: True when woken (or a wake-up was pending)."""
         bell = self.bells[index]
@@ -121,7 +126,9 @@ class WakeBoard:
                 left = end - time.monotonic()
                 if left <= 0:
                     return False
-                if bell.acquire(timeout=min(left, 0.25)):
+                # Long waits (an idle worker's slots wake rarely): a stop from the supervisor rings the
+                # bell (ring_all); a signal sent to the slot alone is seen within a second.
+                if bell.acquire(timeout=min(left, 1.0)):
                     return True
             return False
         finally:

@@ -389,7 +389,7 @@ class Heartbeat:
                 while not self._stop and (left := deadline - time.monotonic()) > 0:
                     if self._parent is not None and os.getppid() != self._parent:
                         os._exit(1)  # the supervisor is gone, so are we: our jobs are reclaimed by lease or name
-                    if link.poll(min(left, 0.5)):
+                    if link.poll(left):
                         self._apply(link.recv())
         except (EOFError, OSError):  # the supervisor's end is closed: it is gone
             if not self._stop:

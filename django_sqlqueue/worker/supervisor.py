@@ -329,6 +329,8 @@ class Supervisor:
             slot.stop.set()
             if slot.proc is None:
                 slot.done = True
+        if self._board is not None:
+            self._board.ring_all()
 
     def _kill_remaining(self) -> None:
         for slot in self._slots:
