@@ -461,6 +461,8 @@ class ListenerThread:
             self.listener.start(self._stop.is_set)
         except ListenCheckFailed:
             return False
+        finally:
+            self._close_check_connection()
         self._thread.start()
         return self.listener.listening
 
@@ -468,6 +470,16 @@ class ListenerThread:
         while not self._stop.is_set():
             if self.listener.wait(5.0, self._stop.is_set):
                 self.board.wake_one()
+            self._close_check_connection()
+
+    def _close_check_connection(self) -> None:
+        """The check's notification goes through the queue's alias, on this thread's Django connection:
+        closed again, so the worker keeps no connection for it."""
+        from django.db import connections
+
+        alias = self.listener.notify_using
+        if alias is not None and connections[alias].connection is not None:
+            connections[alias].close()
 
     def close(self) -> None:
         self._stop.set()
