@@ -97,6 +97,20 @@ def test_a_worker_holds_one_connection_per_slot_and_one_for_its_supervisor(worke
     assert w.wait(60) == 0, w.output()
 
 
+def test_with_a_listen_alias_a_worker_holds_one_more_connection_for_its_listen(worker_procs) -> None:
+    _pg_only()
+    name = f"sqlqueue-conn-{uuid.uuid4().hex[:8]}"
+    url = database_url(connection.settings_dict)
+    w = worker_procs("--worker-name", "aliased", "--concurrency", "2",
+                     env={"SQLQUEUE_DATABASE_URL": f"{url}?application_name={name}",
+                          "SQLQUEUE_LISTEN_DATABASE_URL": f"{url}?application_name={name}-listen"})
+    _idle_and_settled(w, 2)
+    assert w.stderr().count("wakeup=listen") == 2, w.output()
+    assert (_sessions(name, w.pid), _sessions(f"{name}-listen", w.pid)) == (3, 1), w.output()
+    w.signal(signal.SIGTERM)
+    assert w.wait(60) == 0, w.output()
+
+
 @pytest.fixture
 def limited_role(pg_cluster):
     """A login role with every privilege on the test database's tables, its connections limited."""
