@@ -94,6 +94,8 @@ class WakeBoard:
         # A semaphore per slot, not an Event: its release is one sem_post (an Event's set waits for the
         # woken process to acknowledge, a round trip between processes on the pickup path).
         self.bells = [ctx.Semaphore(0) for _ in range(slots)]
+        #: 1 while the supervisor's LISTEN is in place (what a slot's worker_started line says).
+        self.listening = ctx.Value("b", 0, lock=False)
 
     def wake_one(self, *, keep: bool = True) -> bool:
         """Wake one idle slot; True if one was. Else, with ``keep``, remember it for the next to idle."""
@@ -142,15 +144,13 @@ class SlotChannel:
     """What a slot process shares with the supervisor (picklable into a spawned child)."""
 
     def __init__(self, ctx: Any, stop: Any, counters: Any, budget: Any, *, link: Any = None,
-                 board: WakeBoard | None = None, index: int = 0, wakeup: str = "") -> None:
+                 board: WakeBoard | None = None, index: int = 0) -> None:
         self.stop = stop  # multiprocessing Event: "stop after the current job"
         #: The slot's end of a pipe to the supervisor: SlotReports go up, BeatResults come back.
         self.link = link
         #: Idle slots wait here for the supervisor's LISTEN (None: the slot waits its own way).
         self.board = board
         self.index = index
-        #: How the supervisor wakes idle slots ("listen"), or "" when it does not (the slot polls).
-        self.wakeup = wakeup
         self.counters = counters  # RawArray of N_COUNTERS, written by the slot only
         self.budget = budget  # shared Value of jobs left to claim (--max-jobs), or None
         # [job id, monotonic deadline, timeout seconds, 1 once the job was cancelled (the deadline is then

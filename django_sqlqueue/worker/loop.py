@@ -146,7 +146,7 @@ class Worker:
         if channel is None or channel.link is None:
             return wakeup.for_worker(self.using, self.config.queues, self.stop_requested, self.name)
         if channel.board is not None:  # the supervisor LISTENs (or will, once its connection is back)
-            return wakeup.BoardWaker(channel.board, channel.index), channel.wakeup or "poll"
+            return wakeup.BoardWaker(channel.board, channel.index), "listen" if channel.board.listening.value else "poll"
         watcher = wakeup.SqliteWatcher.for_alias(self.using)
         return (watcher, "data_version") if watcher is not None else (None, "poll")
 

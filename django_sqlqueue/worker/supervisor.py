@@ -162,7 +162,6 @@ class Supervisor:
         self._beats = Beats(self._using, self.config.name, settings.HEARTBEAT_SECONDS,
                             settings.WORKER_DEAD_AFTER_SECONDS, settings.CANCEL_CHECK_SECONDS)
         self._board: WakeBoard | None = None
-        self._wakeup = ""
         self._listen_thread: Any = None
         self._db = self._database_thread(ctx, settings)
         budget = ctx.Value("q", self.config.max_jobs) if self.config.max_jobs is not None else None
@@ -242,21 +241,17 @@ class Supervisor:
         return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS, idle=self._shared_listener.idle)
 
     def _connect_first(self) -> None:
-        """Connect (and LISTEN) before the slots start, for a bounded time: a role short of connections
-        then runs fewer slots, never slots that no heartbeat covers."""
-        from .wakeup import CHECK_SECONDS
-
-        wait = CONNECT_TIMEOUT_SECONDS + CHECK_SECONDS
+        """Start connecting (and LISTENing) before the slots start: a slot takes a second or more to
+        boot, so a role short of connections runs fewer slots, never slots that no heartbeat covers."""
         listener = getattr(self, "_shared_listener", None)
         if listener is not None:
-            self._db.start()
-            listener.settled.wait(wait)
-            self._wakeup = "listen" if listener.listening else ""
+            self._db.start()  # its idle hook connects and LISTENs at once
         else:
-            self._db.submit("connect", self._connect_now).wait(wait)
+            self._db.submit("connect", self._connect_now)
             if self._listen_thread is not None and self._listen_thread.start():
-                self._wakeup = "listen"
-        if self._wakeup:
+                assert self._board is not None
+                self._board.listening.value = 1
+        if self._board is not None:
             log.info("worker_listening worker=%s slots=%s (one LISTEN for the worker: each notification wakes "
                      "one idle slot)", self.config.name, self.concurrency)
 
@@ -347,10 +342,8 @@ class Supervisor:
 
         slot.incarnation = new_incarnation()
         ours, theirs = self._ctx.Pipe(duplex=True)
-        listener = getattr(self, "_shared_listener", None)
-        wakes = "listen" if self._wakeup or (listener is not None and listener.listening) else ""
         slot.channel = SlotChannel(self._ctx, slot.stop, slot.counters, budget, link=theirs, board=self._board,
-                                   index=slot.index, wakeup=wakes)
+                                   index=slot.index)
         slot.proc = self._ctx.Process(target=slot_main, args=(self._slot_config(slot), slot.channel, self.log_level),
                                       name=f"sqlqueue-slot-{slot.index}")
         slot.proc.start()

@@ -358,8 +358,6 @@ class SharedListener:
         self.board = board
         self.worker = worker
         self.disabled = False
-        #: Set once the first LISTEN was checked (or failed its check): the supervisor starts its slots then.
-        self.settled = threading.Event()
         self._listening: Any = None  # the psycopg connection the LISTEN is on
         self._retry_at = 0.0
 
@@ -403,8 +401,6 @@ class SharedListener:
             except Exception as exc:
                 self._lost(exc)
                 return None
-            finally:
-                self.settled.set()
         return None if self.disabled else conn
 
     def _listen(self, conn: Any) -> None:
@@ -431,6 +427,7 @@ class SharedListener:
             return
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
         self._listening = conn
+        self.board.listening.value = 1
         log.debug("listen_checked worker=%s ms=%.1f", self.worker, (time.monotonic() - started) * 1000)
         # Jobs enqueued while no LISTEN was in place would wait for a poll: let one slot look now.
         self.board.wake_one()
@@ -441,6 +438,7 @@ class SharedListener:
         log.info("listen_unavailable worker=%s error=%s (polling until it is back)", self.worker,
                  " ".join(str(exc).split())[:200])
         self._listening = None
+        self.board.listening.value = 0
         self._retry_at = time.monotonic() + 5.0
         close_connection(self.using)
 
