@@ -620,6 +620,27 @@ def sqlserver_plan(dialect: MssqlDialect, cursor: Any, sql: str, params: list[An
     A scan of one of the claim's filtered indexes reads only the rows the filter keeps, so only scans
     of the job table's unfiltered indexes (or the table) count as scans here.
     """
+    lines, scans = [], False
+    for document in showplan_documents(dialect, cursor, sql, params):
+        for relop in ElementTree.fromstring(document).iter(f"{_SHOWPLAN_NS}RelOp"):
+            # the operator's own object: a child of its operator element (IndexScan, TableScan, ...),
+            # not the objects of the operators below it
+            for obj in (o for op in relop for o in op.findall(f"{_SHOWPLAN_NS}Object")):
+                lines.append(f"{relop.get('PhysicalOp')} {obj.get('Table', '')}.{obj.get('Index', '')}")
+                if (relop.get("PhysicalOp") in _SCANS and obj.get("Table", "").strip("[]") == table
+                        and obj.get("Filtered") not in ("1", "true")):
+                    scans = True
+    return lines, scans
+
+
+def showplan_operators(documents: list[str]) -> list[str]:
+    """Every operator (``PhysicalOp``) of the plans, in document order: e.g. how many sorts a claim has."""
+    return [relop.get("PhysicalOp", "") for document in documents
+            for relop in ElementTree.fromstring(document).iter(f"{_SHOWPLAN_NS}RelOp")]
+
+
+def showplan_documents(dialect: MssqlDialect, cursor: Any, sql: str, params: list[Any]) -> list[str]:
+    """The estimated plans (``SET SHOWPLAN_XML ON``: compiled, not run) of the batch ``sql``, as XML."""
     # In a transaction that is rolled back: under SHOWPLAN nothing runs on SQL Server, and on a server
     # that ignores SHOWPLAN (Babelfish) the claim it would then run claims nothing for good.
     with transaction.atomic(using=cursor.db.alias):
@@ -638,17 +659,7 @@ def sqlserver_plan(dialect: MssqlDialect, cursor: Any, sql: str, params: list[An
     if not documents:
         raise NotImplementedError("this server returned no plan for SET SHOWPLAN_XML (Babelfish does not; "
                                   "a SQL Server does): read the plan in SSMS, see docs/sqlserver.md")
-    lines, scans = [], False
-    for document in documents:
-        for relop in ElementTree.fromstring(document).iter(f"{_SHOWPLAN_NS}RelOp"):
-            # the operator's own object: a child of its operator element (IndexScan, TableScan, ...),
-            # not the objects of the operators below it
-            for obj in (o for op in relop for o in op.findall(f"{_SHOWPLAN_NS}Object")):
-                lines.append(f"{relop.get('PhysicalOp')} {obj.get('Table', '')}.{obj.get('Index', '')}")
-                if (relop.get("PhysicalOp") in _SCANS and obj.get("Table", "").strip("[]") == table
-                        and obj.get("Filtered") not in ("1", "true")):
-                    scans = True
-    return lines, scans
+    return documents
 
 
 _SHOWPLAN_NS = "{http://schemas.microsoft.com/sqlserver/2004/07/showplan}"
