@@ -2,8 +2,8 @@
 
 1. Every claim index INCLUDEs ``version``: the claim carries the token of each row it picked into its
    UPDATE (``WHERE j.version = picked.version``), read from the index entry, with no key lookup (and
-   no U lock on the base row) per candidate. ``sqlqueue_job_processing_worker`` INCLUDEs
-   ``incarnation`` too, which the ``mine`` branch tests.
+   no U lock on the base row) per candidate (``sqlqueue_job_processing_worker`` keeps 0005's
+   ``incarnation``, which the ``mine`` branch tests).
 2. ``sqlqueue_job_claim_queue``: the due branch of a worker that names its queues seeks (queue, claim
    order) per queue instead of walking other queues' due jobs in the claim index.
 3. ``sqlqueue_permit_free`` on the permit table: (held_until, id), so that the limited claim's
@@ -39,15 +39,15 @@ FORWARD = (
      "[queue], [status_id], [attempt_num], [max_attempts], [lease_expires_at], [version]", LIMITED),
     (PERMIT, "sqlqueue_permit_free", "[held_until], [id]", "[job_type_id], [key], [hold_seconds]", ""),
 )
-# What 0004 and 0013 left, for the way back.
+# What 0004, 0005 and 0013 left, for the way back.
 BACKWARD = (
     (JOB, "sqlqueue_job_claim", "[priority] DESC, [scheduled_for], [id]",
      "[queue], [type_id], [attempt_num], [max_attempts]", CLAIMABLE),
     (JOB, "sqlqueue_job_processing", "[lease_expires_at], [worker]",
      "[priority], [scheduled_for], [queue], [type_id], [attempt_num], [max_attempts]", PROCESSING),
     (JOB, "sqlqueue_job_processing_worker", "[worker]",
-     "[lease_expires_at], [priority], [scheduled_for], [queue], [type_id], [attempt_num], [max_attempts]",
-     PROCESSING),
+     "[lease_expires_at], [priority], [scheduled_for], [queue], [type_id], [attempt_num], [max_attempts], "
+     "[incarnation]", PROCESSING),
     (JOB, "sqlqueue_job_limited", "[type_id], [concurrency_key], [priority] DESC, [scheduled_for], [id]",
      "[queue], [status_id], [attempt_num], [max_attempts], [lease_expires_at]", LIMITED),
 )
