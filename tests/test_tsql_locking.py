@@ -142,7 +142,10 @@ def test_each_branch_reads_in_its_index_order_so_top_stops_at_n(dialect: MssqlDi
     branch fixes by equality (the clustered key, id, follows a non-unique index's keys), or absent
     (the dead workers' nested loops stop at the n-th row in their own order)."""
     j = dialect.n.j
-    for table, select in branch_reads(dialect, req):
+    found = branch_reads(dialect, req)
+    # due; with reclaim mine, expired, dead; limited: its permit and its job
+    assert len(found) == 1 + 3 * req.reclaim + 2 * req.limited
+    for table, select in found:
         name = index_hint(table)
         _, keys, _, _ = INDEXES[name]
         order = [c for c, _ in order_by(select)]
