@@ -24,7 +24,7 @@ from django.urls import reverse
 import django_sqlqueue
 from django_sqlqueue import jobtypes
 from django_sqlqueue.models import Job, JobAttempt, JobType, Worker
-from django_sqlqueue.ops.diagnose import why_not_running
+from django_sqlqueue.ops.diagnose import diagnose, why_not_running
 from django_sqlqueue.queue import JobSpec
 from django_sqlqueue.states import Status
 from tests import procutil
@@ -82,9 +82,11 @@ def test_hostile_strings_are_data_through_the_whole_api() -> None:
         job = next(j for j in claimed if j.pk == first.pk)
         job = Job.objects.advance_step(job, step, response={"partial": HOSTILE})
         job = Job.objects.fail(job, f"Traceback: {HOSTILE}", retry_in=0)
-        # The diagnosis reads the job and its type back: due, attempts left, only the handler missing here.
-        [reason] = why_not_running(job)
-        assert reason.startswith(f"no handler for {type_name!r} is registered in this process"), reason
+        # The diagnosis reads the job and its type back: due, attempts left, a live worker serving it,
+        # only the handler missing in this process's code.
+        assert why_not_running(job) == []
+        [*_, reason] = diagnose(job).lines
+        assert reason.startswith(f"No handler for {type_name!r} is registered in this code"), reason
         for other in claimed:
             if other.pk != first.pk:
                 Job.objects.modify(other, other.version, Status.CANCELLED, error=HOSTILE)

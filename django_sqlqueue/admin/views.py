@@ -166,7 +166,8 @@ def stuck_work(job_model: type[Job], now: datetime, pairs: Any = None) -> dict[s
 
     ``pairs``: the (queue, type) pairs holding waiting jobs, when the caller already counted them.
     """
-    from ..ops.health import orphaned_q, unserved_due_work
+    from ..ops.diagnose import unserved_due_work
+    from ..ops.health import orphaned_q
 
     orphaned, orphaned_capped = _capped_count(job_model.objects.filter(orphaned_q(now, job_model.objects.db)))
     unserved = unserved_due_work(job_model, now, pairs=pairs)
