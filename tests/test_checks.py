@@ -20,7 +20,19 @@ def check_ids(**options) -> str:
 def test_a_misspelt_setting_fails_plain_check() -> None:
     with override_settings(SQLQUEUE={"MAX_ATTEMPT": 7}):
         text = check_ids()
-    assert "sqlqueue.E001" in text and "unknown SQLQUEUE setting(s): MAX_ATTEMPT" in text
+    assert "sqlqueue.E001" in text and "unknown SQLQUEUE setting 'MAX_ATTEMPT' (did you mean 'MAX_ATTEMPTS'?)" in text
+
+
+def test_every_settings_mistake_is_reported_at_once() -> None:
+    """Issue 32 item 6: three mistakes, one run of check, three errors (not one per run)."""
+    with override_settings(SQLQUEUE={"DATABASE": "queue", "MAX_ATTEMPTS": 0, "LEASE_SECONDS": "60",
+                                     "lease_secs": 5}):
+        text = check_ids()
+    assert "SQLQUEUE['DATABASE'] names 'queue', which is not in DATABASES" in text
+    assert "SQLQUEUE['MAX_ATTEMPTS'] must be a number >= 1, got 0" in text
+    assert "SQLQUEUE['LEASE_SECONDS'] must be a number >= 1, got '60'" in text
+    assert "unknown SQLQUEUE setting 'lease_secs' (did you mean 'LEASE_SECONDS'?)" in text
+    assert text.count("sqlqueue.E001") == 3 and text.count("sqlqueue.E002") == 1
 
 
 def test_use_tz_false_fails_plain_check() -> None:

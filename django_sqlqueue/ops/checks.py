@@ -21,8 +21,9 @@ def check_queue_database(app_configs: Any = None, **kwargs: Any) -> list[checks.
     errors: list[checks.CheckMessage] = []
     try:
         qs = get_settings()
-    except SqlQueueConfigError as exc:
-        return [checks.Error(str(exc), id="sqlqueue.E001")]
+    except SqlQueueConfigError as exc:  # every problem of the dict, one message each
+        return [checks.Error(problem, id="sqlqueue.E002" if "'DATABASE'] names" in problem else "sqlqueue.E001")
+                for problem in exc.problems]
     if qs.DATABASE not in settings.DATABASES:
         return [checks.Error(f"SQLQUEUE['DATABASE'] names {qs.DATABASE!r}, which is not in DATABASES",
                              id="sqlqueue.E002")]
