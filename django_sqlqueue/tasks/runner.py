@@ -187,10 +187,9 @@ def run_task_job(task: Any, job: Job) -> Any:
         else:
             raw = task.call(*args, **kwargs)
         value = _normalised_return_value(raw)
-    except KeyboardInterrupt:
-        raise
     except BaseException as exc:
-        # SystemExit raised by a task is a task failure, not a request to stop the worker slot.
+        # SystemExit or KeyboardInterrupt raised by a task is a task failure, not a request to stop the
+        # worker slot (whose own signal handling never raises them): the result is FAILED / READY.
         retry = _will_retry(job) and not isinstance(exc, TaskReturnValueError)
         status = TaskResultStatus.READY if retry else TaskResultStatus.FAILED
         _finish(result, status, None)
