@@ -145,3 +145,39 @@ def test_a_schedule_check_on_immediate_backend_names_the_backend(outside_module)
             check_target("", f"{outside_module}.nightly", {"args": [], "kwargs": {}}, "default", 0)
     text = str(caught.value)
     assert "ImmediateBackend" in text and "SqlQueueBackend" in text and "emails" not in text
+
+
+# ----- 12: times in one format, with their zone; a hint before the first sync ---------------------------------
+def test_the_job_page_shows_started_and_finished_alike(admin_client, welcome) -> None:
+    from django.urls import reverse
+
+    from django_sqlqueue.ops.timefmt import stamp
+
+    job = sqlqueue.enqueue("WelcomeEmail")
+    claimed = Job.objects.claim("w", 1)[0]
+    done = Job.objects.complete(claimed)
+    html = admin_client.get(reverse("admin:django_sqlqueue_job_change", args=[job.pk])).content.decode()
+    started = html[html.index("field-started_full"):][:400]
+    finished = html[html.index("field-finished"):][:400]
+    assert stamp(done.started_at) in started and stamp(done.finished_at) in finished
+    assert stamp(done.started_at)[:10] == done.started_at.strftime("%Y-%m-%d")  # the date, not the time alone
+
+
+def test_queue_schedules_hints_before_the_first_sync_and_prints_one_time_format(settings) -> None:
+    from io import StringIO
+
+    from django_sqlqueue import schedules
+
+    settings.SQLQUEUE = {**settings.SQLQUEUE,
+                         "SCHEDULES": {"digest": {"type": "test.Noop", "cron": "0 7 * * *", "timezone": "Europe/Paris"}}}
+    out = StringIO()
+    call_command("queue_schedules", stdout=out)
+    assert "no schedules in the table yet; SQLQUEUE['SCHEDULES'] declares 1 (digest)" in out.getvalue()
+    assert "queue_schedules --sync" in out.getvalue()
+    schedules.sync_schedules()
+    out = StringIO()
+    call_command("queue_schedules", "--next", "2", stdout=out)
+    nexts = [line for line in out.getvalue().splitlines() if line.strip().startswith("next:")]
+    assert len(nexts) == 2
+    for line in nexts:  # "next: 2026-11-27 06:00:00 UTC (Europe/Paris: 2026-11-27 07:00:00 CET)"
+        assert line.strip()[6:].count(":") == 5 and " UTC (Europe/Paris: " in line and line.endswith(("CET)", "CEST)"))

@@ -241,14 +241,14 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
     inlines = [JobAttemptInline]
     fieldsets = (
         (None, {"fields": ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis")}),
-        (_("Attempts"), {"fields": ("attempts", "worker", "started", "finished", "duration", "lease",
+        (_("Attempts"), {"fields": ("attempts", "worker", "started_full", "finished", "duration", "lease",
                                     "operator_actions", "cancel_requests")}),
         (_("Schedule"), {"fields": ("enqueued", "scheduled_full", "updated", "version", "dedupe_key")}),
         (_("Data"), {"fields": ("payload_pretty", "response_pretty", "error_traceback")}),
         (_("Workflow"), {"fields": ("waits_for", "waited_by", "batch_col")}),
     )
     readonly_fields = ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis", "attempts",
-                       "worker", "started", "finished", "duration", "lease", "enqueued", "scheduled_full", "updated",
+                       "worker", "started_full", "finished", "duration", "lease", "enqueued", "scheduled_full", "updated",
                        "version", "dedupe_key", "payload_pretty", "response_pretty", "error_traceback",
                        "payload_masked", "response_masked", "operator_actions", "cancel_requests", "waits_for",
                        "waited_by", "batch_col")
@@ -352,6 +352,11 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
     @admin.display(description=_("started"))
     def started(self, obj: Job) -> SafeString | str:
         return short_stamp(obj.started_at)
+
+    @admin.display(description=_("started"))
+    def started_full(self, obj: Job) -> str:
+        """The job page: the full stamp, as "finished" beside it (the list's short form is for the list)."""
+        return stamp(obj.started_at)
 
     @admin.display(description=_("finished"))
     def finished(self, obj: Job) -> str:
