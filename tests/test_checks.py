@@ -84,3 +84,15 @@ def test_the_admin_without_the_dropdown_app_fails_check() -> None:
     with modify_settings(INSTALLED_APPS={"remove": ["django_admin_listfilter_dropdown"]}):
         text = check_ids()
     assert "sqlqueue.E008" in text and "'django_admin_listfilter_dropdown'" in text
+
+
+def test_sqlite_without_the_recommended_options_gets_a_warning(tmp_path) -> None:
+    """Issue 32 item 5: startproject's SQLite has no WAL, no IMMEDIATE, Django's 5 s timeout."""
+    done = run_check_in_a_fresh_project(tmp_path, "")
+    assert done.returncode == 0, done.stderr  # a warning, not an error
+    text = done.stdout + done.stderr
+    assert "sqlqueue.W020" in text and "WAL" in text and "IMMEDIATE" in text and "a timeout" in text
+    done = run_check_in_a_fresh_project(
+        tmp_path, "DATABASES['default']['OPTIONS'] = {'init_command': 'PRAGMA journal_mode=WAL;', "
+                  "'transaction_mode': 'IMMEDIATE', 'timeout': 20}\n")
+    assert done.returncode == 0 and "sqlqueue.W020" not in done.stdout + done.stderr, done.stderr
