@@ -137,8 +137,8 @@ def test_the_newcomers_mistakes_are_each_named_once_with_a_way_out(tmp_path) -> 
     apps = re.findall(r'^\s*"([\w.]+)",', settings_block, re.M)
     text = project.settings.read_text()
     added = "".join(f"    {app!r},\n" for app in apps if f"'{app}'" not in text)
-    project.settings.write_text(text.replace("INSTALLED_APPS = [\n", "INSTALLED_APPS = [\n" + added + "    'myapp',\n", 1))
     project.manage("startapp", "myapp")
+    project.settings.write_text(text.replace("INSTALLED_APPS = [\n", "INSTALLED_APPS = [\n" + added + "    'myapp',\n", 1))
 
     # Item 5: startproject's SQLite runs without WAL / IMMEDIATE / a timeout: check warns; README's block fixes it.
     done = try_manage(project, "check")

@@ -114,7 +114,8 @@ def test_a_burst_worker_gives_up_on_an_unreachable_database(worker_procs) -> Non
 
 def test_a_burst_run_in_which_a_slot_died_running_a_job_exits_non_zero(worker_procs) -> None:  # noqa: F811
     """Issue 32 item 13: a handler that ends the slot's process (os._exit) leaves nothing 'running'."""
-    JobType.objects.update_or_create(name="test.Exit", defaults={"max_attempts": 1})
+    # A long lease: the reaper (lease expired, no attempts left) must not answer first on a slow machine.
+    JobType.objects.update_or_create(name="test.Exit", defaults={"max_attempts": 1, "lease_seconds": 600})
     jobtypes.clear_cache()
     job = Job.objects.enqueue("test.Exit", {"code": 1})
     w = worker_procs("--burst")

@@ -269,5 +269,8 @@ def workers(now: datetime, limit: int = WORKER_LIST_LIMIT) -> dict[str, Any]:
 
 def _serves_label(worker: Any) -> str:
     queues = ", ".join(worker.queues or []) or _("all queues")
-    types = ", ".join(worker.types or []) or _("all types")
+    if worker.types == [""]:  # worker/serving.py SERVES_NONE: its code has no handler for any known type
+        types = _("no types (no handler)")
+    else:
+        types = ", ".join(worker.types or []) or _("all types")
     return f"{queues} / {types}"
