@@ -77,6 +77,8 @@ MAX_RESTART_DELAY = 60.0
 #: Once the slots are gone, the most the supervisor waits for its database work (handing back jobs,
 #: stamping rows stopped) before it exits anyway: what is left is reclaimed by name or lease.
 CLEANUP_SECONDS = 5.0
+#: How long the end of a --burst run waits to record the jobs its dead slots left Processing.
+BURST_DEATHS_SECONDS = 60.0
 #: Connect timeout of the supervisor's connection, when the database's OPTIONS set none.
 CONNECT_TIMEOUT_SECONDS = 5.0
 
@@ -208,7 +210,11 @@ class Supervisor:
         ids = ", ".join(str(job_id) for job_id, _, _ in self._died)
         self._reason = self._reason or (f"a worker slot died while running job(s) {ids}: this --burst run did not "
                                         f"finish them (see the log above and the jobs' errors)")
-        self._db.submit("burst_deaths", self._burst_deaths_now, list(self._died))
+        call = self._db.submit("burst_deaths", self._burst_deaths_now, list(self._died))
+        if not call.wait(BURST_DEATHS_SECONDS):  # longer than CLEANUP_SECONDS: these rows must say it
+            log.warning("burst_job_unfinished worker=%s jobs=%s (not recorded within %s s: the jobs stay "
+                        "Processing until the reaper or a claim takes them)", self.config.name, ids,
+                        BURST_DEATHS_SECONDS)
 
     def _burst_deaths_now(self, died: list[tuple[int, str, str]]) -> None:
         from ..models import Job
