@@ -88,31 +88,34 @@ def test_a_type_created_after_the_start_is_handed_back_once_attempt_refunded() -
         assert Job.objects.get(pk=late.pk).state is Status.PENDING
 
 
+@pytest.mark.timeout(900)  # a whole burst run: minutes on Babelfish under load
 def test_the_start_line_lists_types_and_tasks(worker_procs) -> None:  # noqa: F811
     pytest.importorskip("django.tasks")
     from testproject.testjobs.tasks import noop
 
     noop.enqueue()  # a task type row: this worker resolves it by its import path
     w = worker_procs("--burst")
-    assert w.wait(300) == 0, w.output()
+    assert w.wait(600) == 0, w.output()
     out = w.stdout()
     assert "serves job types: " in out and "test.Noop" in out
     assert "tasks: testproject.testjobs.tasks.noop" in out
     assert "warning:" not in w.stderr()
 
 
+@pytest.mark.timeout(900)  # a whole burst run: minutes on Babelfish under load
 def test_a_burst_worker_gives_up_on_an_unreachable_database(worker_procs) -> None:  # noqa: F811
     """Issue 32 item 3: a port nobody listens on; --db-wait 2 ends the run, non-zero, saying why."""
     started = time.monotonic()
     w = worker_procs("--burst", "--db-wait", "2",
                      env={"SQLQUEUE_DATABASE_URL": "postgres://nobody@127.0.0.1:9/nowhere"})
-    code = w.wait(300)
+    code = w.wait(600)
     assert code != 0, w.output()
     assert "the database was unreachable for --db-wait 2 s" in w.stderr(), w.output()
     assert "worker_gave_up" in w.stderr()
-    print(f"gave up after {time.monotonic() - started:.1f} s (bounded by the 300 s wait above)")
+    print(f"gave up after {time.monotonic() - started:.1f} s (bounded by the 600 s wait above)")
 
 
+@pytest.mark.timeout(900)  # a whole burst run: minutes on Babelfish under load
 def test_a_burst_run_in_which_a_slot_died_running_a_job_exits_non_zero(worker_procs) -> None:  # noqa: F811
     """Issue 32 item 13: a handler that ends the slot's process (os._exit) leaves nothing 'running'."""
     # A long lease: the reaper (lease expired, no attempts left) must not answer first on a slow machine.
@@ -120,13 +123,14 @@ def test_a_burst_run_in_which_a_slot_died_running_a_job_exits_non_zero(worker_pr
     jobtypes.clear_cache()
     job = Job.objects.enqueue("test.Exit", {"code": 1})
     w = worker_procs("--burst")
-    assert w.wait(300) != 0, w.output()
+    assert w.wait(600) != 0, w.output()
     assert f"a worker slot died while running job(s) {job.pk}" in w.stderr(), w.output()
     job = Job.objects.get(pk=job.pk)
     assert job.state is Status.FAILED, (job.state, job.error)
     assert "the worker slot running it died (exit 1" in job.error
 
 
+@pytest.mark.timeout(900)  # a whole burst run: minutes on Babelfish under load
 def test_a_task_raising_keyboard_interrupt_is_a_failed_attempt(worker_procs) -> None:  # noqa: F811
     """Issue 32 item 13 as reported: the task's job was left Processing and the burst exited 0."""
     pytest.importorskip("django.tasks")
@@ -136,7 +140,7 @@ def test_a_task_raising_keyboard_interrupt_is_a_failed_attempt(worker_procs) -> 
     JobType.objects.filter(name=interrupted.module_path).update(max_attempts=1)
     jobtypes.clear_cache()
     w = worker_procs("--burst")
-    assert w.wait(300) == 0, w.output()
+    assert w.wait(600) == 0, w.output()
     assert "processed=1" in w.stdout() and "failed=1" in w.stdout(), w.output()
     job = Job.objects.get(pk=int(result.id))
     assert job.state is Status.FAILED and "KeyboardInterrupt" in job.error
