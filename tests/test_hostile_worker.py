@@ -170,15 +170,19 @@ def test_a_handler_exiting_0_under_burst_is_a_death_and_the_worker_row_is_stoppe
     """Finding 21.10: ``os._exit(0)`` under --burst used to look like a drained slot."""
     dying = Job.objects.enqueue("test.Exit", {"log": str(job_log.path), "code": 0}, max_attempts=1)
     worker = worker_procs("--burst", "--concurrency", "1", "--worker-name", "exit0")
-    assert worker.wait(timeout=60) == 0, worker.output()
+    # Issue 32 item 13: a burst run that leaves a job it claimed unfinished does not report success.
+    assert worker.wait(timeout=300) == 1, worker.output()
     assert "slot_died worker=exit0/0 exit=0 (undeclared)" in worker.stderr(), worker.output()
+    assert f"a worker slot died while running job(s) {dying.pk}" in worker.stderr(), worker.output()
     assert [e for _a, e in job_log.events(dying.pk)] == ["run"]
     row = WorkerRow.objects.get(name="exit0/0")
     assert row.stopped_at is not None
-    # Its attempt is spent and it is still Processing under its dead holder: the reaper fails it once
-    # the lease is over (it is not handed back as unstarted: it ran).
+    # Its attempt is spent (it ran: not handed back as unstarted), and its state says what happened: the
+    # attempt failed with the slot's death, Failed with no attempts left (the reaper's "lease expired"
+    # when the lease ran out first).
     job = Job.objects.get(pk=dying.pk)
-    assert job.status_id == Status.PROCESSING and job.attempt_num == 1
+    assert job.status_id == Status.FAILED and job.attempt_num == 1, (job.state, job.error)
+    assert "the worker slot running it died (exit 0" in job.error or "lease expired" in job.error, job.error
     assert JobAttempt.objects.filter(job=job).count() == 1
 
 

@@ -19,6 +19,8 @@ N_COUNTERS = 5
 #: Exit codes of a slot process (a supervisor believes one only if the slot also declared it, see
 #: slots.py: a handler's own ``os._exit(3)`` is a death, not a fatal error).
 EXIT_OK, EXIT_FORCED, EXIT_FATAL, EXIT_REPLACED = 0, 1, 3, 4
+#: A --burst slot gave up on an unreachable database after WorkerConfig.db_wait seconds.
+EXIT_DB_GONE = 5
 
 
 def default_worker_name() -> str:
@@ -37,6 +39,8 @@ class WorkerConfig:
     burst: bool = False
     #: Burst mode: keep going while a matching job becomes due within this many seconds.
     wait_due: float = 0.0
+    #: Burst mode: seconds to wait for an unreachable database before giving up (exit non-zero).
+    db_wait: float = 60.0
     #: Stop after this many jobs (None: no limit). Under a supervisor the budget is shared by slots.
     max_jobs: int | None = None
     using: str | None = None

@@ -57,6 +57,7 @@ from ..states import Status
 from .beats import Beats
 from .contract import (
     CANCELLED,
+    EXIT_DB_GONE,
     EXIT_FATAL,
     EXIT_FORCED,
     EXIT_OK,
@@ -86,6 +87,8 @@ MAX_RESTART_DELAY = 60.0
 #: Once the slots are gone, the most the supervisor waits for its database work (handing back jobs,
 #: stamping rows stopped) before it exits anyway: what is left is reclaimed by name or lease.
 CLEANUP_SECONDS = 5.0
+#: How long the end of a --burst run waits to record the jobs its dead slots left Processing.
+BURST_DEATHS_SECONDS = 60.0
 #: Connect timeout of the supervisor's connection, when the database's OPTIONS set none.
 CONNECT_TIMEOUT_SECONDS = 5.0
 
@@ -117,6 +120,8 @@ class Summary:
     cancelled: int = 0
     seconds: float = 0.0
     exit_code: int = 0
+    #: Why the exit code is not 0, in words (the command's error message).
+    reason: str = ""
 
     @property
     def processed(self) -> int:
@@ -142,6 +147,9 @@ class Supervisor:
     _slots: list[Slot] = field(default_factory=list)
     _extra: list[int] = field(default_factory=lambda: [0] * N_COUNTERS)
     _exit_code: int = EXIT_OK
+    _reason: str = ""
+    #: --burst: (job id, slot incarnation, exit) of each slot that died running a job (see _burst_deaths).
+    _died: list[tuple[int, str, str]] = field(default_factory=list)
     _reaping: Call | None = None
     _sweeping: Call | None = None
     _looking: Call | None = None
@@ -200,6 +208,8 @@ class Supervisor:
                 if bar is not None:
                     bar.update(self._summary(0).processed - bar.n)
                 time.sleep(TICK_SECONDS)
+            if self._died:
+                self._burst_deaths()
         finally:
             for slot in self._slots:  # only after an unexpected error: never leave orphans
                 if slot.proc is not None and slot.proc.is_alive():
@@ -215,6 +225,36 @@ class Supervisor:
                 bar.close()
             connections.close_all()
         return self._summary(time.monotonic() - started)
+
+    def _burst_deaths(self) -> None:
+        """A --burst run in which a slot died running a job (a handler that exits the process, raised
+        KeyboardInterrupt past its runner, or was killed) does not report success: it exits non-zero,
+        and a job the dead slot left Processing is recorded as failed with the death (an Error retried
+        later, or Failed without attempts left), so its state says what happened instead of "running"."""
+        self._exit_code = self._exit_code or 1
+        ids = ", ".join(str(job_id) for job_id, _, _ in self._died)
+        self._reason = self._reason or (f"a worker slot died while running job(s) {ids}: this --burst run did not "
+                                        f"finish them (see the log above and the jobs' errors)")
+        call = self._db.submit("burst_deaths", self._burst_deaths_now, list(self._died))
+        if not call.wait(BURST_DEATHS_SECONDS):  # longer than CLEANUP_SECONDS: these rows must say it
+            log.warning("burst_job_unfinished worker=%s jobs=%s (not recorded within %s s: the jobs stay "
+                        "Processing until the reaper or a claim takes them)", self.config.name, ids,
+                        BURST_DEATHS_SECONDS)
+
+    def _burst_deaths_now(self, died: list[tuple[int, str, str]]) -> None:
+        from ..models import Job
+
+        for job_id, incarnation, code in died:
+            job = Job.objects.using(self._using).filter(pk=job_id, incarnation=incarnation,
+                                                        status_id=Status.PROCESSING).first()
+            if job is None:  # finished, or taken over by another claim since: its state says so already
+                continue
+            try:
+                new = Job.objects.fail(job, f"the worker slot running it died (exit {code}) and the --burst run "
+                                            f"ended: the attempt did not finish", using=self._using)
+            except (StaleJob, IllegalTransition, JobNotFound):
+                continue
+            log.warning("burst_job_unfinished worker=%s job=%s status=%s", self.config.name, job_id, new.state.label)
 
     def _database_thread(self, ctx: Any, settings: Any) -> DatabaseThread:
         """The supervisor's one connection, and how it wakes idle slots: LISTEN on that connection (its
@@ -380,14 +420,19 @@ class Supervisor:
         if code == EXIT_OK and (self._stopping or self.config.burst or self._budget_spent()):
             self._beats.detach(slot.index)
             slot.done = True
-        elif code in (EXIT_FATAL, EXIT_REPLACED):
+        elif code in (EXIT_FATAL, EXIT_REPLACED, EXIT_DB_GONE):
             self._beats.detach(slot.index)
             self._exit_code = 1
+            if code == EXIT_DB_GONE:
+                self._reason = (f"the database was unreachable for --db-wait {self.config.db_wait:g} s: this "
+                                f"--burst run gave up (see the log above)")
             slot.done = True
             if not self._stopping:
                 self._begin_stop("replaced" if code == EXIT_REPLACED else "fatal-error")
         else:
             log.warning("slot_died worker=%s exit=%s job=%s", slot.name, code, running or "-")
+            if running and self.config.burst:
+                self._died.append((running, slot.incarnation, str(code)))
             self._after_death(slot, running)
             if self._stopping:
                 slot.done = True
@@ -602,7 +647,7 @@ class Supervisor:
             for i in range(N_COUNTERS):
                 totals[i] += slot.counters[i]
         return Summary(totals[SUCCEEDED], totals[RETRIED], totals[FAILED], totals[CANCELLED], seconds,
-                       self._exit_code)
+                       self._exit_code, self._reason)
 
     def _progress_bar(self) -> Any:
         if not (self.progress and self.config.burst and sys.stderr.isatty()):

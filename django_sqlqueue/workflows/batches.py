@@ -120,15 +120,29 @@ def _callback(value: Any, what: str) -> dict[str, Any] | None:
 
 
 class BatchHandle:
-    """What ``with batch(...) as b`` gives: add members, then close (at the end of the block)."""
+    """What ``with batch(...) as b`` gives: add members, then close (at the end of the block).
+
+    ``b.id`` (also ``b.pk``) is the batch's id: keep it to add members later (:func:`open_batch`), to
+    find the batch in the admin, or to read ``b.counts()``.
+    """
 
     def __init__(self, batch: Batch, alias: str) -> None:
         self.batch = batch
         self.alias = alias
 
     @property
+    def id(self) -> int:
+        """The batch's id (the ``Batch`` row's primary key)."""
+        return self.batch.pk
+
+    @property
     def pk(self) -> int:
         return self.batch.pk
+
+    def __repr__(self) -> str:
+        state = "closed" if self.batch.closed_at is not None else "open"
+        label = f" {self.batch.description!r}" if self.batch.description else ""
+        return f"<BatchHandle id={self.batch.pk}{label} {state} on {self.alias!r}>"
 
     def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> Job:
         """:meth:`JobManager.enqueue` of a member of this batch."""
