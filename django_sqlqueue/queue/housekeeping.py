@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, models
 from django.utils import timezone
 
-from .. import jobtypes
-from .. import limits as permits
+from .. import hooks, jobtypes
 from ..conf import get_settings
 from ..dialects import get_dialect
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
@@ -51,7 +50,7 @@ class HousekeepingMixin(RowsMixin):
             if kept and jobtypes.limited_type_ids(alias):
                 # Concurrency permits are held as long as their jobs' leases: one more statement, only
                 # while some type has a limit (docs/limits.md).
-                permits.renew(cursor, dialect, list(job_ids), int(lease_seconds))
+                hooks.renew_permits(cursor, dialect, list(job_ids), int(lease_seconds))
             return kept
 
     def purge(self, ids: Sequence[int], *, statuses: Iterable[Status | int], cutoff: datetime,

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from .. import bounds, jobtypes
-from .. import limits as permits
+from .. import bounds, hooks, jobtypes
 from ..conf import get_settings
 from ..dialects import get_dialect
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
@@ -101,14 +100,12 @@ class ModifyMixin(RowsMixin):
                 self._close_attempt(cursor, dialect, job, updated, released=new == Status.PENDING,
                                     note=_release_note)
                 if job.job_type_id in jobtypes.limited_type_ids(alias):
-                    permits.release(cursor, dialect, [job.pk])  # its concurrency permit, if it holds one
+                    hooks.release_permits(cursor, dialect, [job.pk])  # its concurrency permit, if it holds one
                     jobtypes.permits_released(alias)  # (if this rolls back: one claim looks in vain)
             if new == Status.PENDING and current in FINISHED:  # an operator's retry: limits as they are now
-                permits.follow_type_on_retry(updated, alias)
+                hooks.follow_type_on_retry(updated, alias)
         if (updated.has_dependents or updated.batch_id) and updated.state in FINISHED:  # workflows only (markers)
-            from ..workflows import after_finish
-
-            after_finish([updated], alias)
+            hooks.after_finish([updated], alias)
         return updated
 
     def _refuse_early_retry(self, job: Job, alias: str) -> None:
