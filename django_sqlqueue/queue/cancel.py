@@ -20,6 +20,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.db import connections, transaction
 from django.db.models import F
 from django.db.models.expressions import RawSQL
@@ -107,8 +108,7 @@ class CancelMixin(RowsMixin):
         after waiting for it), so the worker's finish is either before it (0 rows: None) or after the
         request is committed.
         """
-        from ..models import CancelRequest
-
+        CancelRequest = apps.get_model("django_sqlqueue", "CancelRequest")
         now = RawSQL(get_dialect(connections[alias]).now(), [])  # the database's clock, as leases use
         with transaction.atomic(using=alias):
             held = self.model._default_manager.using(alias).filter(  # type: ignore[attr-defined]
@@ -135,8 +135,8 @@ class CancelMixin(RowsMixin):
         The running slot's check: one seek on the (job, attempt) unique index of a table that holds only
         requests, and a second read of the job's history only when an earlier request exists.
         """
-        from ..models import CancelRequest, JobAttempt
-
+        CancelRequest = apps.get_model("django_sqlqueue", "CancelRequest")
+        JobAttempt = apps.get_model("django_sqlqueue", "JobAttempt")
         alias = self._alias(using)
         request = CancelRequest.objects.using(alias).filter(
             job_id=job_id, attempt_num__lte=attempt_num).order_by("-attempt_num").first()

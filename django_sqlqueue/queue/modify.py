@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.db import connections, transaction
 
 from .. import bounds, hooks, jobtypes
@@ -112,9 +113,9 @@ class ModifyMixin(RowsMixin):
         """An operator's retry of a finished job that waits for unfinished ones (cancelled while it was
         Waiting) would run it before them: refused. One seek on the dependencies' unique index, on
         retries only (never on a worker's path)."""
-        from ..models import JobDependency
         from ..states import UNFINISHED
 
+        JobDependency = apps.get_model("django_sqlqueue", "JobDependency")
         pending = list(JobDependency.objects.using(alias).filter(
             job_id=job.pk, depends_on__status_id__in=sorted(UNFINISHED)).order_by("depends_on_id")
             .values_list("depends_on_id", flat=True)[:10])
