@@ -37,8 +37,11 @@ def test_enqueue_options(noop_type: JobType) -> None:
     job.refresh_from_db()
     assert (job.queue, job.priority, job.max_attempts) == ("emails", 7, 5)
     assert abs((job.scheduled_for - when).total_seconds()) < 0.001
+    before = timezone.now()
     delayed = Job.objects.enqueue("Noop", delay=30)
-    assert delayed.scheduled_for > timezone.now() + timedelta(seconds=25)
+    # By order, not by a margin a stalled enqueue could eat: due 30 s after a moment within the call.
+    # (1 s of slack: the database clock's precision, e.g. SQLite's milliseconds.)
+    assert before + timedelta(seconds=29) <= delayed.scheduled_for <= timezone.now() + timedelta(seconds=31)
 
 
 def test_bulk_enqueue_keeps_input_order(noop_type: JobType) -> None:
