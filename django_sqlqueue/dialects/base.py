@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
@@ -87,9 +87,11 @@ def _marks(count: int) -> str:
     return ", ".join(["%s"] * count)
 
 
+@cache
 def queue_model(name: str) -> Any:
-    """The queue's model ``name``, from Django's app registry: the dialects sit below models.py (which
-    builds its manager on them) and read the models' meta without importing them."""
+    """The queue's model ``name``, from Django's app registry: the dialects and the queue wing sit below
+    models.py (which builds its manager on them) and reach the models without importing it. Resolved
+    once per name and process (a dict hit after that), so no caller pays a registry lookup per job."""
     return apps.get_model("django_sqlqueue", name)
 
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.apps import apps
 from django.db import connections, transaction
 from django.db.models import F
 from django.db.models.expressions import RawSQL
 
 from ..dialects import get_dialect
+from ..dialects.base import queue_model
 from ..exceptions import CancelTooLate, IllegalTransition, InvalidArgument, StaleJob
 from ..states import FINISHED, TRANSITIONS, Status
 from .rows import RowsMixin
@@ -108,7 +108,7 @@ class CancelMixin(RowsMixin):
         after waiting for it), so the worker's finish is either before it (0 rows: None) or after the
         request is committed.
         """
-        CancelRequest = apps.get_model("django_sqlqueue", "CancelRequest")
+        CancelRequest = queue_model("CancelRequest")
         now = RawSQL(get_dialect(connections[alias]).now(), [])  # the database's clock, as leases use
         with transaction.atomic(using=alias):
             held = self.model._default_manager.using(alias).filter(  # type: ignore[attr-defined]
@@ -135,8 +135,8 @@ class CancelMixin(RowsMixin):
         The running slot's check: one seek on the (job, attempt) unique index of a table that holds only
         requests, and a second read of the job's history only when an earlier request exists.
         """
-        CancelRequest = apps.get_model("django_sqlqueue", "CancelRequest")
-        JobAttempt = apps.get_model("django_sqlqueue", "JobAttempt")
+        CancelRequest = queue_model("CancelRequest")
+        JobAttempt = queue_model("JobAttempt")
         alias = self._alias(using)
         request = CancelRequest.objects.using(alias).filter(
             job_id=job_id, attempt_num__lte=attempt_num).order_by("-attempt_num").first()

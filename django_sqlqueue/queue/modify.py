@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.apps import apps
 from django.db import connections, transaction
 
 from .. import bounds, hooks, jobtypes
 from ..conf import get_settings
 from ..dialects import get_dialect
+from ..dialects.base import queue_model
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
 from ..states import FINISHED, TRANSITIONS, Status
 from .rows import RowsMixin
@@ -115,7 +115,7 @@ class ModifyMixin(RowsMixin):
         retries only (never on a worker's path)."""
         from ..states import UNFINISHED
 
-        JobDependency = apps.get_model("django_sqlqueue", "JobDependency")
+        JobDependency = queue_model("JobDependency")
         pending = list(JobDependency.objects.using(alias).filter(
             job_id=job.pk, depends_on__status_id__in=sorted(UNFINISHED)).order_by("depends_on_id")
             .values_list("depends_on_id", flat=True)[:10])
