@@ -84,7 +84,9 @@ class Recording:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(120)
 def test_auto_batches_drain_a_deep_queue_in_few_claims(settings) -> None:
-    settings.SQLQUEUE = {"BATCH_MAX": 40}
+    # The growth rule alone: a time budget no pace reaches (on a loaded machine even a no-op job's pace
+    # would cap the size below BATCH_MAX, rightly; that bound has its own tests below).
+    settings.SQLQUEUE = {"BATCH_MAX": 40, "BATCH_SECONDS": 600}
     Job.objects.enqueue_many([JobSpec("test.Noop") for _ in range(300)])
     worker = Worker(WorkerConfig(name="auto", burst=True))
     seen = Recording(worker)

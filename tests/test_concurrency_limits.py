@@ -484,11 +484,15 @@ def test_the_limited_flag_follows_the_type_and_heal_mends_stale_enqueues() -> No
     assert not Job.objects.filter(limited=True).exists()
 
 
-def test_claims_back_off_the_limited_branch_while_it_finds_nothing() -> None:
+def test_claims_back_off_the_limited_branch_while_it_finds_nothing(monkeypatch) -> None:
     """A saturated limit would cost every claim the limited branch: after one that found nothing, this
     process's claims leave it out for LIMITED_RECHECK_SECONDS, unless a permit is freed here."""
     from django.test.utils import CaptureQueriesContext
 
+    # A long back-off while the claims below must see it (0.25 s passes between two statements on a
+    # loaded machine); its end is checked with the real one after a sleep, a bound load cannot trip.
+    real_recheck = jobtypes.LIMITED_RECHECK_SECONDS
+    monkeypatch.setattr(jobtypes, "LIMITED_RECHECK_SECONDS", 60.0)
     limited("Export", concurrency_limit=1)
     JobType.objects.get_or_create(name="Noop")
     for i in range(3):
@@ -511,8 +515,9 @@ def test_claims_back_off_the_limited_branch_while_it_finds_nothing() -> None:
     Job.objects.complete(first)  # a permit freed in this process: look again at once
     got, looked = claim_sql()
     assert looked and got[0].job_type.name == "Export"
+    monkeypatch.setattr(jobtypes, "LIMITED_RECHECK_SECONDS", real_recheck)
     jobtypes.limited_branch_result("default", False)
-    time.sleep(jobtypes.LIMITED_RECHECK_SECONDS + 0.05)
+    time.sleep(real_recheck + 0.05)
     assert claim_sql()[1], "the back-off ends"
 
 

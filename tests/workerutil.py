@@ -79,7 +79,22 @@ class WorkerProcess:
             raise AssertionError(f"worker did not exit within {timeout}s\n{self.output()}") from None
 
     def signal(self, signum: int) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            # Not before the supervisor handles it: on a loaded machine a worker may still be starting
+            # (Django's setup) when the test is done with it, and an early SIGTERM would kill it outright
+            # (exit -15) instead of asking it to stop.
+            wait_until(lambda: self.proc.poll() is not None or self.catches(signal.SIGTERM), 60,
+                       what="the worker to install its signal handlers")
         self.proc.send_signal(signum)
+
+    def catches(self, signum: int) -> bool:
+        """Whether the process has a handler for ``signum`` (Linux: /proc/PID/status SigCgt)."""
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return True  # no /proc: cannot tell, do not wait
+        mask = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), None)
+        return True if mask is None else bool(mask >> (signum - 1) & 1)
 
     def kill_group(self) -> None:
         """SIGKILL the supervisor and every slot (they share its process group)."""
