@@ -1,4 +1,6 @@
-"""App config: autodiscovers ``jobs`` modules, syncs job types after migrate, registers checks."""
+"""App config: fills the queue's hooks with the features, autodiscovers ``jobs`` modules, syncs job
+types after migrate, registers checks. The one module that wires the wings together (it imports
+features, ops and tasks; nothing imports it)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ class SqlQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        _install_hooks()
         from .jobtypes import clear_cache
         from .models import JobType
         from .ops import checks  # noqa: F401  (registers system checks)
@@ -36,6 +39,26 @@ class SqlQueueConfig(AppConfig):
         post_migrate.connect(_sync_types, sender=self, dispatch_uid="sqlqueue-sync-types")
         _register_task_checks()
         post_migrate.connect(_sync_schedules, sender=self, dispatch_uid="sqlqueue-sync-schedules")
+
+
+def _install_hooks() -> None:
+    """Fill the slots of django_sqlqueue.hooks: where the job's path (queue wing) calls a feature.
+
+    Once per process, before any model is used: the queue then calls each slot directly, no lookup.
+    """
+    from . import hooks, limits, workflows
+    from .ops import tracing
+
+    hooks.release_permits = limits.release
+    hooks.renew_permits = limits.renew
+    hooks.ensure_permits = limits.ensure_for_enqueue
+    hooks.follow_type_on_retry = limits.follow_type_on_retry
+    hooks.normalise_dependencies = workflows.dependencies
+    hooks.check_workflow_specs = workflows.check_specs
+    hooks.link_workflow = workflows.link
+    hooks.after_finish = workflows.after_finish
+    hooks.tracing_enabled = tracing.enabled
+    hooks.enqueue_span = tracing.enqueue_span
 
 
 def _register_task_checks() -> None:

@@ -104,6 +104,13 @@ def check_type_name(name: str) -> str:
     return name
 
 
+def validate_name(name: object) -> str:
+    """``name`` if it may name a job type (here, below handlers and jobtypes, which both check names)."""
+    if not isinstance(name, str) or not name.strip() or len(name) > 200:
+        raise InvalidArgument(f"a job type name must be a non-empty string of at most 200 characters, got {name!r}")
+    return check_type_name(name)  # no control characters or line breaks (they would forge log lines)
+
+
 def validate_type_name(value: str) -> None:
     """Model validator for ``JobType.name`` (the admin form shows the message)."""
     why = unsafe_text(value)
@@ -169,37 +176,29 @@ def clamp_type_setting(type_name: str, field: str, value: Any) -> Any:
     return fixed
 
 
-# ----- responses -----------------------------------------------------------------------------------------
-def response_too_large(text: str) -> str | None:
-    """Why a handler's response, serialised as ``text``, is refused for its size, or None.
+# ----- what every vendor stores ------------------------------------------------------------------------
+def unstorable(value: Any) -> str | None:
+    """Why ``value`` (JSON-serialisable) cannot be stored on every vendor, or None.
 
-    Mirrors the payload limit: a response is stored in the job row and shown on the job page, so one
-    of many megabytes costs every read of the row and the page's memory many times its size.
+    PostgreSQL's jsonb and text refuse the NUL character, and no UTF-8 column holds a lone surrogate;
+    SQLite stores both. Refused everywhere so that what works on SQLite works on PostgreSQL too.
     """
-    from .conf import get_settings
-
-    limit = get_settings().MAX_RESPONSE_BYTES
-    size = len(text.encode("utf-8"))
-    if size > limit:
-        return f"it is {size} bytes; the limit is {limit} (SQLQUEUE['MAX_RESPONSE_BYTES'])"
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return "it contains a NUL character (\\u0000), which PostgreSQL cannot store"
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return "it contains a lone surrogate, which is not valid UTF-8"
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
     return None
-
-
-def response_problem(value: Any) -> str | None:
-    """Why a handler's return value cannot be stored as the job's response, or None.
-
-    For the worker, before it records a success: JSON-serialisable values only (NaN, sets refused), no
-    NUL or lone surrogate (PostgreSQL cannot store them), and within ``MAX_RESPONSE_BYTES``.
-    """
-    import json
-
-    from .queue import unstorable
-
-    try:
-        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError, RecursionError) as exc:
-        return f"it is not JSON-serialisable ({type(exc).__name__}: {exc})"
-    return unstorable(value) or response_too_large(text)
 
 
 # ----- concurrency and rate limits (docs/limits.md) ----------------------------------------------------

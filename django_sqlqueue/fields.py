@@ -26,9 +26,8 @@ class JSONValueField(models.JSONField):
 
 
 def json_value_check(quoted_column: str) -> str:
-    """The SQL Server check that ``quoted_column`` holds JSON of any kind (NULL passes).
+    """The SQL Server check that ``quoted_column`` holds JSON of any kind (the SQL is the SQL Server
+    dialect's, :meth:`MssqlDialect.json_value_check`; this name is kept for migration 0004)."""
+    from .dialects.mssql import MssqlDialect
 
-    Close, not exact: a list of values without its brackets (``1,2``) passes too; the empty string
-    does not. The queue writes only ``json.dumps`` output; the check catches hand-made damage.
-    """
-    return f"(ISJSON(N'[' + {quoted_column} + N']') = 1 AND {quoted_column} <> N'')"
+    return MssqlDialect.json_value_check(quoted_column)

@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .bounds import validate_name
 from .exceptions import InvalidArgument, UnknownJobType
-from .jobtypes import validate_name
 
 HandlerFunc = Callable[..., Any]
 
@@ -269,8 +269,9 @@ def sync_job_types(using: str = "default", names: Sequence[str] | None = None) -
     an operator changed is kept and reported in the result's ``operator`` entries. Called after
     ``migrate`` and when a worker starts. ``names``: only these types (default: every handler).
     """
-    from .models import JobType
+    from django.apps import apps
 
+    JobType = apps.get_model("django_sqlqueue", "JobType")  # below models.py: no import of it
     report: dict[str, TypeDrift] = {}
     for h in registry.all():
         if names is not None and h.name not in names:

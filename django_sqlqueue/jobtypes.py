@@ -11,11 +11,14 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from django.apps import apps
 from django.db import IntegrityError, connections, transaction
 
+from .bounds import validate_name
 from .conf import get_settings
-from .exceptions import InvalidArgument, UnknownJobType
+from .exceptions import UnknownJobType
 
 
 @dataclass(frozen=True)
@@ -90,8 +93,7 @@ def limited_type_ids(using: str) -> frozenset[int]:
         return entry[1]
     from django.db.models import Q
 
-    from .models import JobType
-
+    JobType = _job_type_model()
     ids = frozenset(JobType.objects.using(using).filter(Q(concurrency_limit__isnull=False) | ~Q(rate_limit=""))
                     .values_list("id", flat=True))
     # Cached even when read inside a transaction: a limit that transaction set and then rolled back
@@ -158,12 +160,10 @@ def _fresh(entry: tuple[float, TypeInfo] | None) -> TypeInfo | None:
     return entry[1]
 
 
-def validate_name(name: object) -> str:
-    if not isinstance(name, str) or not name.strip() or len(name) > 200:
-        raise InvalidArgument(f"a job type name must be a non-empty string of at most 200 characters, got {name!r}")
-    from .bounds import check_type_name
-
-    return check_type_name(name)  # no control characters or line breaks (they would forge log lines)
+def _job_type_model() -> Any:
+    """JobType from Django's app registry, on a cache miss only: this cache sits below models.py (whose
+    manager, the queue wing, reads types through it), so it does not import the models module."""
+    return apps.get_model("django_sqlqueue", "JobType")
 
 
 def get_type(name: str, *, using: str, create: bool = False, task: bool = False) -> TypeInfo:
@@ -173,12 +173,11 @@ def get_type(name: str, *, using: str, create: bool = False, task: bool = False)
     ``is_task`` (a worker may import the name even outside installed apps; see task_runner.may_import).
     Raises :class:`UnknownJobType` for a name with no row that may not be created.
     """
-    from .models import JobType
-
     validate_name(name)
     hit = _fresh(_by_name.get((using, name)))
     if hit is not None and (hit.is_task or not task):
         return hit
+    JobType = _job_type_model()
     row = JobType.objects.using(using).filter(name=name).first()
     if row is not None and task and not row.is_task:
         JobType.objects.using(using).filter(pk=row.pk).update(is_task=True)
@@ -206,10 +205,8 @@ def get_type(name: str, *, using: str, create: bool = False, task: bool = False)
 
 
 def get_type_by_id(type_id: int, *, using: str) -> TypeInfo:
-    from .models import JobType
-
     hit = _fresh(_by_id.get((using, type_id)))
     if hit is not None:
         return hit
-    row = JobType.objects.using(using).get(pk=type_id)
+    row = _job_type_model().objects.using(using).get(pk=type_id)
     return _remember(using, _info(row))

@@ -11,7 +11,7 @@ from django.core.exceptions import PermissionDenied
 from django.test import RequestFactory
 from django.utils import timezone
 
-from django_sqlqueue import StaleJob
+from django_sqlqueue import StaleJob, schedules
 from django_sqlqueue.admin.actions import run_transition
 from django_sqlqueue.models import Job, JobAttempt
 from django_sqlqueue.states import Status
@@ -44,7 +44,9 @@ def log_messages(job: Job) -> list[str]:
 def test_retry_now_changes_retryable_jobs_and_refuses_the_rest(admin_client, admin_user) -> None:
     failed, cancelled, paused = make_job(Status.FAILED), make_job(Status.CANCELLED), make_job(Status.PAUSED)
     completed, running = make_job(Status.COMPLETED), make_job(Status.PROCESSING)
-    before = timezone.now()
+    # The database's clock, read before: "now" is the database's (on PostgreSQL the transaction's
+    # start, which a loaded machine can leave seconds behind this process's clock).
+    before = schedules.db_clock("default")
     response = post_action(admin_client, "retry_now", [failed, cancelled, paused, completed, running])
     assert response.status_code == 200 and response.redirect_chain[0][1] == 302
     for job in (failed, cancelled, paused):

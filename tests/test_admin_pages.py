@@ -67,7 +67,7 @@ def test_filters(admin_client, param, value, expect) -> None:
         "expired": make_job(Status.PROCESSING, worker="w-dead"),
         "completed": make_job(Status.COMPLETED),
     }
-    Job.objects.filter(pk=jobs["expired"].pk).update(lease_expires_at=timezone.now() - timedelta(seconds=5))
+    Job.objects.filter(pk=jobs["expired"].pk).update(lease_expires_at=timezone.now() - timedelta(hours=1))
     make_worker("w-2")
     response = admin_client.get(changelist_url(**{param: value}))
     assert response.status_code == 200

@@ -15,7 +15,9 @@ pytestmark = pytest.mark.django_db
 
 
 def expire_lease(job: Job) -> None:
-    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    # An hour back, not a second: inside a test's transaction PostgreSQL's now() is the transaction's
+    # start, which a loaded machine can leave seconds behind this process's clock.
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(hours=1))
 
 
 def test_claim_marks_processing_and_writes_history(noop_type: JobType) -> None:
@@ -185,7 +187,7 @@ def test_error_jobs_wait_for_their_backoff(noop_type: JobType) -> None:
     job = Job.objects.claim("w", 1)[0]
     job.fail("transient", retry_in=3600)
     assert Job.objects.claim("w", 1) == []
-    Job.objects.filter(pk=job.pk).update(scheduled_for=timezone.now() - timedelta(seconds=1))
+    Job.objects.filter(pk=job.pk).update(scheduled_for=timezone.now() - timedelta(hours=1))  # (see expire_lease)
     again = Job.objects.claim("w", 1)[0]
     assert again.attempt_num == 2 and again.error == "transient"
 

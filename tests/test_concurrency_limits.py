@@ -195,13 +195,14 @@ def test_raising_and_lowering_the_limit_at_run_time() -> None:
 
 @pytest.mark.django_db(transaction=True)  # PostgreSQL's now() is the transaction's start
 def test_a_dead_workers_permit_frees_at_its_lease_expiry() -> None:
-    limited("Export", concurrency_limit=1, lease_seconds=1)
+    # A 2 s lease: the next statement's "still held" must not race the lease on a loaded machine.
+    limited("Export", concurrency_limit=1, lease_seconds=2)
     a = Job.objects.enqueue("Export", {"i": 0})
     b = Job.objects.enqueue("Export", {"i": 1})
     (got,) = Job.objects.claim("dead-worker", 1)
     assert got.pk == a.pk
     assert Job.objects.claim("w2", 1) == []
-    time.sleep(1.2)  # the lease (and so the permit) expires; the dead worker never renews it
+    time.sleep(2.2)  # the lease (and so the permit) expires; the dead worker never renews it
     taken = Job.objects.claim("w2", 1)
     assert len(taken) == 1, "the permit was freed by the lease's expiry"
     # The stuck job comes first (claim order) and is taken over under the permit: never both at once.
@@ -217,9 +218,11 @@ def test_the_heartbeat_renews_the_permit_with_the_lease() -> None:
     Job.objects.enqueue("Export", {"i": 0})
     Job.objects.enqueue("Export", {"i": 1})
     (got,) = Job.objects.claim("w1", 1, incarnation="i1")
-    for _ in range(3):
+    for _ in range(3):  # past the claim's 1 s lease
         time.sleep(0.5)
-        assert Job.objects.renew_leases("w1", [got.pk], 1, incarnation="i1") == 1
+        # Renewed for 30 s: a loaded machine may stall between two statements longer than a short
+        # renewal (a late renewal nobody took over still holds, so the 0.5 s gaps are not a race).
+        assert Job.objects.renew_leases("w1", [got.pk], 30, incarnation="i1") == 1
     assert Job.objects.claim("w2", 1) == [], "a renewed permit stays held"
 
 
@@ -485,11 +488,15 @@ def test_the_limited_flag_follows_the_type_and_heal_mends_stale_enqueues() -> No
     assert not Job.objects.filter(limited=True).exists()
 
 
-def test_claims_back_off_the_limited_branch_while_it_finds_nothing() -> None:
+def test_claims_back_off_the_limited_branch_while_it_finds_nothing(monkeypatch) -> None:
     """A saturated limit would cost every claim the limited branch: after one that found nothing, this
     process's claims leave it out for LIMITED_RECHECK_SECONDS, unless a permit is freed here."""
     from django.test.utils import CaptureQueriesContext
 
+    # A long back-off while the claims below must see it (0.25 s passes between two statements on a
+    # loaded machine); its end is checked with the real one after a sleep, a bound load cannot trip.
+    real_recheck = jobtypes.LIMITED_RECHECK_SECONDS
+    monkeypatch.setattr(jobtypes, "LIMITED_RECHECK_SECONDS", 60.0)
     limited("Export", concurrency_limit=1)
     JobType.objects.get_or_create(name="Noop")
     for i in range(3):
@@ -512,8 +519,9 @@ def test_claims_back_off_the_limited_branch_while_it_finds_nothing() -> None:
     Job.objects.complete(first)  # a permit freed in this process: look again at once
     got, looked = claim_sql()
     assert looked and got[0].job_type.name == "Export"
+    monkeypatch.setattr(jobtypes, "LIMITED_RECHECK_SECONDS", real_recheck)
     jobtypes.limited_branch_result("default", False)
-    time.sleep(jobtypes.LIMITED_RECHECK_SECONDS + 0.05)
+    time.sleep(real_recheck + 0.05)
     assert claim_sql()[1], "the back-off ends"
 
 
@@ -560,7 +568,8 @@ def test_a_job_taken_over_under_another_permit_holds_one_permit_not_two() -> Non
     time.sleep(1.2)  # its lease and its permit expire
     (again,) = Job.objects.claim("w2", 1, incarnation="i2")
     assert again.pk == stuck.pk
-    assert Job.objects.renew_leases("w2", [stuck.pk], 1, incarnation="i2") == 1
+    # Renewed for 30 s, not 1: the next claim must not race the new holder's lease on a loaded machine.
+    assert Job.objects.renew_leases("w2", [stuck.pk], 30, incarnation="i2") == 1
     other = Job.objects.enqueue("Export", {"i": 1})
     taken = Job.objects.claim("w3", 1)
     assert [j.pk for j in taken] == [other.pk], "1 of 2 running: a permit is free"

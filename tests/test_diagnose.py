@@ -112,7 +112,7 @@ def test_out_of_attempts_and_unknown_handler(make_type) -> None:
     make_type("NoHandler")
     job = enqueue("NoHandler", max_attempts=1)
     claimed = Job.objects.claim("w", 1)[0]
-    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(hours=1))
     reasons = why_not_running(Job.objects.get(pk=claimed.pk))
     assert any("all 1 used" in r for r in reasons)
     assert any("No handler for 'NoHandler'" in r for r in reasons)

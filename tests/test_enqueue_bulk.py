@@ -70,7 +70,7 @@ def test_single_enqueue_in_autocommit_is_stored_and_notifies(noop_type: JobType)
     with psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"}, autocommit=True) as listener:
         listener.execute(f"LISTEN {get_settings().NOTIFY_CHANNEL}")
         job = Job.objects.enqueue("Noop", {"x": 2}, queue="mail")
-        got = [n.payload for n in listener.notifies(timeout=5, stop_after=1)]
+        got = [n.payload for n in listener.notifies(timeout=60, stop_after=1)]
     assert got == ["mail"]
     _same(job, Job.objects.get(pk=job.pk))
 

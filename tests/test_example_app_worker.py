@@ -29,7 +29,7 @@ def test_reset_password_resumes_at_send_in_a_worker_process() -> None:
     proc = subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), "run_queue_worker", "--burst", "--no-progress",
          "--wait-due", "3", "--log-level", "WARNING"],
-        cwd=ROOT, env=procutil.test_db_env(), capture_output=True, text=True, timeout=90, check=False,
+        cwd=ROOT, env=procutil.test_db_env(), capture_output=True, text=True, timeout=180, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     job.refresh_from_db()
@@ -61,11 +61,13 @@ def test_demo_runs_every_sample_to_its_expected_end(tmp_path) -> None:
     env = dict(os.environ, SQLQUEUE_DATABASE_URL=url, DJANGO_SETTINGS_MODULE="testproject.settings")
     started = time.monotonic()
     proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), "sqlqueue_demo", *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=300, check=False)  # a hang guard only
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    print(f"demo: {elapsed:.1f} s")
+    # The time is a figure (about 15 s on a quiet machine), not an assertion: at load 8-16 a fresh
+    # process and its worker take several times longer. The subprocess timeout bounds a hang.
+    print(f"sqlqueue_demo took {elapsed:.1f} s")
     summary = dict(re.findall(r"^\s*(Completed|Failed|Error|Pending|Processing)\s+(\d+)\s*$", out, re.M))
     assert summary.get("Failed") == "1" and "duplicates after retries: 0" in out, out
     # 5 typed samples and the @task sample (issue 32 item 11: the test project's TASKS uses SqlQueueBackend)

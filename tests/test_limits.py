@@ -200,7 +200,7 @@ def test_a_response_over_the_size_limit_is_refused_naming_its_size(noop_type, se
 def test_response_problem_says_why_a_return_value_cannot_be_stored(settings) -> None:
     """What the worker asks before recording a success (runner.py), so an oversized return value fails
     its job with the reason instead of being stored or crashing the slot."""
-    from django_sqlqueue.bounds import response_problem
+    from django_sqlqueue.queue.values import response_problem
 
     settings.SQLQUEUE = {**settings.SQLQUEUE, "MAX_RESPONSE_BYTES": 100}
     assert response_problem({"ok": True}) is None

@@ -56,7 +56,10 @@ def _assert_one_job_per_tick(schedule: Schedule, runs: list[tuple], stop_at: dat
     # 11 s of run: 5 or 6 ticks were due when the workers were told to stop. Stopping takes a while on
     # a loaded machine, and a tick that falls due meanwhile is enqueued too (once): none later than the
     # last worker's exit.
-    assert len([t for t in ticks if t <= stop_at]) in (5, 6), (runs, stop_at)
+    # By the database time the workers were told to stop, not by the 11 s asked for: on a loaded machine
+    # the wait that decides to stop them returns late (stopped 15 s in: 8 ticks, rightly).
+    due = int((stop_at - ticks[0]).total_seconds() // 2) + 1  # grid points from the first tick to stop_at
+    assert len([t for t in ticks if t <= stop_at]) in (due - 1, due), (runs, stop_at, due)
     assert ticks[-1] <= exited_at, (ticks, exited_at)
     assert len(set(job_ids)) == len(job_ids) and None not in job_ids
     assert sorted(Job.objects.filter(job_type__name=TASK).values_list("id", flat=True)) == sorted(job_ids)

@@ -155,8 +155,10 @@ def test_timeout_kills_the_slot_marks_the_job_and_the_worker_goes_on(worker_proc
 
 
 def test_long_job_keeps_its_lease_while_alive(worker_procs, job_log) -> None:
-    set_type("test.Sleep", lease_seconds=1)
-    job = Job.objects.enqueue("test.Sleep", {"seconds": 4, "log": str(job_log.path)})
+    # A 2 s lease and a 6 s job: three leases long. (With a 1 s lease, a loaded machine's scheduling
+    # stalls alone could outlast it between two renewals.)
+    set_type("test.Sleep", lease_seconds=2)
+    job = Job.objects.enqueue("test.Sleep", {"seconds": 6, "log": str(job_log.path)})
     a = worker_procs("--worker-name", "lease-a")
     job_log.wait_for(job.pk, "start")
     b = worker_procs("--worker-name", "lease-b")  # would steal the job if its lease lapsed

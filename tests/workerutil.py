@@ -23,16 +23,30 @@ from tests.procutil import test_db_env
 REPO = Path(__file__).resolve().parent.parent
 
 
+#: The least time any wait of a test gives before it fails. A wait's timeout bounds a failure, never a
+#: speed: on a 2-core machine at load 8-16 (other work beside the suite, a CPU hog in the proof run) a
+#: worker process takes seconds just to start, so a wait of 10 s for "the slot was replaced" fails
+#: for no fault of the code. A wait that passes returns as soon as its condition holds: the floor
+#: costs nothing then.
+WAIT_FLOOR_SECONDS = 60.0
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05,
                what: str = "condition") -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
+    """Poll ``predicate`` until it returns something truthy; fail the test after ``timeout`` seconds
+    (at least :data:`WAIT_FLOOR_SECONDS`). A wait longer than the caller's ``timeout`` prints how long
+    it took (``pytest -s`` / the captured output of a failure), so that slowness shows as a figure."""
+    started = time.monotonic()
+    deadline = started + max(timeout, WAIT_FLOOR_SECONDS)
     while True:
         value = predicate()
         if value:
+            took = time.monotonic() - started
+            if took > timeout:
+                print(f"slow wait: {took:.1f} s for {what} (the test expected about {timeout} s)")
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {max(timeout, WAIT_FLOOR_SECONDS)}s waiting for {what}")
         time.sleep(interval)
 
 
@@ -57,6 +71,7 @@ class WorkerProcess:
         return self.proc.pid
 
     def wait(self, timeout: float = 60.0) -> int:
+        timeout = max(timeout, WAIT_FLOOR_SECONDS)  # stopping takes a while on a loaded machine too
         try:
             return self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -64,7 +79,22 @@ class WorkerProcess:
             raise AssertionError(f"worker did not exit within {timeout}s\n{self.output()}") from None
 
     def signal(self, signum: int) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            # Not before the supervisor handles it: on a loaded machine a worker may still be starting
+            # (Django's setup) when the test is done with it, and an early SIGTERM would kill it outright
+            # (exit -15) instead of asking it to stop.
+            wait_until(lambda: self.proc.poll() is not None or self.catches(signal.SIGTERM), 60,
+                       what="the worker to install its signal handlers")
         self.proc.send_signal(signum)
+
+    def catches(self, signum: int) -> bool:
+        """Whether the process has a handler for ``signum`` (Linux: /proc/PID/status SigCgt)."""
+        try:
+            status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        except OSError:
+            return True  # no /proc: cannot tell, do not wait
+        mask = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), None)
+        return True if mask is None else bool(mask >> (signum - 1) & 1)
 
     def kill_group(self) -> None:
         """SIGKILL the supervisor and every slot (they share its process group)."""

@@ -35,6 +35,7 @@ from django.utils.translation import gettext_lazy as _
 from django_admin_listfilter_dropdown.filters import SimpleDropdownFilter
 
 from ..dialects.predicates import has_error, index_predicate, lease_expired, overdue  # noqa: F401 (also imported from here)
+from ..ops.health import MAX_DISTINCT_VALUES, distinct_values  # noqa: F401 (moved to ops.health; also imported from here)
 from ..states import Status, human_label
 
 #: Largest id a filter or the search takes: the id columns are 64-bit integers.
@@ -68,30 +69,6 @@ def text_value(parameter: str, value: str, max_length: int) -> str:
     if why:
         refuse(parameter, value[:50], why)
     return value
-
-#: How many distinct queue / step values a filter lists at most (each costs one index seek).
-MAX_DISTINCT_VALUES = 50
-
-
-def distinct_values(queryset: QuerySet, field: str, limit: int = MAX_DISTINCT_VALUES) -> list[Any]:
-    """The distinct values of ``field``, smallest first, by a loose index scan.
-
-    ``SELECT DISTINCT`` reads every row; this asks for "the smallest value greater than the last one"
-    once per distinct value, which an index on ``field`` answers with one seek each. Portable: plain
-    ORM queries, so it runs the same on SQL Server, PostgreSQL and SQLite.
-    """
-    values: list[Any] = []
-    base = queryset.order_by(field).values_list(field, flat=True)
-    last: Any = None
-    for _i in range(limit):
-        query = base if last is None else base.filter(**{f"{field}__gt": last})
-        value = query.first()
-        if value is None:
-            break
-        values.append(value)
-        last = value
-    return values
-
 
 #: Seconds the queue and step dropdowns reuse their choices (per process). New queues and steps are rare;
 #: with the queue / step indexes a refresh costs a few seeks, without them a scan per value.

@@ -22,7 +22,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from ..states import CLAIMABLE, FINISHED, Status, sql_list
+from ..ops.health import oldest_due  # noqa: F401 (moved to ops.health, beside the metrics that read it too)
+from ..states import CLAIMABLE, FINISHED, Status
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -116,28 +117,6 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
 def _capped_count(qs: QuerySet) -> tuple[int, bool]:
     n = qs[: COUNT_CAP + 1].count()
     return min(n, COUNT_CAP), n > COUNT_CAP
-
-
-def oldest_due(job_model: type[Job], now: datetime) -> datetime | None:
-    """The scheduled time of the oldest due Pending job, in a few index seeks however long the backlog.
-
-    ``MIN(scheduled_for) WHERE status = Pending`` reads every Pending row. The partial claim index is
-    ordered by (-priority, scheduled_for): list its few distinct priorities (loose index scan), then
-    take the first due Pending row of each priority, which is where that index starts.
-    """
-    from ..dialects.predicates import index_predicate
-    from .filters import distinct_values
-
-    # The index's own predicate as a literal: a parameter never matches a partial index on SQLite or a
-    # filtered one on SQL Server (a scan of the table per distinct priority at 1M jobs on SQLite).
-    claimable = job_model.objects.filter(index_predicate(job_model.objects.db, "status", f"IN ({sql_list(CLAIMABLE)})"))
-    oldest = None
-    for priority in distinct_values(claimable, "priority", limit=100):
-        first = (claimable.filter(status_id=Status.PENDING, priority=priority, scheduled_for__lte=now)
-                 .order_by("scheduled_for").values_list("scheduled_for", flat=True).first())
-        if first is not None and (oldest is None or first < oldest):
-            oldest = first
-    return oldest
 
 
 def backlog(job_model: type[Job], now: datetime) -> dict[str, Any]:

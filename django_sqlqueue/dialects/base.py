@@ -12,9 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.db import transaction
 
 from ..states import CLAIMABLE, FINISHED, Status, sql_list
@@ -86,12 +87,20 @@ def _marks(count: int) -> str:
     return ", ".join(["%s"] * count)
 
 
+@cache
+def queue_model(name: str) -> Any:
+    """The queue's model ``name``, from Django's app registry: the dialects and the queue wing sit below
+    models.py (which builds its manager on them) and reach the models without importing it. Resolved
+    once per name and process (a dict hit after that), so no caller pays a registry lookup per job."""
+    return apps.get_model("django_sqlqueue", name)
+
+
 class Names:
-    """Quoted table and column names, all taken from model meta."""
+    """Quoted table and column names, all taken from model meta (once per connection's dialect)."""
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
-        from ..models import Job, JobAttempt, JobType, LimitPermit, Worker
-
+        Job, JobAttempt, JobType, LimitPermit, Worker = map(queue_model, ("Job", "JobAttempt", "JobType",
+                                                                     "LimitPermit", "Worker"))
         qn = connection.ops.quote_name
         self.job = qn(Job._meta.db_table)
         self.attempt = qn(JobAttempt._meta.db_table)
@@ -853,8 +862,7 @@ class Dialect:
     # ----- recurring schedules (django_sqlqueue.schedules) -----------------------------------------
     def schedule_tables(self) -> tuple[str, dict[str, str], str, dict[str, str]]:
         """Quoted (schedule table, its columns by attname, run table, its columns), from model meta."""
-        from ..models import Schedule, ScheduleRun
-
+        Schedule, ScheduleRun = queue_model("Schedule"), queue_model("ScheduleRun")
         qn = self.connection.ops.quote_name
         return (qn(Schedule._meta.db_table), {f.attname: qn(f.column) for f in Schedule._meta.concrete_fields},
                 qn(ScheduleRun._meta.db_table), {f.attname: qn(f.column) for f in ScheduleRun._meta.concrete_fields})

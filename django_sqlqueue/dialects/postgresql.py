@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from psycopg.types.json import Jsonb
 
 from ..states import Status
-from .base import JOB_COLUMNS, ClaimRequest, Dialect
+from .base import JOB_COLUMNS, ClaimRequest, Dialect, queue_model
 from .plans import postgresql_scans
 
 if TYPE_CHECKING:
@@ -175,8 +175,7 @@ class PostgresDialect(Dialect):
         Same rows, defaults and conflict rule as :meth:`insert_sql` (enqueued_at/updated_at from the
         database clock, scheduled_for defaulting to it, ``ON CONFLICT DO NOTHING`` for dedupe).
         """
-        from ..models import Job
-
+        Job = queue_model("Job")
         arrays, names, select = [], [], []
         for i, c in enumerate(columns):
             if c in ("enqueued_at", "updated_at"):
@@ -242,8 +241,7 @@ class PostgresDialect(Dialect):
         transaction: ``now()`` is the transaction's start time, exactly the value an INSERT would
         have stamped. Only for rows without a dedupe key (those need ``ON CONFLICT``).
         """
-        from ..models import Job
-
+        Job = queue_model("Job")
         n = len(rows)
         cursor.execute(
             # now() in the first row only: one timestamp to parse, not one per job

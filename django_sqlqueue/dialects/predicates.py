@@ -23,8 +23,9 @@ def index_predicate(using: str, column: str, sql: str) -> Q:
     predicate. ``sql`` holds code constants only (status ids from :mod:`.states`, an empty string), never
     input; names come from model meta through ``quote_name``.
     """
-    from ..models import Job
+    from django.apps import apps
 
+    Job = apps.get_model("django_sqlqueue", "Job")  # the dialects sit below models.py: no import of it
     qn = connections[using].ops.quote_name
     field = Job._meta.get_field(column)
     return Q(RawSQL(f"{qn(Job._meta.db_table)}.{qn(field.column)} {sql}", [], output_field=BooleanField()))

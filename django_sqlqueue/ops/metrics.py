@@ -90,11 +90,10 @@ class QueueCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 
-        from ..admin.views import oldest_due
         from ..dialects.predicates import index_predicate
         from ..models import Job, JobType, Worker
         from .diagnose import unserved_due_work
-        from .health import dead_q, live_q, orphaned_q
+        from .health import dead_q, live_q, oldest_due, orphaned_q
 
         started = time.perf_counter()
         jobs = Job.objects.using(self.using) if self.using else Job.objects.all()

@@ -25,6 +25,7 @@ from django.db.models import F
 from django.db.models.expressions import RawSQL
 
 from ..dialects import get_dialect, retrying
+from ..dialects.base import queue_model
 from ..exceptions import CancelTooLate, IllegalTransition, InvalidArgument, StaleJob
 from ..states import FINISHED, TRANSITIONS, Status
 from .rows import RowsMixin
@@ -107,8 +108,7 @@ class CancelMixin(RowsMixin):
         after waiting for it), so the worker's finish is either before it (0 rows: None) or after the
         request is committed.
         """
-        from ..models import CancelRequest
-
+        CancelRequest = queue_model("CancelRequest")
         now = RawSQL(get_dialect(connections[alias]).now(), [])  # the database's clock, as leases use
 
         def write() -> CancelRequest | None:
@@ -143,8 +143,8 @@ class CancelMixin(RowsMixin):
         The running slot's check: one seek on the (job, attempt) unique index of a table that holds only
         requests, and a second read of the job's history only when an earlier request exists.
         """
-        from ..models import CancelRequest, JobAttempt
-
+        CancelRequest = queue_model("CancelRequest")
+        JobAttempt = queue_model("JobAttempt")
         alias = self._alias(using)
         request = CancelRequest.objects.using(alias).filter(
             job_id=job_id, attempt_num__lte=attempt_num).order_by("-attempt_num").first()

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections
 
-from .. import jobtypes
-from .. import limits as permits
+from .. import hooks, jobtypes
 from ..conf import get_settings
 from ..dialects import COL, ClaimRequest, get_dialect
 from ..exceptions import InvalidArgument
@@ -135,8 +134,8 @@ class ClaimMixin(RowsMixin):
                         # token moved on was taken over: its permit is its new holder's), then the claim,
                         # which may take a permit just freed.
                         finished, _ = dialect.complete_and_claim(cursor, items, None)
-                        permits.release(cursor, dialect, [r[COL["id"]] for r in finished
-                                                          if r[COL["id"]] in releasing])
+                        hooks.release_permits(cursor, dialect, [r[COL["id"]] for r in finished
+                                                                if r[COL["id"]] in releasing])
                         rows = dialect.claim(cursor, req) if limit else []
                     else:
                         finished, rows = dialect.complete_and_claim(cursor, items, req if limit else None)
@@ -144,9 +143,7 @@ class ClaimMixin(RowsMixin):
                     jobtypes.limited_branch_result(alias, any(r[COL["job_type_id"]] in limited for r in rows))
                 completed = self._rows_to_jobs(finished, alias)
                 if any(j.has_dependents or j.batch_id for j in completed):  # workflows only (markers)
-                    from ..workflows import after_finish
-
-                    after_finish(completed, alias)
+                    hooks.after_finish(completed, alias)
                 return completed, self._rows_to_jobs(rows, alias)
             except DatabaseError as exc:
                 # Inside the caller's transaction a deadlock victim's whole transaction is gone: no retry.

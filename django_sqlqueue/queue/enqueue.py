@@ -10,12 +10,10 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 from django.utils import timezone
 
-from .. import bounds, jobtypes
-from .. import limits as permits
+from .. import bounds, hooks, jobtypes
 from ..conf import get_settings
 from ..dialects import JOB_COLUMNS, get_dialect
 from ..exceptions import InvalidArgument, SubtypeMismatch
-from ..ops import tracing
 from ..states import DEDUPE_SCOPE, Status
 from .rows import RowsMixin
 from .values import encode_json, storable_key
@@ -59,9 +57,7 @@ class JobSpec:
 
     def __post_init__(self) -> None:
         if self.after:
-            from ..workflows import dependencies
-
-            self.after = dependencies(self.after, self.on_dependency_failure)
+            self.after = hooks.normalise_dependencies(self.after, self.on_dependency_failure)
 
 
 class EnqueueMixin(RowsMixin):
@@ -104,15 +100,16 @@ class EnqueueMixin(RowsMixin):
     def enqueue_many(self, specs: Iterable[JobSpec], *, using: str | None = None) -> list[Job]:
         """Insert many jobs in one transaction, in multi-row INSERTs; return them in input order.
 
-        With OpenTelemetry installed, inside an enqueue span whose context each job carries (tracing.py).
+        With OpenTelemetry installed, inside an enqueue span whose context each job carries (ops/tracing.py,
+        reached through hooks.enqueue_span).
         """
         specs = list(specs)
         if not specs:  # nothing to insert, nobody to wake (an INSERT of no rows is a syntax error)
             return []
-        if not tracing.enabled():
+        if not hooks.tracing_enabled():
             return self._enqueue_many(specs, using, None)
-        with tracing.enqueue_span([s.job_type for s in specs if isinstance(s.job_type, str)], len(specs),
-                                  [s.queue for s in specs if isinstance(s.queue, str)]) as carrier:
+        with hooks.enqueue_span([s.job_type for s in specs if isinstance(s.job_type, str)], len(specs),
+                                [s.queue for s in specs if isinstance(s.queue, str)]) as carrier:
             return self._enqueue_many(specs, using, carrier)
 
     def _enqueue_many(self, specs: list[JobSpec], using: str | None, carrier: str | None) -> list[Job]:
@@ -124,9 +121,7 @@ class EnqueueMixin(RowsMixin):
         settings = get_settings()
         flow = any(s.after or s.batch is not None for s in specs)
         if flow:
-            from ..workflows import check_specs
-
-            check_specs(specs)
+            hooks.check_workflow_specs(specs)
         rows: list[list[Any]] = []
         infos: dict[Any, jobtypes.TypeInfo] = {}  # one lookup per type name, not per job
         for spec in specs:
@@ -139,7 +134,7 @@ class EnqueueMixin(RowsMixin):
         key_at = INSERT_COLUMNS.index("concurrency_key")
         for info in infos.values():
             if info.limited:  # the permits of new keys' scopes, before their jobs can be claimed
-                permits.ensure_for_enqueue(alias, info, {r[key_at] for r in rows if r[1] == info.id})
+                hooks.ensure_permits(alias, info, {r[key_at] for r in rows if r[1] == info.id})
         channel = settings.NOTIFY_CHANNEL if dialect.notify_sql() else ""
         if (not flow and len(rows) <= 3 and not connection.in_atomic_block and all(r[-1] is None for r in rows)
                 and not any(s.subtypes for s in specs)):
@@ -167,9 +162,7 @@ class EnqueueMixin(RowsMixin):
                 if job.pk in new_ids:  # a deduplicated enqueue returns the existing job, rows and all
                     self._save_subtypes(spec, job, alias)
             if flow:
-                from ..workflows import link
-
-                link(specs, jobs, alias)  # type: ignore[arg-type]
+                hooks.link_workflow(specs, jobs, alias)  # type: ignore[arg-type]
             notify = dialect.notify_sql()
             if notify and settings.NOTIFY_CHANNEL:
                 queues = sorted({s.queue for s in specs})

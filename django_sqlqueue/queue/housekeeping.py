@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, models
 from django.utils import timezone
 
-from .. import jobtypes
-from .. import limits as permits
+from .. import hooks, jobtypes
 from ..conf import get_settings
 from ..dialects import get_dialect, retrying
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
@@ -55,7 +54,7 @@ class HousekeepingMixin(RowsMixin):
                 if kept and jobtypes.limited_type_ids(alias):
                     # Concurrency permits are held as long as their jobs' leases: one more statement,
                     # only while some type has a limit (docs/limits.md).
-                    permits.renew(cursor, dialect, ids, int(lease_seconds))
+                    hooks.renew_permits(cursor, dialect, ids, int(lease_seconds))
                 return kept
 
         # Each statement commits alone (autocommit) and is idempotent: a deadlock victim (the renewal
@@ -80,7 +79,7 @@ class HousekeepingMixin(RowsMixin):
             dialect.execute(cursor, dialect.renew_held_sql([len(ids) for _n, _i, ids in holders]), params)
             kept = cursor.rowcount
             if kept and jobtypes.limited_type_ids(alias):
-                permits.renew(cursor, dialect, every, int(lease_seconds))  # as renew_leases does
+                hooks.renew_permits(cursor, dialect, every, int(lease_seconds))  # as renew_leases does
             return kept
 
     def purge(self, ids: Sequence[int], *, statuses: Iterable[Status | int], cutoff: datetime,

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from .. import bounds, jobtypes
-from .. import limits as permits
+from .. import bounds, hooks, jobtypes
 from ..conf import get_settings
 from ..dialects import get_dialect, retrying
+from ..dialects.base import queue_model
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
 from ..states import FINISHED, TRANSITIONS, Status
 from .rows import RowsMixin
@@ -103,28 +103,26 @@ class ModifyMixin(RowsMixin):
                     self._close_attempt(cursor, dialect, job, updated, released=new == Status.PENDING,
                                         note=_release_note)
                     if job.job_type_id in jobtypes.limited_type_ids(alias):
-                        permits.release(cursor, dialect, [job.pk])  # its concurrency permit, if it holds one
+                        hooks.release_permits(cursor, dialect, [job.pk])  # its concurrency permit, if it holds one
                         jobtypes.permits_released(alias)  # (if this rolls back: one claim looks in vain)
                 if new == Status.PENDING and current in FINISHED:  # an operator's retry: limits as they are now
-                    permits.follow_type_on_retry(updated, alias)
+                    hooks.follow_type_on_retry(updated, alias)
             return updated
 
         # A by-id write meets the claim in the opposite lock order on SQL Server (docs/sqlserver.md): a
         # deadlock victim's transaction is gone whole, and is run again (not inside the caller's).
         updated = retrying(alias, write)
         if (updated.has_dependents or updated.batch_id) and updated.state in FINISHED:  # workflows only (markers)
-            from ..workflows import after_finish
-
-            after_finish([updated], alias)
+            hooks.after_finish([updated], alias)
         return updated
 
     def _refuse_early_retry(self, job: Job, alias: str) -> None:
         """An operator's retry of a finished job that waits for unfinished ones (cancelled while it was
         Waiting) would run it before them: refused. One seek on the dependencies' unique index, on
         retries only (never on a worker's path)."""
-        from ..models import JobDependency
         from ..states import UNFINISHED
 
+        JobDependency = queue_model("JobDependency")
         pending = list(JobDependency.objects.using(alias).filter(
             job_id=job.pk, depends_on__status_id__in=sorted(UNFINISHED)).order_by("depends_on_id")
             .values_list("depends_on_id", flat=True)[:10])

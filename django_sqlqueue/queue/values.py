@@ -9,6 +9,8 @@ import uuid
 from typing import Any
 
 from .. import bounds
+from ..bounds import unstorable
+from ..conf import get_settings
 from ..exceptions import InvalidArgument, InvalidPayload
 
 #: ``response`` not given to modify (None is a response: JSON null).
@@ -24,30 +26,6 @@ MAX_DELAY_SECONDS = bounds.MAX_DELAY_SECONDS
 def new_incarnation() -> str:
     """A fresh worker incarnation id (see ``Worker.incarnation``): random, 32 hex characters."""
     return uuid.uuid4().hex
-
-
-def unstorable(value: Any) -> str | None:
-    """Why ``value`` (JSON-serialisable) cannot be stored on every vendor, or None.
-
-    PostgreSQL's jsonb and text refuse the NUL character, and no UTF-8 column holds a lone surrogate;
-    SQLite stores both. Refused everywhere so that what works on SQLite works on PostgreSQL too.
-    """
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return "it contains a NUL character (\\u0000), which PostgreSQL cannot store"
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return "it contains a lone surrogate, which is not valid UTF-8"
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, list | tuple):
-            stack.extend(item)
-    return None
 
 
 def finite_seconds(value: Any) -> bool:
@@ -109,7 +87,7 @@ def encode_json(value: Any, what: str, limit: int | None = None) -> str:
 
 def check_response(value: Any) -> None:
     """A response the queue may store: JSON, storable on every vendor, within ``MAX_RESPONSE_BYTES``."""
-    why = bounds.response_too_large(encode_json(value, "response"))
+    why = response_too_large(encode_json(value, "response"))
     if why:
         raise InvalidPayload(f"response cannot be stored: {why}")
 
@@ -119,3 +97,30 @@ def storable_key(value: Any, what: str) -> None:
     why = unstorable(value)
     if why:
         raise InvalidArgument(f"{what} cannot be stored: {why}")
+
+
+# ----- responses -----------------------------------------------------------------------------------------
+def response_too_large(text: str) -> str | None:
+    """Why a handler's response, serialised as ``text``, is refused for its size, or None.
+
+    Mirrors the payload limit: a response is stored in the job row and shown on the job page, so one
+    of many megabytes costs every read of the row and the page's memory many times its size.
+    """
+    limit = get_settings().MAX_RESPONSE_BYTES
+    size = len(text.encode("utf-8"))
+    if size > limit:
+        return f"it is {size} bytes; the limit is {limit} (SQLQUEUE['MAX_RESPONSE_BYTES'])"
+    return None
+
+
+def response_problem(value: Any) -> str | None:
+    """Why a handler's return value cannot be stored as the job's response, or None.
+
+    For the worker, before it records a success: JSON-serialisable values only (NaN, sets refused), no
+    NUL or lone surrogate (PostgreSQL cannot store them), and within ``MAX_RESPONSE_BYTES``.
+    """
+    try:
+        text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        return f"it is not JSON-serialisable ({type(exc).__name__}: {exc})"
+    return unstorable(value) or response_too_large(text)

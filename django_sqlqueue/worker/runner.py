@@ -207,8 +207,8 @@ class _BadReturn(Fail, InvalidPayload):
 def _check_json(value: Any, what: str) -> None:
     if value is None or value is True or value is False or (type(value) is int and -2**63 <= value < 2**63):
         return  # JSON as they are, and small: most handlers return None (a huge int is still checked)
-    from ..bounds import response_too_large
     from ..queue import unstorable
+    from ..queue.values import response_too_large
 
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
