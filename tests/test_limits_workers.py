@@ -127,3 +127,39 @@ def test_a_killed_workers_permit_frees_with_its_lease(worker_procs, tmp_path) ->
     assert max_overlap([e for e in timeline(log) if e[0] != first.pk or e[4] > killed_wall], lambda t, k: t) == {
         first.job_type_id: 1}
     assert [j.pk for j in rest] and all_done(4)
+
+
+def test_a_killed_slots_limited_job_and_permit_are_free_at_once(worker_procs, tmp_path) -> None:
+    """Issue 31, item 7: kill -9 one slot (not its supervisor) while it runs a job limited to 1, lease
+    60 s: its supervisor knows the slot died, so the job's lease ends and its permit is released at
+    once; the restarted slot takes the job over long before the lease would have run out (was: the
+    whole lease, the permit blocking the scope meanwhile)."""
+    import os
+
+    from django_sqlqueue.models import Worker as WorkerRow
+
+    log = tmp_path / "timeline"
+    set_type("test.Limited", concurrency_limit=1, lease_seconds=60)
+    job = Job.objects.enqueue("test.Limited", {"seconds": 30, "timeline": str(log)})
+    other = Job.objects.enqueue("test.Limited", {"seconds": 0.1, "timeline": str(log)})
+    worker = worker_procs("--concurrency", "2", "--worker-name", "slotkill")
+    wu.wait_until(lambda: any(e[0] == job.pk and e[3] == "start" for e in timeline(log)), 30,
+                  what="the limited job to start")
+    first = Job.objects.get(pk=job.pk)
+    Job.objects.filter(pk=job.pk).update(payload={"seconds": 0.1, "timeline": str(log)})  # short on retake
+    os.kill(WorkerRow.objects.get(name=first.worker).pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wu.wait_until(lambda: sum(1 for e in timeline(log) if e[0] == job.pk and e[3] == "start") == 2, 30,
+                  what="the killed slot's limited job to start again (without the fix: after its 60-s lease)")
+    restarted_after = time.monotonic() - killed_at
+    wu.wait_until(lambda: all_done(2), 30, what="both jobs to complete")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    print(f"limited job of a killed slot started again {restarted_after:.2f} s after the kill (lease 60 s)")
+    again = Job.objects.get(pk=job.pk)
+    assert again.attempt_num == 2 and again.started_at < first.lease_expires_at
+    assert Job.objects.get(pk=other.pk).attempt_num == 1
+    events = timeline(log)
+    events.remove(next(e for e in events if e[0] == job.pk and e[3] == "start"))  # the killed run: no "end"
+    assert max_overlap(events, lambda t, k: t) == {job.job_type_id: 1}
+    assert not LimitPermit.objects.filter(kind=LimitPermit.Kind.CONCURRENCY, held_until__isnull=False).exists()

@@ -338,6 +338,7 @@ class Worker:
     def _run_one(self, job: Job) -> None:
         info = self._type(job)
         self._running_id = job.pk
+        outcome: runner.Outcome | None
         try:
             handler = registry.get(info.name)
         except UnknownJobType:
@@ -350,6 +351,8 @@ class Worker:
             log.error("job_unknown_type worker=%s job=%s type=%s retry_in=%.0f", self.name, job.pk, info.name,
                       retry_in)
         else:
+            outcome = self._asked_to_stop_before(job)
+        if outcome is None:
             if self.channel is not None:
                 self.channel.set_current(job.pk, info.timeout_seconds)
                 self._on_beat(self.heartbeat)
@@ -377,6 +380,29 @@ class Worker:
         if outcome.kind is not runner.Kind.SUCCESS:
             self.heartbeat.drop(job.pk, finished=True)  # the recorder drops a success once recorded
         self._running_id = None
+
+    def _asked_to_stop_before(self, job: Job) -> runner.Outcome | None:
+        """A Cancelled outcome, without running the handler, for a later attempt of a job whose cancel
+        request came in during an earlier one that ended before its worker acted on it (the worker died,
+        or was killed, and the job was taken over); None: run it.
+
+        Only a job's second and later attempts are looked at (one seek on the requests' unique index):
+        an attempt that failed or was handed back under a request is Cancelled by that write already
+        (modify.py), so a takeover is what is left; a first attempt pays nothing.
+        """
+        from ..models import Job
+        from ..queue import cancel_text
+
+        if job.attempt_num <= 1:
+            return None
+        request = self._db(Job.objects.cancel_request_for, job.pk, job.attempt_num, using=self.using)
+        if request is None:
+            return None
+        log.warning("cancel_before_start worker=%s job=%s attempt=%s by=%r (requested during attempt %s)",
+                    self.name, job.pk, job.attempt_num, request.requested_by, request.attempt_num)
+        return runner.Outcome(runner.Kind.CANCEL, job, error=(
+            f"{cancel_text(request.requested_by, request.reason)} (requested during attempt {request.attempt_num}, "
+            f"which ended before its worker acted on it: attempt {job.attempt_num} was not started)"))
 
     def _cancelled(self, outcome: runner.Outcome, request: Any) -> runner.Outcome:
         """The outcome of a run that was asked to stop: a handler that returned successfully wins (its
@@ -431,7 +457,8 @@ class Worker:
             send(signals.job_retried, Worker, error=outcome.error, **common)
         elif new.state == Status.CANCELLED:
             self.counters[CANCELLED] += 1
-            send(signals.job_cancelled, Worker, reason=outcome.error, **common)
+            # the handler's own failure may have become a cancel (a request it ended before): say the job's
+            send(signals.job_cancelled, Worker, reason=new.error or outcome.error, **common)
         else:
             self.counters[FAILED] += 1
             send(signals.job_failed, Worker, error=outcome.error, **common)
