@@ -319,6 +319,8 @@ class Worker:
         elif reclaim:
             self._reclaim_at = now + self.settings.RECLAIM_SECONDS
         self._give_back(want - len(jobs))
+        if len(jobs) > 1:
+            jobs = self._limited_first(jobs)
         if jobs:
             # The lease each claim wrote (both stamps from the database clock): renewed with that length.
             self.heartbeat.hold({job.pk: max(1.0, (job.lease_expires_at - job.started_at).total_seconds())
@@ -326,6 +328,21 @@ class Worker:
             for job in jobs:
                 send(signals.job_claimed, Worker, job=job, worker=self.name)
         return jobs
+
+    def _limited_first(self, jobs: list[Job]) -> list[Job]:
+        """The batch in run order: a job of a limited type (a claim takes at most one) first, the rest in
+        claim order.
+
+        Its permit was taken with the claim: waiting behind the batch's other jobs, it would hold a
+        concurrency permit without running (a limit of 1 blocked for the whole batch while idle workers
+        could run the next job of its scope), and a rate permit's period would run from a claim long
+        before the start, so starts could bunch up past the limit (issue 31). Run first, it starts right
+        after its claim. The type ids come from the cache the claim itself uses (no query).
+        """
+        limited = jobtypes.limited_type_ids(self.using)
+        if not limited:
+            return jobs
+        return sorted(jobs, key=lambda job: job.job_type_id not in limited)  # stable: claim order otherwise
 
     def _type(self, job: Job) -> jobtypes.TypeInfo:
         """The job's type settings (cached; a cache miss reads the database, retried if it is down)."""
