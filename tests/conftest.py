@@ -31,6 +31,8 @@ TDS_SKIPS = {
     "tests/test_hostile_admin.py": _BUDGET,
     "tests/test_worker_process.py": _BUDGET,
     "tests/test_cancel_worker.py": _BUDGET,
+    "tests/test_worker_names.py::test_two_default_named_workers_in_pid_namespaces": _BUDGET,
+    "tests/test_worker_names.py::test_a_second_worker_in_a_pid_namespace": _BUDGET,
     "tests/test_schedules_workers.py": _BUDGET,
     "tests/test_concurrency.py": _NEEDS_LOCKING,
     "tests/test_workflows_workers.py": _NEEDS_LOCKING,
