@@ -143,8 +143,11 @@ def test_a_killed_slots_limited_job_and_permit_are_free_at_once(worker_procs, tm
     job = Job.objects.enqueue("test.Limited", {"seconds": 30, "timeline": str(log)})
     other = Job.objects.enqueue("test.Limited", {"seconds": 0.1, "timeline": str(log)})
     worker = worker_procs("--concurrency", "2", "--worker-name", "slotkill")
-    wu.wait_until(lambda: any(e[0] == job.pk and e[3] == "start" for e in timeline(log)), 30,
-                  what="the limited job to start")
+    try:
+        wu.wait_until(lambda: any(e[0] == job.pk and e[3] == "start" for e in timeline(log)), 60,
+                      what="the limited job to start")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{worker.output()}") from None
     first = Job.objects.get(pk=job.pk)
     Job.objects.filter(pk=job.pk).update(payload={"seconds": 0.1, "timeline": str(log)})  # short on retake
     os.kill(WorkerRow.objects.get(name=first.worker).pid, signal.SIGKILL)
