@@ -77,12 +77,13 @@ def test_a_stale_token_is_refused_for_a_running_job_too(admin_client) -> None:
     assert not CancelRequest.objects.exists()
 
 
-def test_the_job_page_says_a_request_carries_to_the_next_attempt(admin_client) -> None:
-    # The handler failed before its worker acted on the request: the job is retried, and the request
-    # stops that next attempt too (queue/cancel.py); the page says so instead of "too late".
+def test_the_job_page_says_a_request_the_attempt_failed_under_cancelled_the_job(admin_client) -> None:
+    # The handler failed before its worker acted on the request: the failure's write cancels the job
+    # instead of retrying it (issue 31, queue/modify.py); the page says the request was done, not "too late".
     running = make_job(Status.PROCESSING)
     post_action(admin_client, "cancel", [running], confirm="yes")
-    Job.objects.fail(Job.objects.get(pk=running.pk), "boom", retry_in=0)
+    failed = Job.objects.fail(Job.objects.get(pk=running.pk), "boom", retry_in=0)
+    assert failed.state == Status.CANCELLED
     page = admin_client.get(change_url(running)).content.decode()
-    assert "the attempt ended Error first: its next attempt is stopped" in page
+    assert "done: the attempt was cancelled" in page
     assert "too late" not in page

@@ -225,10 +225,74 @@ def test_a_request_outlives_an_attempt_that_ended_before_its_worker_acted() -> N
     assert [(j.pk, j.attempt_num) for j in taken] == [(job.pk, 2)]
     found = Job.objects.cancel_request_for(job.pk, 2)
     assert found is not None and found.requested_by == "alice"
-    failed = Job.objects.fail(taken[0], "boom", retry_in=0)  # and a failed attempt: retried, still asked
-    third = Job.objects.claim("w-third", 1)[0]
-    assert third.attempt_num == 3 and failed.state == Status.ERROR
-    assert Job.objects.cancel_request_for(job.pk, 3) is not None
+    # Its failure under the request is not retried: the job is Cancelled (test below).
+    failed = Job.objects.fail(taken[0], "boom", retry_in=0)
+    assert failed.state == Status.CANCELLED and Job.objects.claim("w-third", 1) == []
+
+
+def test_an_attempt_that_fails_or_is_handed_back_under_a_request_cancels_the_job() -> None:
+    # Issue 31: the request came in, then the handler failed (or the slot handed the job back unstarted)
+    # before its slot looked for requests: the write that ends the attempt cancels the job instead of
+    # making it due again, in the same transaction; history keeps who asked and what the attempt did.
+    job = claimed("w-quick")
+    Job.objects.cancel(job.pk, by="alice", reason="wrong order")
+    failed = Job.objects.fail(job, "Traceback ...\nRuntimeError: boom", retry_in=0)
+    assert failed.state == Status.CANCELLED and failed.attempt_num == 1
+    assert failed.error == ("cancelled by alice: wrong order (attempt 1 failed before its worker acted on the "
+                            "request (RuntimeError: boom): not retried)")
+    attempt = JobAttempt.objects.get(job_id=job.pk)
+    assert attempt.outcome_id == Status.CANCELLED and attempt.error == failed.error
+    assert Job.objects.claim("w-next", 1) == []
+    held = claimed("w-batch")  # claimed in a batch, asked to cancel, handed back unstarted
+    Job.objects.cancel(held.pk, by="bob")
+    back = Job.objects.release(held)
+    assert back.state == Status.CANCELLED and back.error.startswith("cancelled by bob (attempt 1 was handed back")
+    assert Job.objects.claim("w-next", 1) == []
+    plain = Job.objects.fail(claimed("w-plain"), "boom", retry_in=0)  # no request: retried as before
+    assert plain.state == Status.ERROR
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_a_handler_failing_right_after_the_cancel_is_not_run_again(settings, tmp_path) -> None:
+    # Issue 31, item 3: cancel() while the attempt runs, and the handler raises within
+    # CANCEL_CHECK_SECONDS (here 30 s: the slot never looks in time). Was: retried, attempt 2 ran and
+    # the job ended Completed.
+    from django_sqlqueue import jobtypes
+    from django_sqlqueue.models import JobType
+    from tests import workerutil as wu
+
+    settings.SQLQUEUE = {**getattr(settings, "SQLQUEUE", {}), "CANCEL_CHECK_SECONDS": 30}
+    JobType.objects.update_or_create(name="test.CancelThenFail", defaults={"backoff_base_seconds": 0})
+    jobtypes.clear_cache()
+    log = wu.JobLog(tmp_path)
+    job = Job.objects.enqueue("test.CancelThenFail", {"log": str(log.path)})
+    wu.run_worker("inproc-cancel-fail", wait_due=2)
+    job = Job.objects.get(pk=job.pk)
+    assert log.events(job.pk) == [(1, "run")], "no attempt ran after the cancel"
+    assert (job.state, job.attempt_num) == (Status.CANCELLED, 1)
+    assert job.error.startswith("cancelled by operator: testing (attempt 1 failed before its worker acted")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_a_job_taken_over_after_a_cancel_is_cancelled_before_its_handler_starts(tmp_path) -> None:
+    # Issue 31, item 3: the request came in and the worker died before acting on it (its lease ran out):
+    # the worker that takes the job over cancels it before calling the handler.
+    from tests import workerutil as wu
+
+    log = wu.JobLog(tmp_path)
+    Job.objects.enqueue("test.CancelThenFail", {"log": str(log.path), "cancel": False})
+    (job,) = Job.objects.claim("w-died", 1)
+    Job.objects.cancel(job.pk, by="alice", reason="stop it")
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=job.lease_expires_at - timedelta(days=1))
+    counters = wu.run_worker("inproc-takeover")
+    job = Job.objects.get(pk=job.pk)
+    assert log.events(job.pk) == [], "the handler was never called"
+    assert (job.state, job.attempt_num) == (Status.CANCELLED, 2)
+    assert job.error == ("cancelled by alice: stop it (requested during attempt 1, which ended before its worker "
+                         "acted on it: attempt 2 was not started)")
+    assert counters[3] == 1  # CANCELLED
 
 
 def test_a_request_does_not_outlive_a_finished_attempt() -> None:

@@ -174,7 +174,9 @@ def test_raising_and_lowering_the_limit_at_run_time() -> None:
     assert len(more) == 2 and processing("Export") == 3
     row.concurrency_limit = 1
     row.save()
-    assert LimitPermit.objects.filter(job_type=row).count() == 1
+    # slot 0, and the two slots taken away kept as held surplus rows until their jobs finish (issue 31)
+    assert LimitPermit.objects.filter(job_type=row, hold_seconds__isnull=True).count() == 1
+    assert LimitPermit.objects.filter(job_type=row, hold_seconds__lt=0, held_until__isnull=False).count() == 2
     running = first + more
     for job in running[1:]:  # the two that took the new slots finish: the first, on slot 0, still runs
         Job.objects.complete(job)
@@ -191,6 +193,50 @@ def test_raising_and_lowering_the_limit_at_run_time() -> None:
     assert LimitPermit.objects.filter(job_type=row).count() == 0
     pending = Job.objects.filter(status_id=Status.PENDING).count()
     assert pending == 2 and len(Job.objects.claim("w9", 10)) == pending
+
+
+def test_a_limit_lowered_and_raised_back_never_frees_a_running_jobs_permit() -> None:
+    """Issue 31, item 4: limit 2 with 2 running, saved with 1 and then 2 again: still 2 running (was 3:
+    the save deleted the permit row the second job held and created the slot again, free). And lowered
+    to 1 with the job of slot 0 finishing first: the job above the limit still runs, so nothing starts
+    until it has finished too."""
+    row = limited("Export", concurrency_limit=2)
+    for i in range(5):
+        Job.objects.enqueue("Export", {"i": i})
+    a, b = Job.objects.claim("w1", 1) + Job.objects.claim("w1", 1)
+    for limit in (1, 2):
+        row.concurrency_limit = limit
+        row.save()
+        jobtypes.clear_cache()
+        assert Job.objects.claim("w1", 1) == [], f"limit {limit} with 2 running: nothing starts"
+    assert processing("Export") == 2
+    row.concurrency_limit = 1
+    row.save()
+    jobtypes.clear_cache()
+    Job.objects.complete(a)  # it held slot 0; b holds the slot the limit took away
+    assert Job.objects.claim("w1", 1) == [], "lowered to 1 with one running: nothing more starts"
+    waiting = Job.objects.filter(status_id=Status.PENDING).first()
+    assert permits.explain(waiting).startswith("held by the lowered limit of Export: 1 job(s) started under")
+    Job.objects.complete(b)
+    assert permits.explain(waiting) is None
+    assert len(Job.objects.claim("w1", 1)) == 1 and Job.objects.claim("w1", 1) == []
+    assert processing("Export") == 1
+    row.save()  # a save drops surplus rows that are free
+    assert not LimitPermit.objects.filter(job_type=row, hold_seconds__lt=0).exists()
+
+
+def test_a_rate_lowered_and_raised_back_never_gives_a_period_its_starts_again() -> None:
+    row = limited("CallPartner", rate_limit="3/m")
+    for i in range(6):
+        Job.objects.enqueue("CallPartner", {"i": i})
+    started = [Job.objects.claim("w1", 1) for _ in range(3)]
+    assert all(len(got) == 1 for got in started)
+    for rate in ("1/m", "3/m"):
+        row.rate_limit = rate
+        row.save()
+        jobtypes.clear_cache()
+        assert Job.objects.claim("w1", 1) == [], f"{rate}: 3 starts in this minute already"
+    assert Job.objects.filter(status_id=Status.PROCESSING).count() == 3
 
 
 @pytest.mark.django_db(transaction=True)  # PostgreSQL's now() is the transaction's start
@@ -244,6 +290,9 @@ def test_the_limited_tsql_claim_parses_and_skips_held_permits(reclaim: bool) -> 
     assert [type(s).__name__ for s in body] == ["Insert", "Update", "Insert", "Update"]
     pick, claim, _, hold = body
     permit_reads = [t for t in pick.find_all(exp.Table) if t.name == "django_sqlqueue_limitpermit"]
+    # the permit taken, and the read of its scope's surplus rows (a limit lowered under running jobs)
+    assert sorted(t.alias for t in permit_reads) == ["p", "sp"]
+    permit_reads = [t for t in permit_reads if t.alias == "p"]
     job_reads = [t for t in pick.find_all(exp.Table) if t.name == "django_sqlqueue_job"]
     assert len(permit_reads) == 1 and len(job_reads) == 1
     assert hints(permit_reads[0]) == hints(job_reads[0]) == {"INDEX", "UPDLOCK", "ROWLOCK", "READPAST"}

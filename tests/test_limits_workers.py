@@ -129,3 +129,87 @@ def test_a_killed_workers_permit_frees_with_its_lease(worker_procs, tmp_path) ->
     assert max_overlap([e for e in timeline(log) if e[0] != first.pk or e[4] > killed_wall], lambda t, k: t) == {
         first.job_type_id: 1}
     assert [j.pk for j in rest] and all_done(4)
+
+
+def test_a_killed_slots_limited_job_and_permit_are_free_at_once(worker_procs, tmp_path) -> None:
+    """Issue 31, item 7: kill -9 one slot (not its supervisor) while it runs a job limited to 1, lease
+    60 s: its supervisor knows the slot died, so the job's lease ends and its permit is released at
+    once; the restarted slot takes the job over long before the lease would have run out (was: the
+    whole lease, the permit blocking the scope meanwhile)."""
+    import os
+
+    from django_sqlqueue.models import Worker as WorkerRow
+
+    log = tmp_path / "timeline"
+    set_type("test.Limited", concurrency_limit=1, lease_seconds=60)
+    job = Job.objects.enqueue("test.Limited", {"seconds": 30, "timeline": str(log)})
+    other = Job.objects.enqueue("test.Limited", {"seconds": 0.1, "timeline": str(log)})
+    worker = worker_procs("--concurrency", "2", "--worker-name", "slotkill")
+    try:
+        wu.wait_until(lambda: any(e[0] == job.pk and e[3] == "start" for e in timeline(log)), 60,
+                      what="the limited job to start")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{worker.output()}") from None
+    first = Job.objects.get(pk=job.pk)
+    Job.objects.filter(pk=job.pk).update(payload={"seconds": 0.1, "timeline": str(log)})  # short on retake
+    os.kill(WorkerRow.objects.get(name=first.worker).pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wu.wait_until(lambda: sum(1 for e in timeline(log) if e[0] == job.pk and e[3] == "start") == 2, 30,
+                  what="the killed slot's limited job to start again (without the fix: after its 60-s lease)")
+    restarted_after = time.monotonic() - killed_at
+    wu.wait_until(lambda: all_done(2), 30, what="both jobs to complete")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    print(f"limited job of a killed slot started again {restarted_after:.2f} s after the kill (lease 60 s)")
+    again = Job.objects.get(pk=job.pk)
+    assert again.attempt_num == 2 and again.started_at < first.lease_expires_at
+    assert Job.objects.get(pk=other.pk).attempt_num == 1
+    events = timeline(log)
+    events.remove(next(e for e in events if e[0] == job.pk and e[3] == "start"))  # the killed run: no "end"
+    assert max_overlap(events, lambda t, k: t) == {job.job_type_id: 1}
+    assert not LimitPermit.objects.filter(kind=LimitPermit.Kind.CONCURRENCY, held_until__isnull=False).exists()
+
+
+def test_a_limited_job_claimed_in_a_batch_runs_first(worker_procs, tmp_path) -> None:
+    """Issue 31, item 5: ``--batch 5`` claims four 1-s unlimited jobs and one limited to 1 (the claim
+    takes its permit): the limited job runs first, holding its permit only while it runs. Was: it ran
+    last, its scope's only permit held for the whole batch without running."""
+    log = tmp_path / "timeline"
+    set_type("test.Limited", concurrency_limit=1)
+    set_type("test.LimitedKeyed", concurrency_limit=None, rate_limit="")  # the unlimited fillers
+    fillers = Job.objects.enqueue_many([JobSpec("test.LimitedKeyed", {"seconds": 1.0, "timeline": str(log)})
+                                        for _ in range(4)])
+    limited = Job.objects.enqueue("test.Limited", {"seconds": 0.2, "timeline": str(log)})
+    worker = worker_procs("--concurrency", "1", "--batch", "5", "--worker-name", "batched")
+    wu.wait_until(lambda: all_done(5), 60, what="every job to complete")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    started = {j.pk: j.started_at for j in Job.objects.all()}
+    assert len(set(started.values())) == 1, "one claim took all five"
+    order = [job for job, _, _, event, _ in timeline(log) if event == "start"]
+    assert order[0] == limited.pk, f"the limited job ran first: {order}"
+    assert sorted(order[1:]) == sorted(f.pk for f in fillers)
+
+
+def test_a_rate_limit_bounds_handler_starts_when_jobs_are_batched(worker_procs, tmp_path) -> None:
+    """Issue 31, item 5: rate "3/2s", two slots each claiming a batch of four 1-s unlimited jobs and one
+    rate-limited job: the handlers' own starts (not the claims) are never more than 3 in any 2-s window
+    (less a margin for the moment between a claim and its start). Was: the limited job started after its
+    batch, when the next period's claims started theirs too: 4 starts within a fraction of a second."""
+    log = tmp_path / "timeline"
+    set_type("test.LimitedRate", rate_limit="3/2s")
+    set_type("test.LimitedKeyed", concurrency_limit=None, rate_limit="")
+    Job.objects.enqueue_many([JobSpec("test.LimitedKeyed", {"seconds": 1.0, "timeline": str(log)})
+                              for _ in range(8)])
+    rated = Job.objects.enqueue_many([JobSpec("test.LimitedRate", {"seconds": 0.05, "timeline": str(log)})
+                                      for _ in range(4)])
+    worker = worker_procs("--concurrency", "2", "--batch", "5", "--worker-name", "ratebatch")
+    wu.wait_until(lambda: all_done(12), 60, what="every job to complete")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, worker.output()
+    ids = {j.pk for j in rated}
+    starts = sorted(at for job, _, _, event, at in timeline(log) if event == "start" and job in ids)
+    assert len(starts) == 4
+    gaps = [starts[i + 3] - starts[i] for i in range(len(starts) - 3)]
+    print(f"rate 3/2s, batched: 4 starts span {gaps[0]:.2f} s")
+    assert all(gap > 1.7 for gap in gaps), f"4 handler starts within {min(gaps):.2f} s under 3/2s: {starts}"

@@ -53,7 +53,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: fl
 class WorkerProcess:
     """One ``run_queue_worker`` process (the supervisor) in its own process group."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> None:
         self.args = ["--no-progress", *args]
         self._out = tempfile.NamedTemporaryFile("w+", prefix="worker-out-", suffix=".log", delete=False)
         self._err = tempfile.NamedTemporaryFile("w+", prefix="worker-err-", suffix=".log", delete=False)
@@ -61,7 +61,7 @@ class WorkerProcess:
         full_env.setdefault("SQLQUEUE_LOG_LEVEL", "INFO")
         full_env.update(env or {})
         self.proc = subprocess.Popen(
-            [sys.executable, str(REPO / "manage.py"), "run_queue_worker", *self.args],
+            [*prefix, sys.executable, str(REPO / "manage.py"), "run_queue_worker", *self.args],
             cwd=REPO, env=full_env, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
             start_new_session=True,
         )
@@ -157,11 +157,12 @@ import pytest  # noqa: E402
 
 @pytest.fixture
 def worker_procs():
-    """``start(*args, env=None)`` starts a worker process; all of them are killed when the test ends."""
+    """``start(*args, env=None, prefix=())`` starts a worker process (``prefix``: a command it runs under,
+    e.g. ``unshare``); all of them are killed when the test ends."""
     started: list[WorkerProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
-        proc = WorkerProcess(*args, env=env)
+    def start(*args: str, env: dict[str, str] | None = None, prefix: tuple[str, ...] = ()) -> WorkerProcess:
+        proc = WorkerProcess(*args, env=env, prefix=prefix)
         started.append(proc)
         return proc
 

@@ -354,8 +354,22 @@ class Dialect:
         )
 
     def permit_filters(self, req: ClaimRequest) -> tuple[str, list[Any]]:
-        """The permits (alias ``p``) a claim may take: free, of the worker's types if it names some."""
-        sql = self.free_permit()
+        """The permits (alias ``p``) a claim may take: free, of the worker's types if it names some, not
+        *surplus*, and of a scope none of whose surplus permits is held.
+
+        A surplus permit (``hold_seconds < 0``) is one a limit change took away while a running job held
+        it (limits.sync_type): it stays held by its job, is never taken, and while it is held its scope
+        admits nothing, so a lowered limit admits again only once the jobs above it have finished, and
+        raising the limit back cannot hand out a slot a running job still holds (issue 31). Rows of one
+        scope, sought on the permit's unique (type, key, kind, slot) index; none exist unless a limit was
+        lowered under running jobs."""
+        n, p = self.n, self.n.p
+        sql = (
+            f"{self.free_permit()} AND (p.{p['hold_seconds']} IS NULL OR p.{p['hold_seconds']} >= 0) "
+            f"AND NOT EXISTS (SELECT 1 FROM {n.permit} sp WHERE sp.{p['job_type_id']} = "
+            f"p.{p['job_type_id']} AND sp.{p['key']} = p.{p['key']} AND sp.{p['hold_seconds']} < 0 "
+            f"AND sp.{p['held_until']} >= {self.now()})"
+        )
         if req.types:
             sql += f" AND p.{self.n.p['job_type_id']} IN ({_marks(len(req.types))})"
         return sql, list(req.types)

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
+from django.db.models import DateTimeField, F, Q
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from .. import bounds
@@ -76,10 +78,13 @@ def ensure(using: str, type_id: int, keys: Iterable[str], need: tuple[int, int, 
 def sync_type(row: JobType, using: str) -> None:
     """Bring a type's permit rows in line with its limits (after it was saved: admin, handler sync).
 
-    Rows of another kind, or of slots at or beyond the limit, go (a job running under one keeps
-    running; a lowered limit admits again only once fewer than N hold a permit). Missing rows are
-    created for the type's "" scope and for every key of its unfinished jobs (Waiting and Paused too).
+    Rows of another kind, or of slots at or beyond the limit, go once free; a held one stays, held by
+    its running job, as a surplus row that is never taken and keeps its scope from admitting while it
+    is held (a lowered limit admits again only once the jobs above it have finished; raised back, the
+    slot is an ordinary row again, still held). Missing rows are created for the type's "" scope and for
+    every key of its unfinished jobs (Waiting and Paused too).
     """
+    from ..dialects import get_dialect
     from ..models import Job, LimitPermit
     from ..states import UNFINISHED
 
@@ -95,10 +100,23 @@ def sync_type(row: JobType, using: str) -> None:
         permits.delete()
         return
     kind, slots, hold = need
-    permits.exclude(kind=kind).delete()
-    permits.filter(slot__gte=slots).delete()
-    if hold is not None:
-        permits.exclude(hold_seconds=hold).update(hold_seconds=hold)
+    # A limit change never frees a permit a running job holds (issue 31: deleting it and creating the
+    # slot again free, on a limit lowered and raised back, admitted a third job under a limit of 2). A
+    # held row the limit no longer has (another kind, a slot at or beyond N) stays, as a surplus row
+    # (hold_seconds < 0: never taken; while held, its scope admits nothing, see Dialect.permit_filters);
+    # free ones go. A slot the limit has again is an ordinary row again, held or not.
+    now = RawSQL(get_dialect(connections[using]).now(), [], output_field=DateTimeField())
+    free = Q(held_until__isnull=True) | Q(held_until__lt=now)
+    dropped = Q(slot__gte=slots) | ~Q(kind=kind)
+    permits.filter(dropped).filter(free).delete()
+    surplus = permits.filter(dropped).exclude(hold_seconds__lt=0)
+    surplus.filter(hold_seconds__isnull=True).update(hold_seconds=-1.0)
+    surplus.filter(hold_seconds__gt=0).update(hold_seconds=-F("hold_seconds"))
+    kept = permits.filter(kind=kind, slot__lt=slots)
+    if hold is None:
+        kept.filter(hold_seconds__isnull=False).update(hold_seconds=None)
+    else:
+        kept.filter(Q(hold_seconds__isnull=True) | ~Q(hold_seconds=hold)).update(hold_seconds=hold)
     keys = set(Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=unfinished)
                .values_list("concurrency_key", flat=True).order_by().distinct())
     ensure(using, row.pk, keys | {""}, need)
@@ -336,8 +354,13 @@ def _why(info: TypeInfo, key: str, rows: list[Any], now: Any) -> str | None:
     if need is None:
         return None
     kind, slots, _ = need
-    rows = [r for r in rows if r.kind == kind and r.slot < slots]
     scope = f"{info.name}" + (f" for key {key!r}" if key else "")
+    above = [r for r in rows if r.hold_seconds is not None and r.hold_seconds < 0
+             and r.held_until is not None and r.held_until >= now]
+    rows = [r for r in rows if r.kind == kind and r.slot < slots and not (r.hold_seconds or 0) < 0]
+    if above:
+        return (f"held by the lowered limit of {scope}: {len(above)} job(s) started under the earlier limit still "
+                f"run; none starts until they have finished")
     if len(rows) < slots:
         return (f"its limit's permits for {scope} are not created yet: the worker creates them within a "
                 f"minute (or save the job type in the admin)")

@@ -99,6 +99,8 @@ class ModifyMixin(RowsMixin):
                 if not rows:
                     raise StaleJob(f"job {job.pk} changed since token {token} was read; nothing was changed")
                 updated = self._rows_to_jobs(rows, alias)[0]
+                if current == Status.PROCESSING and updated.state in (Status.ERROR, Status.PENDING):
+                    updated = self._cancel_if_asked(cursor, dialect, job, updated, alias)
                 if current == Status.PROCESSING and new != Status.PROCESSING:
                     self._close_attempt(cursor, dialect, job, updated, released=new == Status.PENDING,
                                         note=_release_note)
@@ -115,6 +117,32 @@ class ModifyMixin(RowsMixin):
         if (updated.has_dependents or updated.batch_id) and updated.state in FINISHED:  # workflows only (markers)
             hooks.after_finish([updated], alias)
         return updated
+
+    def _cancel_if_asked(self, cursor: Any, dialect: Any, before: Job, updated: Job, alias: str) -> Job:
+        """An attempt that ends to be retried (Error) or handed back (Pending) while a cancel request
+        applies to it is Cancelled instead, in the same transaction (docs/cancel.md).
+
+        The request may have come in after the handler started and before it failed, faster than its
+        slot's first look (``CANCEL_CHECK_SECONDS``): retrying would run a job the operator asked to stop.
+        Read after this transaction's UPDATE took the job row's lock, so a request is either seen here or
+        written after it, where cancel() finds the job Error and cancels it at once. One seek on the
+        requests' unique index, on these ends only (never on a success).
+        """
+        from .cancel import cancel_text
+
+        request = self.cancel_request_for(before.pk, before.attempt_num, using=alias)  # type: ignore[attr-defined]
+        if request is None:
+            return updated
+        if updated.state == Status.ERROR:
+            last = (updated.error.strip().splitlines() or [""])[-1][:200]
+            how = f"attempt {before.attempt_num} failed before its worker acted on the request ({last}): not retried"
+        else:
+            how = f"attempt {before.attempt_num} was handed back unstarted: not run"
+        sql, params = self._modify_statement(dialect, updated, updated.state, Status.CANCELLED, None, UNSET,
+                                             f"{cancel_text(request.requested_by, request.reason)} ({how})",
+                                             None, None, False, alias)
+        dialect.execute(cursor, sql, [*params, updated.pk, updated.version])
+        return self._rows_to_jobs(cursor.fetchall(), alias)[0]
 
     def _refuse_early_retry(self, job: Job, alias: str) -> None:
         """An operator's retry of a finished job that waits for unfinished ones (cancelled while it was

@@ -8,6 +8,7 @@ module above it. This module imports nothing of the package.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,16 @@ EXIT_DB_GONE = 5
 
 
 def default_worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """``host:pid-xxxxxx``: the host, the pid, and a random id drawn once per call (a process calls it
+    once, at start).
+
+    The host and pid alone are not unique: workers in PID namespaces that share a host name (containers,
+    ``unshare --pid``) all run as pid 1 or so, and two live workers under one name would take each
+    other's running jobs as their own leftovers (issue 31). A restarted worker gets a new name either
+    way (its pid changed), so the random part costs nothing: its predecessor's jobs are taken over by
+    the sweep of gone processes, or once its heartbeat is stale.
+    """
+    return f"{socket.gethostname()}:{os.getpid()}-{secrets.token_hex(3)}"
 
 
 @dataclass(frozen=True)

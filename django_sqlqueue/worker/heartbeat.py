@@ -43,7 +43,7 @@ from ..conf import get_settings
 from ..dialects import get_dialect
 from ..exceptions import WorkerNameInUse
 from .contract import BeatResult, SlotReport
-from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line, pid_alive, process_gone, process_key
+from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line, process_gone, process_key
 
 log = logging.getLogger("django_sqlqueue.worker")
 
@@ -87,12 +87,16 @@ def register(name: str, using: str, incarnation: str = "", queues: Sequence[str]
         mine = free
         if holder is not None:
             if not _holder_gone(holder, host, pid):
+                unproved = holder["host"] == host and not (holder["process"] and process_key())
                 raise WorkerNameInUse(
                     f"worker name {name!r} is in use by a live worker: host {holder['host']!r}, pid "
                     f"{holder['pid']}, last heartbeat {holder['last_heartbeat']:%Y-%m-%d %H:%M:%S} UTC. Two "
                     f"live workers under one name would run each other's jobs twice: stop that worker or "
                     f"give this one another --worker-name (a worker that died on another host frees its "
-                    f"name once its heartbeat is WORKER_DEAD_AFTER_SECONDS={dead_after:g} s old)")
+                    f"name once its heartbeat is WORKER_DEAD_AFTER_SECONDS={dead_after:g} s old)"
+                    + (". This process cannot prove that one is gone (no process key: a PID namespace "
+                       "without its own /proc, or a row of an older version), so it waits for that "
+                       "heartbeat to go stale" if unproved else ""))
             mine = free | Q(host=host, pid=holder["pid"], process=holder["process"])
         if rows.filter(mine, name=name).update(**values):
             return True
@@ -107,15 +111,21 @@ def register(name: str, using: str, incarnation: str = "", queues: Sequence[str]
 
 
 def _holder_gone(holder: dict[str, Any], host: str, pid: int) -> bool:
-    """May a worker of this host take a name whose row looks live? Only when the row is this very
-    process's, or its process is gone. Judged by the process key (boot, PID namespace, pid, start time),
-    so a pid reused since, or a container that shares the hostname but not the PID namespace, never
-    frees a live worker's name; a row without a key (older versions) falls back to the pid alone."""
-    if holder["host"] != host:
+    """May a worker of this host take a name whose row looks live? Only when it can prove the row is
+    this very process's, or that its process is gone: judged by the process key (boot, PID namespace,
+    pid, start time), so a pid reused since, or a container that shares the hostname but not the PID
+    namespace, never frees a live worker's name.
+
+    Without a key on either side nothing is proved, and the name waits for the holder's heartbeat to go
+    stale: a pid alone proves nothing where PID namespaces share a host's ``/proc`` (``unshare --pid``
+    without ``--mount-proc``: every supervisor is pid 1, its slots 2, 3 ..., and ``process_key()`` is
+    empty), and two live workers under one name would run one job twice at once (issue 31)."""
+    if holder["host"] != host or not holder["process"]:
         return False
-    if holder["process"]:
-        return holder["process"] == process_key() or process_gone(holder["process"])
-    return holder["pid"] == pid or not pid_alive(holder["pid"])
+    own = process_key()
+    if not own:
+        return False
+    return holder["process"] == own or process_gone(holder["process"])
 
 
 def mark_stopped(name: str, using: str, jobs_done: int = 0, incarnation: str | None = None) -> int:

@@ -360,6 +360,8 @@ class Worker:
         elif reclaim:
             self._reclaim_at = now + self.settings.RECLAIM_SECONDS
         self._give_back(want - len(jobs))
+        if len(jobs) > 1:
+            jobs = self._limited_first(jobs)
         if jobs:
             # The lease each claim wrote (both stamps from the database clock): renewed with that length.
             self.heartbeat.hold({job.pk: max(1.0, (job.lease_expires_at - job.started_at).total_seconds())
@@ -367,6 +369,21 @@ class Worker:
             for job in jobs:
                 send(signals.job_claimed, Worker, job=job, worker=self.name)
         return jobs
+
+    def _limited_first(self, jobs: list[Job]) -> list[Job]:
+        """The batch in run order: a job of a limited type (a claim takes at most one) first, the rest in
+        claim order.
+
+        Its permit was taken with the claim: waiting behind the batch's other jobs, it would hold a
+        concurrency permit without running (a limit of 1 blocked for the whole batch while idle workers
+        could run the next job of its scope), and a rate permit's period would run from a claim long
+        before the start, so starts could bunch up past the limit (issue 31). Run first, it starts right
+        after its claim. The type ids come from the cache the claim itself uses (no query).
+        """
+        limited = jobtypes.limited_type_ids(self.using)
+        if not limited:
+            return jobs
+        return sorted(jobs, key=lambda job: job.job_type_id not in limited)  # stable: claim order otherwise
 
     def _type(self, job: Job) -> jobtypes.TypeInfo:
         """The job's type settings (cached; a cache miss reads the database, retried if it is down)."""
@@ -379,12 +396,15 @@ class Worker:
     def _run_one(self, job: Job) -> None:
         info = self._type(job)
         self._running_id = job.pk
+        outcome: runner.Outcome | None
         try:
             handler = registry.get(info.name)
         except UnknownJobType:
             self._no_handler(job, info.name)
             return
         else:
+            outcome = self._asked_to_stop_before(job)
+        if outcome is None:
             if self.channel is not None:
                 self.channel.set_current(job.pk, info.timeout_seconds)
                 self._on_beat(self.heartbeat)
@@ -450,6 +470,29 @@ class Worker:
         log.warning("job_unknown_type worker=%s job=%s type=%s (handed back unstarted, attempt refunded; this "
                     "worker no longer claims the type)", self.name, job.pk, type_name)
 
+    def _asked_to_stop_before(self, job: Job) -> runner.Outcome | None:
+        """A Cancelled outcome, without running the handler, for a later attempt of a job whose cancel
+        request came in during an earlier one that ended before its worker acted on it (the worker died,
+        or was killed, and the job was taken over); None: run it.
+
+        Only a job's second and later attempts are looked at (one seek on the requests' unique index):
+        an attempt that failed or was handed back under a request is Cancelled by that write already
+        (modify.py), so a takeover is what is left; a first attempt pays nothing.
+        """
+        from ..models import Job
+        from ..queue import cancel_text
+
+        if job.attempt_num <= 1:
+            return None
+        request = self._db(Job.objects.cancel_request_for, job.pk, job.attempt_num, using=self.using)
+        if request is None:
+            return None
+        log.warning("cancel_before_start worker=%s job=%s attempt=%s by=%r (requested during attempt %s)",
+                    self.name, job.pk, job.attempt_num, request.requested_by, request.attempt_num)
+        return runner.Outcome(runner.Kind.CANCEL, job, error=(
+            f"{cancel_text(request.requested_by, request.reason)} (requested during attempt {request.attempt_num}, "
+            f"which ended before its worker acted on it: attempt {job.attempt_num} was not started)"))
+
     def _cancelled(self, outcome: runner.Outcome, request: Any) -> runner.Outcome:
         """The outcome of a run that was asked to stop: a handler that returned successfully wins (its
         work is done: the cancel came too late); any other end (Cancel, Retry, an exception raised on
@@ -503,7 +546,8 @@ class Worker:
             send(signals.job_retried, Worker, error=outcome.error, **common)
         elif new.state == Status.CANCELLED:
             self.counters[CANCELLED] += 1
-            send(signals.job_cancelled, Worker, reason=outcome.error, **common)
+            # the handler's own failure may have become a cancel (a request it ended before): say the job's
+            send(signals.job_cancelled, Worker, reason=new.error or outcome.error, **common)
         else:
             self.counters[FAILED] += 1
             send(signals.job_failed, Worker, error=outcome.error, **common)

@@ -583,9 +583,36 @@ class Supervisor:
                     Job.objects.release(job, using=using)
                 except (StaleJob, IllegalTransition, JobNotFound):
                     pass
+            self._free_started(mine.filter(pk__in=started))
             mark_stopped(name, using, incarnation=incarnation)  # its running job is free for anyone at once
         except DatabaseError as exc:
             self._db_failed("slot_cleanup_skipped", exc, worker=name)
+
+    def _free_started(self, jobs: Any) -> None:
+        """The dead process's started jobs (its running one, its unrecorded successes) are free at once:
+        their leases end now and their concurrency permits are released, each in one transaction.
+
+        Marking the slot stopped frees an unlimited job for any claim, but a limited one is taken over
+        only by the limited branch, with a free permit of its scope, and its permit was held until its
+        lease ran out: a killed slot's limited job (and every job of its scope) waited the whole lease
+        (issue 31). The process is gone, so nothing runs it. Each UPDATE names the dead incarnation and
+        locks the row, so a job another worker has taken over meanwhile (and the permit it holds now)
+        is never touched.
+        """
+        from django.db import connections, transaction
+        from django.db.models import DateTimeField
+        from django.db.models.expressions import RawSQL
+
+        from ..dialects import get_dialect
+        from ..limits import release
+
+        dialect = get_dialect(connections[self._using])
+        ended = RawSQL(dialect.now_plus("%s"), [-1.0], output_field=DateTimeField())
+        for job_id in list(jobs.values_list("pk", flat=True)):
+            with transaction.atomic(using=self._using):
+                if jobs.filter(pk=job_id).update(lease_expires_at=ended):
+                    with connections[self._using].cursor() as cursor:
+                        release(cursor, dialect, [job_id])
 
     def _sweep(self) -> None:
         if self._sweeping is not None and not self._sweeping.finished:

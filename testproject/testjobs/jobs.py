@@ -212,3 +212,16 @@ def limited_sleep(job: JobContext) -> Any:
 sqlqueue.handler("test.Limited")(limited_sleep)
 sqlqueue.handler("test.LimitedKeyed", concurrency_key="customer", concurrency_limit=None)(limited_sleep)
 sqlqueue.handler("test.LimitedRate")(limited_sleep)
+
+
+@sqlqueue.handler("test.CancelThenFail")
+def cancel_then_fail(job: JobContext) -> Any:
+    """Attempt 1 asks for its own cancel (as an operator would) and fails at once, long before its slot
+    looks for a request (issue 31: the cancel must still stop the job); a later attempt logs and succeeds."""
+    from django_sqlqueue.models import Job
+
+    _log(job, "run")
+    if job.attempt_num == 1 and job.payload.get("cancel", True):
+        Job.objects.cancel(job.pk, by="operator", reason="testing")
+        raise RuntimeError("failed right after the cancel request")
+    return {"ran_in_attempt": job.attempt_num}
