@@ -37,7 +37,6 @@ from . import actions as admin_actions
 from . import workflows as admin_workflows
 from .filters import (
     CheapPaginator,
-    DeclaredFiltersOnly,
     HasErrorFilter,
     JobTypeFilter,
     LeaseExpiredFilter,
@@ -51,6 +50,9 @@ from .filters import (
     date_hierarchy_context,
     parse_id,
 )
+from .guard import GuardedChangelist
+from .paging import KeysetWalk
+from .stamps import STAMP_FORMAT, ago, short_stamp, stamp, until  # noqa: F401 (also imported from here)
 from .subtypes import ReadOnlyJobInline, subtype_inlines_for
 from .throughput import throughput_view
 from .triage import error_message, triage_view
@@ -106,40 +108,6 @@ def _pretty_chunks(value: Any, depth: int) -> Any:
             yield json.dumps(key, ensure_ascii=False) + ": "
         yield from _pretty_chunks(item, depth + 1)
     yield "\n" + pad + closing
-
-
-#: The one date format of the admin pages (Python's strftime; templates use "Y-m-d H:i:s T").
-STAMP_FORMAT = "%Y-%m-%d %H:%M:%S %Z"
-
-
-def stamp(when: datetime | None) -> str:
-    """A local timestamp with seconds and the time zone (operators compare these to logs)."""
-    return timezone.localtime(when).strftime(STAMP_FORMAT) if when else "—"
-
-
-def short_stamp(when: datetime | None) -> SafeString | str:
-    """For the list: the time and zone alone when it is today, else the full stamp (one format)."""
-    if when is None:
-        return "—"
-    local = timezone.localtime(when)
-    text = local.strftime("%H:%M:%S %Z") if local.date() == timezone.localdate() else stamp(when)
-    return format_html('<span title="{}">{}</span>', stamp(when), text)
-
-
-def until(when: datetime, now: datetime) -> str:
-    """"in 42 seconds" / "in 3 minutes": never "in 0 minutes"."""
-    seconds = (when - now).total_seconds()
-    if seconds < 60:
-        return _("in %d seconds") % max(1, int(seconds))
-    return _("in %s") % timeuntil(when, now)
-
-
-def ago(when: datetime, now: datetime) -> str:
-    """"12 seconds" / "3 minutes": never "0 minutes"."""
-    seconds = (now - when).total_seconds()
-    if seconds < 60:
-        return _("%d seconds") % max(0, int(seconds))
-    return timesince(when, now)
 
 
 def ellipsize(text: str, limit: int) -> str:
@@ -209,8 +177,9 @@ class JobAttemptInline(ReadOnlyJobInline, admin.TabularInline):
         return format_html('<details class="sqlqueue-attempt-error"><summary>{}</summary><pre>{}</pre></details>',
                            ellipsize(error_message(obj.error), ERROR_EXCERPT_CHARS), obj.error)
 
-class JobChangeList(ChangeList):
-    """The list reads an excerpt of the error and neither payload nor response (they may be large)."""
+class JobChangeList(KeysetWalk, ChangeList):
+    """The list reads an excerpt of the error and neither payload nor response (they may be large), and
+    walks past the numbered pages by id (:mod:`.paging`)."""
 
     def get_filters(self, request: HttpRequest) -> Any:
         if self.date_hierarchy:
@@ -242,7 +211,7 @@ class JobChangeList(ChangeList):
 
 
 @admin.register(Job)
-class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.ModelAdmin):
+class JobAdmin(GuardedChangelist, admin_actions.JobActionPermissions, admin.ModelAdmin):
     list_display = ("id", "type_col", "queue", "status_col", "step", "attempts", "scheduled", "started",
                     "duration", "worker", "error_excerpt")
     list_display_links = ("id",)

@@ -213,7 +213,9 @@ def throughput_chart(job_model: type[Job], now: datetime, minutes: int = CHART_M
         })
     return {
         "bars": bars, "width": width, "height": height, "left": left, "top": top, "plot_h": plot_h,
-        "base_y": top + plot_h, "peak": peak, "mid_y": top + plot_h / 2, "mid": round(peak / 2, 1),
+        # The middle gridline at a whole number of jobs ("659", not "659.5"); none when the peak is 1.
+        "base_y": top + plot_h, "peak": peak, "mid": peak // 2,
+        "mid_y": round(top + plot_h - (peak // 2) / peak * plot_h, 1),
         "total_done": sum(done), "total_failed": sum(failed), "minutes": minutes,
         "start_label": bars[0]["label"], "end_label": bars[-1]["label"], "label_y": height - 4,
         "right": width, "label_x": left - 4, "center_x": round(left + (width - left) / 2, 1),
