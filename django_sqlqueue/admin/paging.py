@@ -51,12 +51,16 @@ class KeysetWalk:
 
     def get_results(self, request: HttpRequest) -> None:
         if self.cursor is None:
+            past = _(
+                "Page %(page)s does not exist: numbered pages stop at the last one counted. Walk on with "
+                "“older” at the foot of the last page.") % {"page": request.GET.get(PAGE_VAR, "")[:20]}
             try:
                 super().get_results(request)  # type: ignore[misc]
             except IncorrectLookupParameters:
-                raise IncorrectLookupParameters(_(
-                    "Page %(page)s does not exist: numbered pages stop at the count's cap. Walk on with "
-                    "“older” at the foot of the last page.") % {"page": request.GET.get(PAGE_VAR, "")[:20]}) from None
+                raise IncorrectLookupParameters(past) from None
+            # Django shows the only page for any page number: "?p=101" of a short list listed it all.
+            if self.page_num > max(1, self.paginator.num_pages):  # type: ignore[attr-defined]
+                raise IncorrectLookupParameters(past)
         else:
             self._walk_results(request)
         self._walk_links()

@@ -24,7 +24,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
-from django.utils.timesince import timesince, timeuntil
+from django.utils.timesince import timeuntil
 from django.utils.translation import gettext_lazy as _
 
 from .. import sensitive
@@ -340,7 +340,7 @@ class JobAdmin(GuardedChangelist, admin_actions.JobActionPermissions, admin.Mode
         if now - when < timedelta(minutes=1):
             return format_html('<span class="sqlqueue-hint">{}</span>', _("due now"))
         return format_html('<span class="sqlqueue-hint sqlqueue-overdue">{}</span>',
-                           _("overdue %s") % timesince(when, now))
+                           _("overdue %s") % ago(when, now))
 
     @admin.display(description=_("started"))
     def started(self, obj: Job) -> SafeString | str:
@@ -365,7 +365,7 @@ class JobAdmin(GuardedChangelist, admin_actions.JobActionPermissions, admin.Mode
         now = timezone.now()
         if obj.lease_expires_at < now:
             return format_html('{} <span class="sqlqueue-hint sqlqueue-overdue">{}</span>', stamp(obj.lease_expires_at),
-                               _("expired %s ago") % timesince(obj.lease_expires_at, now))
+                               _("expired %s ago") % ago(obj.lease_expires_at, now))
         return format_html('{} <span class="sqlqueue-hint">{}</span>', stamp(obj.lease_expires_at),
                            until(obj.lease_expires_at, now))
 
@@ -599,15 +599,15 @@ def explain(job: Job) -> str:
             return waiting[0].upper() + waiting[1:] + "."
     live = health.live_workers(now, job._state.db)
     if not live:
-        return _("Due %(ago)s ago, but no worker is alive.") % {"ago": timesince(job.scheduled_for, now)}
+        return _("Due %(ago)s ago, but no worker is alive.") % {"ago": ago(job.scheduled_for, now)}
     serving = [w for w in live if health.serves(w, job.queue, job.job_type.name)]
     if not serving:
         return _("Due %(ago)s ago, but none of the %(n)d live worker(s) serves queue %(queue)s and type "
                  "%(type)s: it waits until a worker that does starts.") % {
-            "ago": timesince(job.scheduled_for, now), "n": len(live), "queue": job.queue,
+            "ago": ago(job.scheduled_for, now), "n": len(live), "queue": job.queue,
             "type": job.job_type.name}
     return _("Due %(ago)s ago: waiting for one of %(n)d live worker(s) serving queue %(queue)s and type "
-             "%(type)s.") % {"ago": timesince(job.scheduled_for, now), "n": len(serving), "queue": job.queue,
+             "%(type)s.") % {"ago": ago(job.scheduled_for, now), "n": len(serving), "queue": job.queue,
                              "type": job.job_type.name}
 
 
@@ -616,21 +616,21 @@ def _explain_running(job: Job, now: datetime) -> str:
     worker = job.worker or "?"
     if holder.state == "stopped":
         why = _("Orphaned: worker %(worker)s stopped %(ago)s ago but the job is still Processing.") % {
-            "worker": worker, "ago": timesince(holder.worker.stopped_at, now)}
+            "worker": worker, "ago": ago(holder.worker.stopped_at, now)}
     elif holder.state == "stale":
         why = _("Orphaned: worker %(worker)s has sent no heartbeat for %(ago)s (presumed dead).") % {
-            "worker": worker, "ago": timesince(holder.worker.last_heartbeat, now)}
+            "worker": worker, "ago": ago(holder.worker.last_heartbeat, now)}
     elif job.lease_expires_at and job.lease_expires_at < now:
         why = _("Lease expired %(ago)s ago: worker %(worker)s is presumed dead.") % {
-            "ago": timesince(job.lease_expires_at, now), "worker": worker}
+            "ago": ago(job.lease_expires_at, now), "worker": worker}
     elif holder.state == "missing":
         return _("Running on %(worker)s (no worker row by that name) since %(ago)s ago; its lease expires in "
                  "%(left)s, then a live worker serving it takes it over.") % {
-            "worker": worker, "ago": timesince(job.started_at or now, now),
+            "worker": worker, "ago": ago(job.started_at or now, now),
             "left": timeuntil(job.lease_expires_at or now, now)}
     else:
         return _("Running on %(worker)s since %(ago)s ago.") % {"worker": worker,
-                                                              "ago": timesince(job.started_at or now, now)}
+                                                              "ago": ago(job.started_at or now, now)}
     serving = [w for w in health.live_workers(now, job._state.db) if health.serves(w, job.queue, job.job_type.name)]
     if job.job_type.paused:
         return why + " " + _("Its type is paused: nobody takes it over until it is resumed.")

@@ -23,6 +23,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from ..states import CLAIMABLE, FINISHED, Status, sql_list
+from .stamps import ago
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -154,6 +155,7 @@ def backlog(job_model: type[Job], now: datetime) -> dict[str, Any]:
     return {
         "oldest_due": oldest,
         "oldest_due_age": (now - oldest) if oldest else None,
+        "oldest_due_ago": ago(oldest, now) if oldest else None,
         "oldest_due_url": changelist_url(status=int(Status.PENDING), overdue=1),
         "overdue": overdue_count, "overdue_capped": overdue_capped, "overdue_url": changelist_url(overdue=1),
         "lease_expired": expired, "lease_expired_capped": expired_capped,
@@ -257,6 +259,7 @@ def workers(now: datetime, limit: int = WORKER_LIST_LIMIT) -> dict[str, Any]:
         return {"worker": w, "stale": w.stopped_at is None and w.last_heartbeat < stale_before,
                 "stopped": w.stopped_at is not None, "held": held.get(w.name, 0),
                 "orphaned": held.get(w.name, 0) if gone else 0, "age": now - w.last_heartbeat,
+                "heartbeat_ago": ago(w.last_heartbeat, now),
                 "serves": _serves_label(w),
                 "url": changelist_url(worker=w.name, status=int(Status.PROCESSING))}
 
