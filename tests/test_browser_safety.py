@@ -30,13 +30,25 @@ from tests.test_browser_admin import (  # noqa: F401  (fixtures)
     playwright_sync,
     pytestmark,
 )
-from tests.test_browser_operator import browser, contrast, open_page, picture  # noqa: F401  (fixture)
+from tests.test_browser_operator import contrast, open_page, picture
 
 SECRET = "sk_live_CALLBACK"
 CSS = Path(__file__).resolve().parent.parent / "django_sqlqueue" / "static" / "django_sqlqueue" / "admin.css"
 #: Every badge class of the app: the statuses, and the workers' states.
 BADGES = ["pending", "processing", "running", "error", "failed", "completed", "partiallycompleted", "cancelled",
           "paused", "waiting", "terminated", "alive", "stale", "stopped"]
+
+
+@pytest.fixture
+def browser(live_server):
+    from django.db import connections
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with playwright_sync.sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        yield chromium
+        chromium.close()
+        connections.close_all()
 
 
 @pytest.fixture
