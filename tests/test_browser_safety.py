@@ -30,7 +30,8 @@ from tests.test_browser_admin import (  # noqa: F401  (fixtures)
     playwright_sync,
     pytestmark,
 )
-from tests.test_browser_operator import contrast, open_page, picture
+from tests.test_browser_operator import contrast, picture
+from tests.test_browser_operator import open_page as _open_page
 
 SECRET = "sk_live_CALLBACK"
 CSS = Path(__file__).resolve().parent.parent / "django_sqlqueue" / "static" / "django_sqlqueue" / "admin.css"
@@ -71,6 +72,14 @@ def secrets(operator_data, monkeypatch):  # noqa: F811  (the imported fixture)
     with batch(on_success=("Notify", {"api_key": SECRET}), description="invoices") as b:
         pass
     return {**operator_data, "schedule": schedule, "batch": b}
+
+
+def open_page(browser, **options):
+    """A page with a minute for each step: the first request of a live server on a loaded 2-core machine
+    took more than the 20 s the other browser tests allow."""
+    page = _open_page(browser, **options)
+    page.set_default_timeout(60_000)
+    return page
 
 
 def login_as(page, live_server, username: str, password: str) -> None:
