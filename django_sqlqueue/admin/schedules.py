@@ -26,6 +26,7 @@ from .. import schedules, sensitive
 from ..conf import get_settings
 from ..models import Job, JobType, Schedule, ScheduleRun
 from .guard import GuardedChangelist
+from .pretty import pretty_json
 from .stamps import stamp_column
 from .types import status_badge
 
@@ -160,8 +161,6 @@ class ScheduleAdmin(GuardedChangelist, admin.ModelAdmin):
 
     @admin.display(description=_("payload"))
     def payload_masked(self, obj: Schedule) -> SafeString:
-        from .site import pretty_json
-
         return format_html("{}<p class=\"help\">{}</p>", pretty_json(_masked(obj)),
                            _("Keys marked sensitive are hidden; changing this payload needs the “Can view "
                              "sensitive job data” permission."))
