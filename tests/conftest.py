@@ -25,6 +25,7 @@ TDS_SKIPS = {
     "tests/test_hostile_worker.py": _BUDGET,
     "tests/test_recovery.py::test_a_worker_killed": _BUDGET,
     "tests/test_browser_operator.py": _BUDGET,
+    "tests/test_browser_safety.py": _BUDGET,
     "tests/test_demo_hint.py": _BUDGET,
     "tests/test_type_cache.py": _BUDGET,
     "tests/test_admin_operator.py": _BUDGET,
@@ -59,6 +60,7 @@ PG_SKIPS = {
     "tests/test_recovery.py::test_a_worker_killed": _ON_SQLITE,
     "tests/test_browser_admin.py": _ON_SQLITE,
     "tests/test_browser_operator.py": _ON_SQLITE,
+    "tests/test_browser_safety.py": _ON_SQLITE,
     "tests/test_demo_hint.py": _ON_SQLITE,
 }
 
