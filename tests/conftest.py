@@ -41,6 +41,7 @@ PG_SKIPS = {
     "tests/test_recovery.py::test_a_worker_killed": _ON_SQLITE,
     "tests/test_browser_admin.py": _ON_SQLITE,
     "tests/test_browser_operator.py": _ON_SQLITE,
+    "tests/test_browser_safety.py": _ON_SQLITE,
     "tests/test_demo_hint.py": _ON_SQLITE,
 }
 

@@ -80,6 +80,9 @@ def test_auto_refresh_is_opt_in_and_pauses_while_a_row_is_selected(browser, live
     page.mouse.move(0, 0)
     page.wait_for_function("window.__marker === undefined", timeout=30_000)  # it reloaded by itself
     page.wait_for_selector("#sqlqueue-autorefresh[data-state='on']")  # and stays on (kept per page)
+    # Off again before leaving: a reload due while the next page loads aborted that navigation
+    # (net::ERR_ABORTED) whenever the job list took longer than the seconds left, on a loaded machine.
+    page.select_option("#sqlqueue-autorefresh-every", "0")
     # the job list: off there until chosen; a selected row pauses it
     page.goto(f"{live_server.url}/admin/django_sqlqueue/job/")
     assert page.locator("#sqlqueue-autorefresh").get_attribute("data-state") == "off"

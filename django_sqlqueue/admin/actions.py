@@ -123,7 +123,8 @@ def run_transition(
         logger.warning("action=%s refused=permission user=%s", verb, request.user.pk)
         raise PermissionDenied(f"{verb} needs the django_sqlqueue.{permission} permission")
     limit = limit or getattr(modeladmin, "action_batch_limit", ACTION_BATCH_LIMIT)
-    jobs = list(queryset.order_by("-id").only(*_FIELDS)[: limit + 1])
+    # The type's name travels with each job (a join on a small table): the history names it "SendEmail #12".
+    jobs = list(queryset.order_by("-id").select_related("job_type").only(*_FIELDS, "job_type__name")[: limit + 1])
     outcome = Outcome(truncated=len(jobs) > limit)
     tokens = posted_tokens(request)
     stale = _("changed by a worker or another operator since the list was shown (concurrency token is "
@@ -141,6 +142,7 @@ def run_transition(
             if running and on_running is not None:
                 updated = on_running(job, token)
                 if updated.state == Status.PROCESSING:
+                    Job.job_type.field.set_cached_value(updated, job.job_type)
                     outcome.requested.append(updated)
                     continue
             else:
@@ -164,6 +166,7 @@ def run_transition(
         except InvalidArgument as exc:
             outcome.refused[str(exc)].append(job.pk)
         else:
+            Job.job_type.field.set_cached_value(updated, job.job_type)
             updated._sqlqueue_from = job.state  # type: ignore[attr-defined]
             outcome.changed.append(updated)
     _log(request, outcome, verb, note)

@@ -22,10 +22,12 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from .. import schedules
+from .. import schedules, sensitive
 from ..conf import get_settings
 from ..models import Job, JobType, Schedule, ScheduleRun
-from .filters import DeclaredFiltersOnly
+from .guard import GuardedChangelist
+from .pretty import pretty_json
+from .stamps import stamp_column
 from .types import status_badge
 
 #: Ticks shown on the change page.
@@ -54,8 +56,10 @@ class ScheduleForm(forms.ModelForm):
             schedules.check_timing(data.get("cron") or "", data.get("timezone") or "", data.get("every_seconds"))
         except schedules.ScheduleError as exc:
             raise ValidationError(str(exc)) from None
+        # Without the payload field (masked for this user: ScheduleAdmin.get_fieldsets) the stored one is checked.
+        payload = data.get("payload") if "payload" in self.fields else self.instance.payload
         try:
-            schedules.check_target(data.get("job_type") or "", data.get("task") or "", data.get("payload"),
+            schedules.check_target(data.get("job_type") or "", data.get("task") or "", payload,
                                    data.get("queue") or "", data.get("priority"), known_type=_known_type)
         except schedules.ScheduleError as exc:
             raise ValidationError(str(exc)) from None
@@ -72,7 +76,8 @@ def enable_schedules(modeladmin: Any, request: HttpRequest, queryset: QuerySet) 
         try:
             schedule.next_run_at = schedules.first_run(schedules.definition_of(schedule), now)
         except schedules.ScheduleError as exc:
-            modeladmin.message_user(request, f"{schedule.name}: {exc}", messages.ERROR)
+            modeladmin.message_user(request, _("Schedule %(name)s: %(error)s") % {"name": schedule.name, "error": exc},
+                                    messages.ERROR)
             continue
         schedule.enabled = True
         schedule.save(update_fields=["enabled", "next_run_at", "updated_at"])
@@ -102,13 +107,19 @@ def run_schedules_now(modeladmin: Any, request: HttpRequest, queryset: QuerySet)
         try:
             job_id = schedules.run_now(schedule)
         except Exception as exc:  # an unknown type, a task that no longer imports: say so, go on
-            modeladmin.message_user(request, f"{schedule.name}: {exc}", messages.ERROR)
+            modeladmin.message_user(request, _("Schedule %(name)s: %(error)s") % {"name": schedule.name, "error": exc},
+                                    messages.ERROR)
             continue
         done.append(schedule)
-        modeladmin.message_user(request, format_html('{}: <a href="{}">job {}</a> enqueued.', schedule.name,
+        modeladmin.message_user(request, format_html('{} {}: <a href="{}">job {}</a> enqueued.', _("Schedule"), schedule.name,
                                                      reverse("admin:django_sqlqueue_job_change", args=[job_id]), job_id),
                                 messages.SUCCESS)
     _log(request, done, "Ran now")
+
+
+def _masked(obj: Schedule) -> Any:
+    """The schedule's payload with the keys marked sensitive for the type (or task) it enqueues masked."""
+    return sensitive.mask(obj.payload, sensitive.sensitive_keys(obj.job_type or obj.task))
 
 
 def _log(request: HttpRequest, objects: list[Schedule], what: str) -> None:
@@ -117,22 +128,21 @@ def _log(request: HttpRequest, objects: list[Schedule], what: str) -> None:
                                      change_message=what, single_object=len(objects) == 1)
 
 
-class ScheduleAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
+class ScheduleAdmin(GuardedChangelist, admin.ModelAdmin):
     form = ScheduleForm
-    list_display = ["name", "enabled", "target", "timing", "next_run_at", "last_run_at", "last_job_link", "declared"]
+    list_display = ["name", "enabled", "target", "timing", "next_run", "last_run", "last_job_link", "declared_col"]
     list_filter = ["enabled", "declared", "misfire"]
     search_fields = ["name", "job_type", "task"]
     actions = [enable_schedules, disable_schedules, run_schedules_now]
-    readonly_fields = ["declared", "next_run_at", "next_runs", "last_run_at", "last_job_link", "last_error",
-                       "recent_runs", "created_at", "updated_at"]
+    readonly_fields = ["declared_col", "next_run", "next_runs", "last_run", "last_job_link", "last_error",
+                       "recent_runs", "created", "updated", "payload_masked"]
     fieldsets = [
-        (None, {"fields": ["name", "enabled", "declared"]}),
+        (None, {"fields": ["name", "enabled", "declared_col"]}),
         (_("What it enqueues"), {"fields": ["job_type", "task", "payload", "queue", "priority"]}),
-        (_("When"), {"fields": ["cron", "timezone", "every_seconds", "next_run_at", "next_runs"]}),
+        (_("When"), {"fields": ["cron", "timezone", "every_seconds", "next_run", "next_runs"]}),
         (_("After downtime and delays"), {"fields": ["misfire", "misfire_limit", "misfire_grace_seconds",
                                                      "expires_after_seconds"]}),
-        (_("Runs"), {"fields": ["last_run_at", "last_job_link", "last_error", "recent_runs", "created_at",
-                                "updated_at"]}),
+        (_("Runs"), {"fields": ["last_run", "last_job_link", "last_error", "recent_runs", "created", "updated"]}),
     ]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
@@ -140,8 +150,33 @@ class ScheduleAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
         return super().get_queryset(request).select_related("last_job").defer(
             "last_job__payload", "last_job__response", "last_job__error")
 
+    def get_fieldsets(self, request: HttpRequest, obj: Schedule | None = None) -> Any:
+        """The payload masked where it holds keys marked sensitive (:mod:`..sensitive`), unless the user
+        may see them. Masked, it is shown read-only and left out of the form: an edit would save the mask."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or sensitive.can_view(request.user) or _masked(obj) == obj.payload:
+            return fieldsets
+        return [(name, {**opts, "fields": ["payload_masked" if f == "payload" else f for f in opts["fields"]]})
+                for name, opts in fieldsets]
+
+    @admin.display(description=_("payload"))
+    def payload_masked(self, obj: Schedule) -> SafeString:
+        return format_html("{}<p class=\"help\">{}</p>", pretty_json(_masked(obj)),
+                           _("Keys marked sensitive are hidden; changing this payload needs the “Can view "
+                             "sensitive job data” permission."))
+
     def has_run_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_sqlqueue.run_schedule")
+
+    next_run = stamp_column("next_run_at", _("next run at"))
+    last_run = stamp_column("last_run_at", _("last run at"))
+    created = stamp_column("created_at", _("created at"))
+    updated = stamp_column("updated_at", _("updated at"))
+
+    @admin.display(description=_("declared"), ordering="declared")
+    def declared_col(self, obj: Schedule) -> str:
+        """In words: a red cross read as an error; not being declared in the settings is not one."""
+        return str(_("in the settings") if obj.declared else _("made in the admin"))
 
     @admin.display(description=_("enqueues"))
     def target(self, obj: Schedule) -> str:
@@ -200,10 +235,30 @@ class ScheduleAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
             obj.next_run_at = schedules.first_run(schedules.definition_of(obj), schedules.db_clock(alias))
         if not change:
             obj.save()
-            return
-        obj.last_error = "" if timing_changed else obj.last_error
-        fields = [*form.changed_data, "next_run_at", "last_error", "updated_at"]
-        obj.save(update_fields=list(dict.fromkeys(fields)))
+        else:
+            obj.last_error = "" if timing_changed else obj.last_error
+            fields = [*form.changed_data, "next_run_at", "last_error", "updated_at"]
+            obj.save(update_fields=list(dict.fromkeys(fields)))
+        if obj.enabled:
+            self._warn_if_unserved(request, obj)
+
+    def _warn_if_unserved(self, request: HttpRequest, obj: Schedule) -> None:
+        """Saved, but said: a queue (and type) no live worker serves would fill up without a word."""
+        from django.utils import timezone
+
+        from ..ops import health
+
+        live = health.live_workers(timezone.now(), get_settings().DATABASE)
+        if obj.task:  # a task's job type is named by the backend: the queue alone decides here
+            served = any(not w.queues or obj.queue in w.queues for w in live)
+        else:
+            served = any(health.serves(w, obj.queue, obj.job_type) for w in live)
+        if not served:
+            self.message_user(request, _("No live worker serves queue %(queue)s%(type)s now: the jobs of schedule "
+                                         "%(name)s will wait until one that does starts.") % {
+                "queue": obj.queue, "name": obj.name,
+                "type": (_(" and type %(type)s") % {"type": obj.job_type}) if obj.job_type else ""},
+                messages.WARNING)
 
 
 admin.site.register(Schedule, ScheduleAdmin)

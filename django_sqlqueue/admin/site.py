@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.contrib import admin
@@ -24,7 +24,6 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
-from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
 from .. import sensitive
@@ -32,13 +31,11 @@ from ..conf import get_settings
 from ..dialects.predicates import has_error
 from ..models import Job, JobAttempt, JobType, Worker
 from ..ops import health
-from ..ops.timefmt import STAMP_FORMAT, ago, stamp, until  # noqa: F401  (STAMP_FORMAT: re-exported)
 from ..states import CLAIMABLE, FINISHED, Status, human_label
 from . import actions as admin_actions
 from . import workflows as admin_workflows
 from .filters import (
     CheapPaginator,
-    DeclaredFiltersOnly,
     HasErrorFilter,
     JobTypeFilter,
     LeaseExpiredFilter,
@@ -52,6 +49,10 @@ from .filters import (
     date_hierarchy_context,
     parse_id,
 )
+from .guard import GuardedChangelist
+from .paging import KeysetWalk
+from .pretty import PRETTY_JSON_DEPTH, PRETTY_JSON_LIMIT, pretty_json  # noqa: F401 (also imported from here)
+from .stamps import STAMP_FORMAT, ago, short_stamp, stamp, until  # noqa: F401 (also imported from here)
 from .subtypes import ReadOnlyJobInline, subtype_inlines_for
 from .throughput import throughput_view
 from .triage import error_message, triage_view
@@ -60,64 +61,6 @@ from .views import dashboard_view
 
 #: Characters of the error shown in the list (the rest stays in the database until the job is opened).
 ERROR_EXCERPT_CHARS = 120
-#: Payload / response larger than this (as pretty JSON) are cut on the job page.
-PRETTY_JSON_LIMIT = 200_000
-#: Nesting indented on the job page; deeper values are written compactly on one line. Indenting is
-#: recursive (Python's encoder, or ours): a response nested ~990 deep raised RecursionError on the page.
-PRETTY_JSON_DEPTH = 20
-
-
-def pretty_json(value: Any) -> SafeString:
-    """Indented JSON in a <pre>, HTML-escaped (a payload holding ``<script>`` shows as text).
-
-    Indented to :data:`PRETTY_JSON_DEPTH` levels, compact below; written piece by piece and stopped at
-    :data:`PRETTY_JSON_LIMIT` characters, so a large value costs the page that much, not its whole size
-    several times over.
-    """
-    if value is None:
-        return format_html('<span class="quiet">{}</span>', "—")
-    parts: list[str] = []
-    size = 0
-    for chunk in _pretty_chunks(value, 0):
-        parts.append(chunk)
-        size += len(chunk)
-        if size > PRETTY_JSON_LIMIT:
-            break
-    text = "".join(parts)
-    note = ""
-    if size > PRETTY_JSON_LIMIT:
-        note = f"\n… cut at {PRETTY_JSON_LIMIT} characters"
-        text = text[:PRETTY_JSON_LIMIT]
-    return format_html('<pre class="sqlqueue-json">{}{}</pre>', text, note)
-
-
-def _pretty_chunks(value: Any, depth: int) -> Any:
-    """``json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)`` as pieces, indented to
-    :data:`PRETTY_JSON_DEPTH` levels (then compact: C code, no Python recursion per level)."""
-    if not isinstance(value, dict | list) or not value or depth >= PRETTY_JSON_DEPTH:
-        yield json.dumps(value, ensure_ascii=False, sort_keys=True)
-        return
-    pad, inner = "  " * depth, "  " * (depth + 1)
-    opening, closing = ("{", "}") if isinstance(value, dict) else ("[", "]")
-    yield opening
-    items = sorted(value.items()) if isinstance(value, dict) else enumerate(value)
-    for i, (key, item) in enumerate(items):
-        yield ("," if i else "") + "\n" + inner
-        if isinstance(value, dict):
-            yield json.dumps(key, ensure_ascii=False) + ": "
-        yield from _pretty_chunks(item, depth + 1)
-    yield "\n" + pad + closing
-
-
-def short_stamp(when: datetime | None) -> SafeString | str:
-    """For the list: the time and zone alone when it is today, else the full stamp (one format)."""
-    if when is None:
-        return "—"
-    local = timezone.localtime(when)
-    text = local.strftime("%H:%M:%S %Z") if local.date() == timezone.localdate() else stamp(when)
-    return format_html('<span title="{}">{}</span>', stamp(when), text)
-
-
 def ellipsize(text: str, limit: int) -> str:
     """``text`` cut at a word boundary within ``limit`` characters, with an ellipsis when cut."""
     if len(text) <= limit:
@@ -185,8 +128,9 @@ class JobAttemptInline(ReadOnlyJobInline, admin.TabularInline):
         return format_html('<details class="sqlqueue-attempt-error"><summary>{}</summary><pre>{}</pre></details>',
                            ellipsize(error_message(obj.error), ERROR_EXCERPT_CHARS), obj.error)
 
-class JobChangeList(ChangeList):
-    """The list reads an excerpt of the error and neither payload nor response (they may be large)."""
+class JobChangeList(KeysetWalk, ChangeList):
+    """The list reads an excerpt of the error and neither payload nor response (they may be large), and
+    walks past the numbered pages by id (:mod:`.paging`)."""
 
     def get_filters(self, request: HttpRequest) -> Any:
         if self.date_hierarchy:
@@ -218,7 +162,7 @@ class JobChangeList(ChangeList):
 
 
 @admin.register(Job)
-class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.ModelAdmin):
+class JobAdmin(GuardedChangelist, admin_actions.JobActionPermissions, admin.ModelAdmin):
     list_display = ("id", "type_col", "queue", "status_col", "step", "attempts", "scheduled", "started",
                     "duration", "worker", "error_excerpt")
     list_display_links = ("id",)
@@ -347,7 +291,7 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
         if now - when < timedelta(minutes=1):
             return format_html('<span class="sqlqueue-hint">{}</span>', _("due now"))
         return format_html('<span class="sqlqueue-hint sqlqueue-overdue">{}</span>',
-                           _("overdue %s") % timesince(when, now))
+                           _("overdue %s") % ago(when, now))
 
     @admin.display(description=_("started"))
     def started(self, obj: Job) -> SafeString | str:
@@ -377,7 +321,7 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
         now = timezone.now()
         if obj.lease_expires_at < now:
             return format_html('{} <span class="sqlqueue-hint sqlqueue-overdue">{}</span>', stamp(obj.lease_expires_at),
-                               _("expired %s ago") % timesince(obj.lease_expires_at, now))
+                               _("expired %s ago") % ago(obj.lease_expires_at, now))
         return format_html('{} <span class="sqlqueue-hint">{}</span>', stamp(obj.lease_expires_at),
                            until(obj.lease_expires_at, now))
 

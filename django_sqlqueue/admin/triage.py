@@ -9,7 +9,7 @@ looked at the newest ones only. A group's action re-reads the same bounded set a
 
 "Retry all": Failed / Error -> Pending, due now (retry permission). "Discard all": Error -> Cancelled
 (no more retries; cancel permission) and Failed jobs deleted with their history through
-:meth:`JobManager.purge` (delete permission on jobs). Each change goes through ``modify`` / ``purge``
+:meth:`JobManager.purge` (delete permission on jobs), except a batch's members (:func:`batch_members`). Each change goes through ``modify`` / ``purge``
 with the version read, like every other action.
 """
 
@@ -29,6 +29,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 from ..dialects.predicates import has_error
 from ..states import Status
@@ -169,13 +170,26 @@ def _check_permission(request: HttpRequest, op: str) -> None:
         raise PermissionDenied(f"{op} all needs {', '.join(needed)}")
 
 
+def batch_members(model: Any, ids: list[int]) -> list[int]:
+    """Those of the Failed jobs ``ids`` that belong to a batch: Discard all keeps them.
+
+    A batch counts its members from their rows (:func:`~django_sqlqueue.workflows.batch_counts`):
+    deleting a failed member left a batch that "did not complete" with only Completed members listed,
+    and, while the batch was still open, would have let it finish as a success and fire ``on_success``.
+    """
+    return [pk for chunk in _chunks(ids) for pk in model.objects.filter(
+        pk__in=chunk, status_id=Status.FAILED, batch_id__isnull=False).values_list("id", flat=True)]
+
+
 def _confirmation(request: HttpRequest, modeladmin: Any, group: Group, op: str) -> TemplateResponse:
     can_delete = request.user.has_perm("django_sqlqueue.delete_job")
+    in_batch = len(batch_members(modeladmin.model, group.ids[:GROUP_ACTION_LIMIT])) if op == "discard" else 0
     context = {
         **modeladmin.admin_site.each_context(request),
         "title": _("Retry all") if op == "retry" else _("Discard all"), "opts": modeladmin.model._meta,
         "group": group, "op": op, "limit": GROUP_ACTION_LIMIT, "over_limit": group.total > GROUP_ACTION_LIMIT,
-        "can_delete": can_delete, "media": modeladmin.media,
+        "can_delete": can_delete, "media": modeladmin.media, "in_batch": in_batch,
+        "deleted": max(0, group.failed - in_batch),
     }
     return TemplateResponse(request, "admin/django_sqlqueue/failures_confirm.html", context)
 
@@ -189,14 +203,24 @@ def _apply(modeladmin: Any, request: HttpRequest, model: Any, group: Group, op: 
         _in_chunks(modeladmin, request, model, ids, None, verb=_("Retry all (%s)") % label,
                    permission="retry_job", target=Status.PENDING)
     else:
-        _in_chunks(modeladmin, request, model, ids, Status.ERROR, verb=_("Discard all (%s): cancel Error jobs")
-                   % label, permission="cancel_job", target=Status.CANCELLED)
+        if group.error:  # no "cancel Error jobs: 0 jobs changed" for a group of Failed jobs only
+            _in_chunks(modeladmin, request, model, ids, Status.ERROR, verb=_("Discard all (%s), Error jobs cancelled")
+                       % label, permission="cancel_job", target=Status.CANCELLED)
         failed_ids = [pk for chunk in _chunks(ids) for pk in model.objects.filter(
             pk__in=chunk, status_id=Status.FAILED).values_list("id", flat=True)]
+        kept = set(batch_members(model, failed_ids))
+        if kept:
+            failed_ids = [pk for pk in failed_ids if pk not in kept]
+            modeladmin.message_user(request, ngettext(
+                "%(n)d Failed job kept: it belongs to a batch, whose record and callbacks count it.",
+                "%(n)d Failed jobs kept: they belong to batches, whose records and callbacks count them.",
+                len(kept)) % {"n": len(kept)}, messages.WARNING)
         if failed_ids:
             if not request.user.has_perm("django_sqlqueue.delete_job"):
-                modeladmin.message_user(request, _("%(n)d Failed jobs kept: deleting them needs the “Can delete "
-                                                   "job” permission.") % {"n": len(failed_ids)}, messages.WARNING)
+                modeladmin.message_user(request, ngettext(
+                    "%(n)d Failed job kept: deleting it needs the “Can delete job” permission.",
+                    "%(n)d Failed jobs kept: deleting them needs the “Can delete job” permission.",
+                    len(failed_ids)) % {"n": len(failed_ids)}, messages.WARNING)
             else:
                 _purge_failed(modeladmin, request, model, failed_ids, label)
     if group.total > GROUP_ACTION_LIMIT:
@@ -227,10 +251,13 @@ def _in_chunks(modeladmin: Any, request: HttpRequest, model: Any, ids: list[int]
 
 
 def _purge_failed(modeladmin: Any, request: HttpRequest, model: Any, ids: list[int], label: str) -> None:
-    jobs = [job for chunk in _chunks(ids) for job in model.objects.filter(pk__in=chunk).only("id", "job_type")]
+    jobs = [job for chunk in _chunks(ids) for job in model.objects.filter(pk__in=chunk)
+            .select_related("job_type").only("id", "job_type", "job_type__name")]
     deleted = model.objects.purge(ids, statuses=[Status.FAILED], cutoff=timezone.now() + timedelta(seconds=1))
     if deleted:
         LogEntry.objects.log_actions(user_id=request.user.pk, queryset=jobs, action_flag=DELETION,
                                      change_message=f"Discard all ({label}): Failed job deleted")
-    modeladmin.message_user(request, _("Discard all (%(label)s): %(n)d Failed jobs deleted with their history.")
-                            % {"label": label, "n": deleted}, messages.SUCCESS)
+    modeladmin.message_user(request, ngettext(
+        "Discard all (%(label)s): %(n)d Failed job deleted with its history.",
+        "Discard all (%(label)s): %(n)d Failed jobs deleted with their history.", deleted)
+        % {"label": label, "n": deleted}, messages.SUCCESS)

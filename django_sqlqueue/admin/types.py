@@ -15,14 +15,15 @@ from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString, mark_safe
-from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..conf import get_settings
 from ..models import Job, JobType, Worker
 from ..states import Status, human_label  # noqa: F401 (human_label: also imported from here)
-from .filters import CheckedFilter, DeclaredFiltersOnly, refuse
+from .filters import CheckedFilter, refuse
+from .guard import GuardedChangelist
+from .stamps import ago, stamp, stamp_column
 from .views import changelist_url
 
 
@@ -86,16 +87,18 @@ def _set_paused(modeladmin: Any, request: HttpRequest, queryset: QuerySet, pause
                             messages.SUCCESS)
 
 
-class JobTypeAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
+class JobTypeAdmin(GuardedChangelist, admin.ModelAdmin):
     list_display = ("name", "paused_flag", "max_attempts_col", "backoff_col", "timeout_col", "lease_col",
-                    "limits_col", "code_drift", "job_counts", "updated_at")
+                    "limits_col", "code_drift", "job_counts", "updated")
     list_filter = ("paused",)
     search_fields = ("name",)
     actions = [pause_types, resume_types]
     fields = ("name", "description", "paused", "max_attempts", "backoff_base_seconds", "backoff_max_seconds",
               "timeout_seconds", "lease_seconds", "concurrency_limit", "rate_limit", "limit_usage", "code_drift",
-              "job_counts", "created_at", "updated_at")
-    readonly_fields = ("limit_usage", "code_drift", "job_counts", "created_at", "updated_at")
+              "job_counts", "created", "updated")
+    readonly_fields = ("limit_usage", "code_drift", "job_counts", "created", "updated")
+    created = stamp_column("created_at", _("created at"))
+    updated = stamp_column("updated_at", _("updated at"))
 
     class Media:
         css = {"all": ["django_sqlqueue/admin.css"]}
@@ -248,14 +251,15 @@ class WorkerStateFilter(CheckedFilter, admin.SimpleListFilter):
         return value
 
 
-class WorkerAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
-    list_display = ("name", "state", "host", "pid", "started_at", "heartbeat", "jobs_done", "held_jobs",
-                    "stopped_at")
+class WorkerAdmin(GuardedChangelist, admin.ModelAdmin):
+    list_display = ("name", "state", "host", "pid", "started", "heartbeat", "jobs_done", "held_jobs", "stopped")
     list_filter = (WorkerStateFilter,)
     search_fields = ("name", "host")
     ordering = ("stopped_at", "-last_heartbeat")
-    readonly_fields = ("name", "host", "pid", "started_at", "last_heartbeat", "stopped_at", "jobs_done",
-                       "state", "held_jobs")
+    fields = ("name", "host", "pid", "started", "heartbeat", "stopped", "jobs_done", "state", "held_jobs")
+    readonly_fields = fields
+    started = stamp_column("started_at", _("started at"))
+    stopped = stamp_column("stopped_at", _("stopped at"))
 
     class Media:
         css = {"all": ["django_sqlqueue/admin.css"]}
@@ -290,8 +294,7 @@ class WorkerAdmin(DeclaredFiltersOnly, admin.ModelAdmin):
     @admin.display(description=_("last heartbeat"), ordering="last_heartbeat")
     def heartbeat(self, obj: Worker) -> SafeString:
         return format_html("{} <span class=\"sqlqueue-hint\">{}</span>",
-                           timezone.localtime(obj.last_heartbeat).strftime("%Y-%m-%d %H:%M:%S %Z"),
-                           _("%s ago") % timesince(obj.last_heartbeat))
+                           stamp(obj.last_heartbeat), _("%s ago") % ago(obj.last_heartbeat))
 
     @admin.display(description=_("running jobs"))
     def held_jobs(self, obj: Worker) -> SafeString:

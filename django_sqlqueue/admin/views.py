@@ -24,6 +24,7 @@ from django.utils.translation import gettext as _
 
 from ..ops.health import oldest_due  # noqa: F401 (moved to ops.health, beside the metrics that read it too)
 from ..states import CLAIMABLE, FINISHED, Status
+from .stamps import ago
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -133,6 +134,7 @@ def backlog(job_model: type[Job], now: datetime) -> dict[str, Any]:
     return {
         "oldest_due": oldest,
         "oldest_due_age": (now - oldest) if oldest else None,
+        "oldest_due_ago": ago(oldest, now) if oldest else None,
         "oldest_due_url": changelist_url(status=int(Status.PENDING), overdue=1),
         "overdue": overdue_count, "overdue_capped": overdue_capped, "overdue_url": changelist_url(overdue=1),
         "lease_expired": expired, "lease_expired_capped": expired_capped,
@@ -193,7 +195,9 @@ def throughput_chart(job_model: type[Job], now: datetime, minutes: int = CHART_M
         })
     return {
         "bars": bars, "width": width, "height": height, "left": left, "top": top, "plot_h": plot_h,
-        "base_y": top + plot_h, "peak": peak, "mid_y": top + plot_h / 2, "mid": round(peak / 2, 1),
+        # The middle gridline at a whole number of jobs ("659", not "659.5"); none when the peak is 1.
+        "base_y": top + plot_h, "peak": peak, "mid": peak // 2,
+        "mid_y": round(top + plot_h - (peak // 2) / peak * plot_h, 1),
         "total_done": sum(done), "total_failed": sum(failed), "minutes": minutes,
         "start_label": bars[0]["label"], "end_label": bars[-1]["label"], "label_y": height - 4,
         "right": width, "label_x": left - 4, "center_x": round(left + (width - left) / 2, 1),
@@ -235,6 +239,7 @@ def workers(now: datetime, limit: int = WORKER_LIST_LIMIT) -> dict[str, Any]:
         return {"worker": w, "stale": w.stopped_at is None and w.last_heartbeat < stale_before,
                 "stopped": w.stopped_at is not None, "held": held.get(w.name, 0),
                 "orphaned": held.get(w.name, 0) if gone else 0, "age": now - w.last_heartbeat,
+                "heartbeat_ago": ago(w.last_heartbeat, now),
                 "serves": _serves_label(w),
                 "url": changelist_url(worker=w.name, status=int(Status.PROCESSING))}
 

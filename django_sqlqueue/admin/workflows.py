@@ -19,6 +19,8 @@ from django.utils.translation import gettext_lazy as _
 from ..models import Batch, Job, JobDependency
 from ..states import Status, human_label
 from ..workflows import batch_counts
+from .guard import GuardedChangelist
+from .stamps import stamp_column
 from .types import status_badge
 
 #: Rows shown in the waits-for / waited-by lists and the batch's member table.
@@ -69,17 +71,32 @@ def counts_html(counts: dict[Status, int]) -> SafeString:
     return format_html_join(" ", "{} {}", ((status_badge(s), n) for s, n in sorted(counts.items())))
 
 
+def callback_roles(batch: Batch) -> dict[int, str]:
+    """{callback job id: "on_success" / "on_failure" / "on_finish"}.
+
+    ``finish_batch`` enqueues, in this order, ``on_success`` (every member Completed) or ``on_failure``
+    (not), when given, then ``on_finish``, when given, and stores their ids in that order.
+    """
+    first = ("on_success", batch.on_success) if batch.succeeded else ("on_failure", batch.on_failure)
+    names = [name for name, spec in (first, ("on_finish", batch.on_finish)) if spec]
+    return {int(pk): name for pk, name in zip(batch.callback_ids or [], names, strict=False)}
+
+
 @admin.register(Batch)
-class BatchAdmin(admin.ModelAdmin):
-    list_display = ("id", "description", "members", "state", "created_at", "finished_at")
+class BatchAdmin(GuardedChangelist, admin.ModelAdmin):
+    list_display = ("id", "description", "members", "state", "created", "finished")
     list_display_links = ("id", "description")
     ordering = ("-id",)
     sortable_by = ("id",)
     list_per_page = 50
     show_full_result_count = False
-    fields = ("id", "description", "state", "members", "created_at", "closed_at", "finished_at", "callbacks",
+    fields = ("id", "description", "state", "members", "created", "closed", "finished", "callbacks",
               "callback_specs", "member_list")
     readonly_fields = fields
+
+    created = stamp_column("created_at", _("created at"))
+    closed = stamp_column("closed_at", _("closed at"))
+    finished = stamp_column("finished_at", _("finished at"))
 
     class Media:
         css = {"all": ["django_sqlqueue/admin.css"]}
@@ -109,8 +126,10 @@ class BatchAdmin(admin.ModelAdmin):
 
     @admin.display(description=_("callback jobs"))
     def callbacks(self, obj: Batch) -> SafeString:
-        rows = [_job_link(pk, s, t) for pk, s, t in Job.objects.using(obj._state.db).filter(pk__in=obj.callback_ids)
-                .order_by("pk").values_list("pk", "status_id", "job_type__name")]
+        """Each callback job with the callback it was enqueued for (on_success / on_failure / on_finish)."""
+        roles = callback_roles(obj)
+        rows = [_job_link(pk, s, t, roles.get(pk, "")) for pk, s, t in Job.objects.using(obj._state.db)
+                .filter(pk__in=obj.callback_ids).order_by("pk").values_list("pk", "status_id", "job_type__name")]
         if not rows and obj.finished_at is None:
             return format_html('<span class="quiet">{}</span>', _("not enqueued yet"))
         return _job_list(rows, len(rows))
@@ -131,4 +150,4 @@ class BatchAdmin(admin.ModelAdmin):
         return _job_list(rows, total)
 
 
-__all__ = ["BatchAdmin", "batch_link", "counts_html", "human_label", "waited_by", "waits_for"]
+__all__ = ["BatchAdmin", "batch_link", "callback_roles", "counts_html", "human_label", "waited_by", "waits_for"]

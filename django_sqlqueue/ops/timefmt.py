@@ -30,8 +30,9 @@ def until(when: datetime, now: datetime) -> str:
     return _("in %s") % timeuntil(when, now)
 
 
-def ago(when: datetime, now: datetime) -> str:
+def ago(when: datetime, now: datetime | None = None) -> str:
     """"12 seconds" / "3 minutes": never "0 minutes"."""
+    now = now or timezone.now()
     seconds = (now - when).total_seconds()
     if seconds < 60:
         return _("%d seconds") % max(0, int(seconds))
