@@ -9,7 +9,7 @@ waits for one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
@@ -87,7 +87,7 @@ def sync_type(row: JobType, using: str) -> None:
     permits = LimitPermit.objects.using(using).filter(job_type_id=row.pk)
     # The type's unfinished jobs leave (or join) the ordinary claim's index: one UPDATE of its jobs.
     # Waiting and Paused ones too: they become Pending later without passing through here (a workflow's
-    # release, a resume), and heal (the supervisor's, every REAP_SECONDS) looks at claimable ones only.
+    # release, a resume), and heal (the maintenance pass's) looks only at types saved lately.
     unfinished = sorted(UNFINISHED)
     Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=unfinished).exclude(
         limited=need is not None).update(limited=need is not None)
@@ -153,27 +153,50 @@ def ensure_for_enqueue(using: str, info: TypeInfo, keys: Iterable[str]) -> None:
         ensure(using, info.id, keys, need)
 
 
-def heal(using: str) -> int:
+def heal(using: str, type_ids: Collection[int] | None = None) -> int:
     """Bring jobs in line with their types' limits (a job enqueued by a process whose type cache did not
     know the limit yet): their ``limited`` flag, and the permits of their keys; return how many jobs
-    and scopes were fixed. Cheap when nothing is amiss: index seeks that find nothing."""
+    and scopes were fixed.
+
+    ``type_ids``: only the jobs of these types (the maintenance pass gives the types saved lately: a
+    stale cache is at most ``TYPE_CACHE_SECONDS`` old, so only a type whose limit just changed can have
+    stale jobs); None: every type. Each statement seeks an index, with the partial indexes' own
+    predicates as literals so SQL Server and SQLite match them (a bound parameter never matches a
+    filtered index): with no type limited, one seek of the (empty) limited index, whatever the backlog.
+    """
     from django.db.models import Exists, OuterRef, Q
 
+    from ..dialects import get_dialect
+    from ..dialects.predicates import index_predicate
     from ..models import Job, JobType, LimitPermit
-    from ..states import CLAIMABLE, Status
+    from ..states import CLAIMABLE, UNFINISHED, Status, sql_list
 
-    types = {t.pk: t for t in JobType.objects.using(using).filter(
-        Q(concurrency_limit__isnull=False) | ~Q(rate_limit=""))}
-    # Jobs flagged by a process whose type cache was stale, or retried from Failed after their type's
-    # limit changed: the flag follows the type (seeks: the limited index, the status/type index).
-    unfinished = [*CLAIMABLE, Status.PROCESSING]
-    healed = Job.objects.using(using).filter(status_id__in=unfinished, limited=True).exclude(
-        job_type_id__in=list(types)).update(limited=False)
+    rows = JobType.objects.using(using).filter(Q(concurrency_limit__isnull=False) | ~Q(rate_limit=""))
+    if type_ids is not None:
+        type_ids = sorted(set(type_ids))
+        if not type_ids:
+            return 0
+        rows = rows.filter(pk__in=type_ids)
+    types = {t.pk: t for t in rows}
+    jobs = Job.objects.using(using)
+    true = get_dialect(connections[using]).true_literal
+    # The limited index's own predicate: claimable or Processing, limited (literals).
+    in_limited_index = (index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE | {Status.PROCESSING})})")
+                        & index_predicate(using, "limited", f"= {true}"))
+    # 1. Flagged limited, type has none (its limit was removed while a stale process enqueued).
+    healed = 0
+    if type_ids is None:  # a walk of the limited index, whose jobs are the limited types' (none: empty)
+        healed = jobs.filter(in_limited_index).exclude(job_type_id__in=list(types)).update(limited=False)
+    elif unlimited := [t for t in type_ids if t not in types]:  # their unfinished jobs: the (status, type) index
+        healed = jobs.filter(job_type_id__in=unlimited, status_id__in=sorted(UNFINISHED), limited=True).update(
+            limited=False)
     if not types:
         return healed
-    healed += Job.objects.using(using).filter(status_id__in=unfinished, limited=False,
-                                              job_type_id__in=list(types)).update(limited=True)
-    orphans = (Job.objects.using(using).filter(job_type_id__in=list(types), status_id__in=list(CLAIMABLE))
+    # 2. Not flagged, type has a limit: seeks of the (status, type) index, limited types only.
+    statuses = sorted(UNFINISHED) if type_ids is not None else sorted(CLAIMABLE | {Status.PROCESSING})
+    healed += jobs.filter(job_type_id__in=list(types), status_id__in=statuses, limited=False).update(limited=True)
+    # 3. Keys of claimable limited jobs without permits: the limited index, by type.
+    orphans = (jobs.filter(in_limited_index, job_type_id__in=list(types), status_id__in=sorted(CLAIMABLE))
                .exclude(Exists(LimitPermit.objects.using(using).filter(
                    job_type_id=OuterRef("job_type_id"), key=OuterRef("concurrency_key"))))
                .values_list("job_type_id", "concurrency_key").order_by().distinct()[:1000])

@@ -14,8 +14,9 @@ at the same time.
 
 The supervisor itself holds no jobs. It watches each slot's "current job and deadline" (shared
 memory written by the slot), SIGKILLs a slot whose job exceeds its type's timeout, marks that job
-Error/Failed ("timed out after N s") with the job's current token, and restarts the slot. It also runs
-the reaper every ``REAP_SECONDS`` and prints the progress bar in burst mode.
+Error/Failed ("timed out after N s") with the job's current token, and restarts the slot. It also looks for the fleet's maintenance lease and, while it holds it, runs the
+fleet's maintenance (reaper, heal, workflow backstop, schedule looks, retention: :mod:`.maintenance`),
+and prints the progress bar in burst mode.
 
 Signals: the first SIGTERM/SIGINT asks every slot to stop after its current job (unstarted claimed
 jobs go back to Pending) and waits ``grace_seconds`` for them; slots still running then are killed
@@ -42,7 +43,7 @@ from typing import Any
 
 from django.db import Error as DatabaseError
 
-from .. import schedules, signals
+from .. import signals
 from ..exceptions import IllegalTransition, JobNotFound, StaleJob
 from ..ops import tracing
 from ..states import Status
@@ -61,12 +62,12 @@ from .contract import (
 )
 from .dbthread import Call, DatabaseThread
 from .loop import Worker  # the sender of the signals (signals.py)
+from .maintenance import Maintenance, new_holder
 from .slots import slot_main
 from .support import DB_DOWN_ERRORS, close_connection, one_line, send
 
 log = logging.getLogger("django_sqlqueue.supervisor")
 
-REAP_SECONDS = 30.0
 #: How often the supervisor looks for workers of its host whose processes are gone (heartbeat.py).
 SWEEP_SECONDS = 2.0
 TICK_SECONDS = 0.1
@@ -132,7 +133,7 @@ class Supervisor:
     _slots: list[Slot] = field(default_factory=list)
     _extra: list[int] = field(default_factory=lambda: [0] * N_COUNTERS)
     _exit_code: int = EXIT_OK
-    _reaping: Call | None = None
+    _maintaining: Call | None = None
     _sweeping: Call | None = None
 
     def run(self) -> Summary:
@@ -142,6 +143,7 @@ class Supervisor:
 
         self._using = self.config.using or get_settings().DATABASE
         self._db = DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS)
+        self._maintenance = Maintenance(self._using, new_holder(self.config.name))
         started = time.monotonic()
         ctx = multiprocessing.get_context("spawn")
         self._ctx = ctx
@@ -151,7 +153,6 @@ class Supervisor:
                        for i in range(self.concurrency)]
         saved = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         bar = self._progress_bar()
-        next_reap = started + 5.0
         next_sweep = started + SWEEP_SECONDS
         connections.close_all()  # nothing to inherit, but do not hold a connection while idle
         try:
@@ -167,13 +168,11 @@ class Supervisor:
                     self._watch(slot, now, budget)
                 if self._stopping and now >= self._stop_deadline:
                     self._kill_remaining()
-                if now >= next_reap and not self._stopping:
-                    self._reap()
-                    next_reap = now + REAP_SECONDS
+                if not self._stopping:
+                    self._maintain(now)
                 if now >= next_sweep and not self._stopping:
                     self._sweep()
                     next_sweep = now + SWEEP_SECONDS
-                schedules.supervisor_look(self._using, stopping=self._stopping)  # its own thread; never raises
                 if bar is not None:
                     bar.update(self._summary(0).processed - bar.n)
                 time.sleep(TICK_SECONDS)
@@ -192,7 +191,9 @@ class Supervisor:
         return self._summary(time.monotonic() - started)
 
     def _finish_db(self) -> None:
-        """Give the database work still queued (hand-backs, stopped stamps) ``CLEANUP_SECONDS``, no more."""
+        """Give the database work still queued (hand-backs, stopped stamps, giving the maintenance lease
+        up) ``CLEANUP_SECONDS``, no more."""
+        self._db.submit("release_maintenance", self._maintenance.release)
         left = self._db.close(CLEANUP_SECONDS)
         if left:
             log.warning("supervisor_cleanup_unfinished worker=%s calls=%s seconds=%s (the database did not "
@@ -442,45 +443,12 @@ class Supervisor:
         except DatabaseError as exc:
             self._db_failed("sweep_skipped", exc, quiet=True)
 
-    def _reap(self) -> None:
-        if self._reaping is not None and not self._reaping.finished:
-            return  # the last one still waits for the database: no pile-up
-        self._reaping = self._db.submit("reap", self._reap_now)
-
-    def _reap_now(self) -> None:
-        from ..models import Job
-
-        try:
-            n = Job.objects.reap(using=self._using)
-        except DatabaseError as exc:
-            self._db_failed("reap_skipped", exc, quiet=True)
+    def _maintain(self, now: float) -> None:
+        """Submit the maintenance turn when it is due and the last one has finished (no pile-up behind a
+        database that does not answer)."""
+        if not self._maintenance.due(now) or (self._maintaining is not None and not self._maintaining.finished):
             return
-        if n:
-            log.warning("reaped jobs=%s (lease expired with no attempts left: Failed)", n)
-        self._heal_permits()
-        self._workflow_backstop()
-
-    def _heal_permits(self) -> None:
-        """Create the permits of keys enqueued before their process knew the type's limit (permits.py)."""
-        from ..limits import heal
-
-        try:
-            healed = heal(self._using)
-        except DatabaseError as exc:
-            self._db_failed("permits_heal_skipped", exc, quiet=True)
-            return
-        if healed:
-            log.warning("permits_created scopes=%s (jobs of a limited type waited for their key's permits)", healed)
-
-    def _workflow_backstop(self) -> None:
-        """Release Waiting jobs and fire batches that a worker dying between its commit and the release
-        left behind (workflows.py); two index seeks that find nothing when no workflow is in use."""
-        from ..workflows import backstop
-
-        try:
-            backstop(using=self._using)
-        except DatabaseError as exc:
-            self._db_failed("workflow_backstop_skipped", exc, quiet=True)
+        self._maintaining = self._db.submit("maintenance", self._maintenance.run)
 
     # ----- reporting ------------------------------------------------------------------------------
     def _summary(self, seconds: float) -> Summary:
