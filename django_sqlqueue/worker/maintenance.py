@@ -67,11 +67,12 @@ MAX_BACKOFF_SECONDS = 60.0
 
 
 # ----- the lease --------------------------------------------------------------------------------------
-def take_lease(using: str, holder: str, seconds: float, name: str = LEASE_NAME) -> bool:
+def take_lease(using: str, holder: str, seconds: float, name: str = LEASE_NAME, *, insert: bool = True) -> bool:
     """Take or renew the lease ``name`` for ``holder``; True when ``holder`` holds it now.
 
-    One conditional UPDATE by primary key; the very first take on a database inserts the row (a racing
-    insert loses on the primary key and is simply not the holder).
+    One conditional UPDATE by primary key. With ``insert``, an UPDATE that matched nothing looks whether
+    the row exists and creates it if not (the very first take on a database; a racing insert loses on
+    the primary key and is simply not the holder).
     """
     connection = connections[using]
     dialect = get_dialect(connection)
@@ -79,6 +80,8 @@ def take_lease(using: str, holder: str, seconds: float, name: str = LEASE_NAME) 
         dialect.execute(cursor, dialect.take_lease_sql(), [holder, float(seconds), name, holder])
         if cursor.rowcount:
             return True
+    if not insert:
+        return False
     from ..models import MaintenanceLease
 
     if MaintenanceLease.objects.using(using).filter(name=name).exists():
@@ -126,6 +129,8 @@ class Maintenance:
     holding: bool = False
     next_at: float = 0.0
     _renew_at: float = 0.0
+    #: When a failed take next looks whether the lease row exists at all (a new database, a deleted row).
+    _insert_check_at: float = 0.0
     _synced: str | None = None
     _tasks: list[Task] = field(default_factory=list)
     #: Retention: per status, the finish time where its next batch starts (see retention_batch).
@@ -148,7 +153,10 @@ class Maintenance:
         self._sync_schedules()
         if not self.holding or now >= self._renew_at:
             try:
-                held = take_lease(self.using, self.holder, lease_seconds)
+                insert = now >= self._insert_check_at
+                held = take_lease(self.using, self.holder, lease_seconds, insert=insert)
+                if insert and not held:  # the row exists: a look costs one UPDATE for the next minute
+                    self._insert_check_at = now + 60.0
             except DatabaseError as exc:
                 self._failed("maintenance_lease_failed", exc)
                 held = False
@@ -187,6 +195,7 @@ class Maintenance:
         self.holding = held
 
     def _run_task(self, task: Task, now: float) -> None:
+        log.debug("maintenance_pass task=%s holder=%s", task.name, self.holder)
         try:
             delay = task.run()
         except Exception as exc:  # noqa: BLE001  (one pass failing must not stop the others)
