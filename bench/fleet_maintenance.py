@@ -37,20 +37,20 @@ sys.path.insert(0, str(REPO))
 
 from tests.pgcluster import PgCluster  # noqa: E402
 
-#: (class, pattern on pg_stat_statements' normalised text), first match wins.
+#: (class, pattern on pg_stat_statements' normalised text: every literal is a $n there), first match wins.
 CLASSES: list[tuple[str, re.Pattern[str]]] = [
     ("maintenance:lease", re.compile(r"maintenancelease")),
     ("maintenance:schedules", re.compile(r"django_sqlqueue_schedule")),
-    ("maintenance:heal", re.compile(r'SET "limited"|limitpermit.*DISTINCT|jobtype".*(concurrency_limit" IS NOT NULL'
-                                    r'|updated_at" >=)', re.S)),
-    ("maintenance:reap", re.compile(r'FROM "django_sqlqueue_job" WHERE "django_sqlqueue_job"."status_id" = 2 AND '
-                                    r'"django_sqlqueue_job"."lease_expires_at" <|"status_id" = 2 AND "lease_expires_at" <')),
+    ("slots:claim", re.compile(r"^\s*WITH due AS|^\s*DECLARE")),
+    ("maintenance:heal", re.compile(r'SET "limited"|limitpermit.*DISTINCT|jobtype".*updated_at" >=', re.S)),
+    ("maintenance:reap", re.compile(r'"status_id" = \$\d+ AND "lease_expires_at" < now\(\) AND "attempt_num" >=')),
     ("maintenance:backstop", re.compile(r"jobdependency|django_sqlqueue_batch")),
-    ("maintenance:retention", re.compile(r'ORDER BY "django_sqlqueue_job"."finished_at"|^DELETE', re.S)),
+    ("maintenance:retention", re.compile(r'ORDER BY "django_sqlqueue_job"."finished_at"|^\s*DELETE', re.S)),
     ("sweep", re.compile(r'django_sqlqueue_worker".*"host" =', re.S)),
-    ("heartbeat", re.compile(r'UPDATE "django_sqlqueue_worker"|"lease_expires_at" = \(now\(\)')),
-    ("listen", re.compile(r"^(LISTEN|UNLISTEN|SELECT pg_notify)", re.I)),
-    ("claim", re.compile(r"django_sqlqueue_job")),
+    ("heartbeat", re.compile(r'UPDATE "django_sqlqueue_worker"|SET "lease_expires_at"')),
+    ("listen", re.compile(r"^\s*(LISTEN|UNLISTEN|SELECT pg_notify)", re.I)),
+    ("slots:types", re.compile(r"django_sqlqueue_jobtype")),
+    ("slots:other", re.compile(r"django_sqlqueue_job")),
 ]
 
 
@@ -147,6 +147,9 @@ def measure(url: str, seconds: float) -> dict[str, dict[str, float]]:
                      "WHERE query NOT LIKE '%%pg_stat_statements%%'")
     out: dict[str, dict[str, float]] = defaultdict(lambda: {"calls": 0.0, "ms": 0.0, "buffers": 0.0})
     per_minute = 60.0 / seconds
+    if os.environ.get("BENCH_VERBOSE"):
+        for query, calls, ms, buffers in sorted(rows, key=lambda r: -r[1])[:25]:
+            print(f"    {classify(query):22} {calls:6d} {ms:9.1f}ms {buffers:8d}  {' '.join(query.split())[:150]}")
     for query, calls, ms, buffers in rows:
         row = out[classify(query)]
         row["calls"] += calls * per_minute

@@ -32,6 +32,7 @@ TDS_SKIPS = {
     "tests/test_worker_process.py": _BUDGET,
     "tests/test_cancel_worker.py": _BUDGET,
     "tests/test_schedules_workers.py": _BUDGET,
+    "tests/test_maintenance.py::test_two_workers_": _BUDGET,
     "tests/test_concurrency.py": _NEEDS_LOCKING,
     "tests/test_workflows_workers.py": _NEEDS_LOCKING,
     "tests/test_concurrency_limits.py::test_threads_": _NEEDS_LOCKING,

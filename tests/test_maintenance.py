@@ -31,7 +31,7 @@ worker_procs = wu.worker_procs
 
 
 # ----- the lease -----------------------------------------------------------------------------------------
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # each take its own transaction: PostgreSQL's now() moves
 def test_the_lease_has_one_holder_until_it_runs_out_or_is_given_up() -> None:
     assert take_lease("default", "a", 60)  # the first take creates the row
     assert not take_lease("default", "b", 60)
