@@ -6,9 +6,9 @@ worker: fifty workers each reaping every 30 s cost the database fifty times the 
 result. So every supervisor asks, on its database thread, for one row of :class:`MaintenanceLease`
 with ONE conditional UPDATE by primary key ("expired, or already mine": :meth:`Dialect.take_lease_sql`,
 the database's clock deciding). Whoever gets it runs the passes below and renews it every third of
-``MAINTENANCE_LEASE_SECONDS``; the others try again at that pace (an UPDATE that matches nothing: one
-primary-key seek). A holder that dies simply stops renewing, and the lease runs out; one that stops
-cleanly gives it up, so the next look takes it at once. There is no leader process to deploy.
+``MAINTENANCE_LEASE_SECONDS``; the others try again about once per lease length (an UPDATE that matches
+nothing: one primary-key seek). A holder that dies simply stops renewing, and the lease runs out (taken
+over within twice its length); one that stops cleanly gives it up, so the next look takes it. There is no leader process to deploy.
 
 The lease saves work; it is not what makes the passes correct. Each pass was, and stays, safe to run
 twice at once (two holders for a moment, after a holder paused past its lease): the reaper and the
@@ -162,8 +162,10 @@ class Maintenance:
                 held = False
             self._held(held, now)
             if not held:
-                # Looked at about three times per lease length, with jitter so a fleet spreads out.
-                self.next_at = now + lease_seconds / 3 * random.uniform(0.8, 1.0)
+                # Once per lease length, give or take (so a fleet spreads out): a dead holder's lease is
+                # taken over within twice its length, and each worker that does not hold it costs the
+                # database about two primary-key seeks a minute.
+                self.next_at = now + lease_seconds * random.uniform(0.7, 1.0)
                 return
             self._renew_at = now + lease_seconds / 3
         for task in self._tasks:
