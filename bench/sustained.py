@@ -5,8 +5,10 @@ A worker (``run_queue_worker --concurrency 2``, ``SQLQUEUE["RETENTION"] = {"Comp
 ``--minutes``. Every ``--every`` seconds it samples: the job table's rows and size, the Pending backlog,
 the claim's p99 (this process times claims of one job by a probe name between samples, then completes
 them) and, on PostgreSQL, the job table's dead tuples (``n_dead_tup``). It prints the series, then each
-series' slope over the run after the warm-up (retention age plus a minute) and a verdict: flat when the
-fitted change over the measured part is within 20 % of the series' mean (or tiny in absolute terms).
+series' slope over the run after the warm-up (retention age plus a minute) and a verdict: FLAT when the
+fitted change over the measured part is within 20 % of the series' mean (or tiny in absolute terms),
+else GROWS or FALLS. Each sample also shows the enqueue rate this process achieved since the last one
+(on a loaded machine it may fall short of ``--rate``, and the table with it).
 
     .venv/bin/python bench/sustained.py --db postgres --minutes 10
     .venv/bin/python bench/sustained.py --db sqlite --minutes 4 --rate 150 --retention 30s
@@ -42,9 +44,9 @@ def verdict(name: str, xs: list[float], ys: list[float], floor: float) -> str:
         return f"{name}: too few samples"
     change = slope(xs, ys) * (xs[-1] - xs[0])
     mean = statistics.fmean(ys)
-    flat = abs(change) <= max(0.2 * abs(mean), floor)
-    return (f"{name}: mean {mean:,.1f}, fitted change over the measured {xs[-1] - xs[0]:.0f} s {change:+,.1f} "
-            f"-> {'FLAT' if flat else 'NOT FLAT'}")
+    bound = max(0.2 * abs(mean), floor)
+    word = "FLAT" if abs(change) <= bound else ("GROWS" if change > 0 else "FALLS (the producer slowed down?)")
+    return f"{name}: mean {mean:,.1f}, fitted change over the measured {xs[-1] - xs[0]:.0f} s {change:+,.1f} -> {word}"
 
 
 def child(args: argparse.Namespace) -> int:
@@ -72,7 +74,7 @@ def child(args: argparse.Namespace) -> int:
     next_sample = started + args.every
     next_probe = started + 0.25
     end = started + args.minutes * 60
-    enqueued = 0
+    enqueued = last_enqueued = 0
     try:
         tick = started
         while time.monotonic() < end:
@@ -88,6 +90,8 @@ def child(args: argparse.Namespace) -> int:
                 next_probe = now + 0.25
             if now >= next_sample:
                 samples.append(sample(connection, table, Job, Status, now - started, claims, args))
+                samples[-1]["rate"] = (enqueued - last_enqueued) / args.every
+                last_enqueued = enqueued
                 print(fmt(samples[-1]), flush=True)
                 claims = []
                 next_sample += args.every
@@ -130,7 +134,7 @@ def sample(connection, table, Job, Status, t: float, claims: list[float], args) 
 
 def fmt(s: dict) -> str:
     dead = f" dead={s['dead']:>7}" if "dead" in s else ""
-    return (f"t={s['t']:6.0f}s rows={s['rows']:>8} pending={s['pending']:>7} size={s['kb']:>9.0f}kB "
+    return (f"t={s['t']:6.0f}s enq={s.get('rate', 0):5.0f}/s rows={s['rows']:>8} pending={s['pending']:>7} size={s['kb']:>9.0f}kB "
             f"claim_p99={s['p99']:6.2f}ms{dead}")
 
 
