@@ -62,6 +62,9 @@ HEAL_WINDOW_SECONDS = 300.0
 RETENTION_IDLE_SECONDS = 10.0
 #: Retention, while batches come back full.
 RETENTION_BUSY_SECONDS = 1.0
+#: A worker whose take failed looks whether the lease row exists at all (a new database, a deleted row)
+#: at most this often; otherwise a look is the UPDATE alone.
+INSERT_CHECK_SECONDS = 600.0
 #: Longest back-off of a pass after errors (the database down, tables not migrated yet).
 MAX_BACKOFF_SECONDS = 60.0
 
@@ -155,8 +158,8 @@ class Maintenance:
             try:
                 insert = now >= self._insert_check_at
                 held = take_lease(self.using, self.holder, lease_seconds, insert=insert)
-                if insert and not held:  # the row exists: a look costs one UPDATE for the next minute
-                    self._insert_check_at = now + 60.0
+                if insert and not held:  # the row exists: a look costs one UPDATE for the next while
+                    self._insert_check_at = now + INSERT_CHECK_SECONDS
             except DatabaseError as exc:
                 self._failed("maintenance_lease_failed", exc)
                 held = False
