@@ -162,3 +162,27 @@ def test_retention_settings_are_checked_with_a_clear_error(value, message) -> No
     with override_settings(SQLQUEUE={"RETENTION_BATCH_SIZE": 5000}), pytest.raises(SqlQueueConfigError,
                                                                                  match="from 1 to 2000"):
         get_settings()
+
+
+# ----- heal, in the maintenance pass ------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_the_pass_heals_the_types_saved_lately_and_sends_nothing_for_the_others(noop_type) -> None:
+    from django.test.utils import CaptureQueriesContext
+
+    from django_sqlqueue import jobtypes
+    from django_sqlqueue.models import JobType
+
+    JobType.objects.update_or_create(name="Export", defaults={"concurrency_limit": 1})
+    jobtypes.clear_cache()
+    stale = Job.objects.enqueue("Export", {})
+    Job.objects.filter(pk=stale.pk).update(limited=False)  # as a process whose type cache was stale enqueues it
+    Maintenance("default", "me")._reap()
+    assert Job.objects.get(pk=stale.pk).limited
+    # No type saved in the last five minutes: heal reads the type table and sends no statement about jobs.
+    JobType.objects.update(updated_at=timezone.now() - timedelta(hours=1))
+    Job.objects.filter(pk=stale.pk).update(limited=False)
+    with CaptureQueriesContext(connection) as seen:
+        Maintenance("default", "me")._reap()
+    assert not any('"limited"' in q["sql"].replace("[", '"').replace("]", '"') and "UPDATE" in q["sql"].upper()
+                   for q in seen.captured_queries), seen.captured_queries
+    assert not Job.objects.get(pk=stale.pk).limited

@@ -10,6 +10,7 @@ waits for one.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
@@ -153,14 +154,16 @@ def ensure_for_enqueue(using: str, info: TypeInfo, keys: Iterable[str]) -> None:
         ensure(using, info.id, keys, need)
 
 
-def heal(using: str, type_ids: Collection[int] | None = None) -> int:
+def heal(using: str, type_ids: Collection[int] | None = None, since: datetime | None = None) -> int:
     """Bring jobs in line with their types' limits (a job enqueued by a process whose type cache did not
     know the limit yet): their ``limited`` flag, and the permits of their keys; return how many jobs
     and scopes were fixed.
 
     ``type_ids``: only the jobs of these types (the maintenance pass gives the types saved lately: a
     stale cache is at most ``TYPE_CACHE_SECONDS`` old, so only a type whose limit just changed can have
-    stale jobs); None: every type. Each statement seeks an index, with the partial indexes' own
+    stale jobs); None: every type. ``since``: only jobs enqueued since then (the maintenance pass gives
+    a minute before the oldest of those saves: a stale enqueue follows the change, so its look is a
+    range of the enqueue-time index, not the type's whole backlog). Each statement seeks an index, with the partial indexes' own
     predicates as literals so SQL Server and SQLite match them (a bound parameter never matches a
     filtered index): with no type limited, one seek of the (empty) limited index, whatever the backlog.
     """
@@ -179,6 +182,8 @@ def heal(using: str, type_ids: Collection[int] | None = None) -> int:
         rows = rows.filter(pk__in=type_ids)
     types = {t.pk: t for t in rows}
     jobs = Job.objects.using(using)
+    if since is not None:
+        jobs = jobs.filter(enqueued_at__gte=since)
     true = get_dialect(connections[using]).true_literal
     # The limited index's own predicate: claimable or Processing, limited (literals).
     in_limited_index = (index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE | {Status.PROCESSING})})")

@@ -58,6 +58,9 @@ FIRST_REAP_SECONDS = 5.0
 #: at most ``TYPE_CACHE_SECONDS`` stale, so a stale enqueue follows a limit change within seconds; five
 #: minutes also covers a slow transaction and clock skew between the host that saved the type and this.
 HEAL_WINDOW_SECONDS = 300.0
+#: Heal also looks at jobs enqueued this long before the save of their type (a transaction that began
+#: before the limit changed and enqueued with the old one).
+HEAL_MARGIN_SECONDS = 60.0
 #: Retention, when the last batch of every status came back short (nothing more due yet).
 RETENTION_IDLE_SECONDS = 10.0
 #: Retention, while batches come back full.
@@ -251,9 +254,12 @@ class Maintenance:
         if n:
             log.warning("reaped jobs=%s (lease expired with no attempts left: Failed)", n)
         lately = timezone.now() - timedelta(seconds=HEAL_WINDOW_SECONDS)
-        changed = list(JobType.objects.using(self.using).filter(updated_at__gte=lately).values_list("pk", flat=True))
+        changed = dict(JobType.objects.using(self.using).filter(updated_at__gte=lately).values_list("pk", "updated_at"))
         if changed:  # none saved lately: no job can carry a stale flag, nothing to look at
-            healed = heal(self.using, changed)
+            # Jobs enqueued since a minute before the oldest save (a transaction that enqueued with the old
+            # limit may have started a little before the change): an enqueue-time index range.
+            since = min(changed.values()) - timedelta(seconds=HEAL_MARGIN_SECONDS)
+            healed = heal(self.using, list(changed), since=since)
             if healed:
                 log.warning("permits_healed jobs_or_scopes=%s (jobs of a type whose limit changed were enqueued "
                             "with the old one)", healed)
