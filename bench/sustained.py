@@ -109,7 +109,7 @@ def child(args: argparse.Namespace) -> int:
     xs = [s["t"] for s in kept]
     print(f"measured part: from {warm:.0f} s (retention {args.retention} plus a minute), {len(kept)} samples")
     print(verdict("job rows", xs, [s["rows"] for s in kept], 500))
-    print(verdict("job table size (kB)", xs, [s["kb"] for s in kept], 2048))
+    print(verdict("job table size (kB)", xs, [s["kb"] for s in kept], 256))
     print(verdict("pending backlog", xs, [s["pending"] for s in kept], 500))
     print(verdict("claim p99 (ms)", xs, [s["p99"] for s in kept], 5))
     if kept and "dead" in kept[0]:
