@@ -100,6 +100,10 @@ def test_two_workers_one_runs_maintenance_and_the_other_takes_over_once_its_leas
 
 
 # ----- retention -------------------------------------------------------------------------------------------
+#: One clock for the finish times a test writes (creating a job can take a second on a slow server).
+_NOW = timezone.now()
+
+
 def _finished(status: Status, seconds_ago: float, **kwargs: object) -> Job:
     job = Job.objects.enqueue("Noop", **kwargs)
     [claimed] = Job.objects.claim("keeper", types=["Noop"])
@@ -107,7 +111,7 @@ def _finished(status: Status, seconds_ago: float, **kwargs: object) -> Job:
         claimed.complete()
     else:
         Job.objects.modify(claimed, claimed.version, status, error="x")
-    Job.objects.filter(pk=job.pk).update(finished_at=timezone.now() - timedelta(seconds=seconds_ago))
+    Job.objects.filter(pk=job.pk).update(finished_at=_NOW - timedelta(seconds=seconds_ago))
     return job
 
 
