@@ -13,6 +13,8 @@ Public API::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import (
@@ -75,8 +77,39 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def enqueue(job_type: str, payload: Any = None, **options: Any) -> Job:
-    """Shortcut for ``Job.objects.enqueue``; see :meth:`django_sqlqueue.queue.JobManager.enqueue`."""
+def __dir__() -> list[str]:
+    """``dir(django_sqlqueue)`` lists the lazily loaded names too (Retry, Cancel, Fail, JobSpec...)."""
+    return sorted({*globals(), *__all__})
+
+
+def enqueue(
+    job_type: str,
+    payload: Any = None,
+    *,
+    queue: str = "default",
+    priority: int = 0,
+    scheduled_for: datetime | None = None,
+    delay: float | timedelta | None = None,
+    dedupe_key: str | None = None,
+    max_attempts: int | None = None,
+    subtypes: Sequence[Any] = (),
+    after: Sequence[Any] = (),
+    on_dependency_failure: str = "cancel",
+    batch: Any = None,
+    using: str | None = None,
+    concurrency_key: str | int | None = None,
+) -> Job:
+    """Enqueue one job of ``job_type`` (a registered handler's name) with a JSON ``payload``; return it.
+
+    Shortcut for :meth:`django_sqlqueue.queue.JobManager.enqueue` (``Job.objects.enqueue``), whose
+    options it spells out: ``queue`` (a worker's ``-q``), ``priority`` (higher first), when to run
+    (``scheduled_for`` or ``delay`` seconds), ``dedupe_key`` (one unfinished job per key),
+    ``max_attempts``, ``subtypes`` (typed rows stored with it), ``after`` / ``on_dependency_failure`` /
+    ``batch`` (docs/workflows.md), ``using`` (a database alias) and ``concurrency_key`` (docs/limits.md).
+    """
     from .models import Job
 
-    return Job.objects.enqueue(job_type, payload, **options)
+    return Job.objects.enqueue(job_type, payload, queue=queue, priority=priority, scheduled_for=scheduled_for,
+                               delay=delay, dedupe_key=dedupe_key, max_attempts=max_attempts, subtypes=subtypes,
+                               after=after, on_dependency_failure=on_dependency_failure, batch=batch, using=using,
+                               concurrency_key=concurrency_key)

@@ -5,6 +5,7 @@ Read through :func:`get_settings` (not cached at import) so tests and ``override
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from dataclasses import dataclass, field, fields, replace
@@ -140,31 +141,41 @@ def _hashable(value: Any) -> Any:
 
 
 def _build(user: Any) -> QueueSettings:
-    known = {f.name for f in fields(QueueSettings)}
-    unknown = set(user) - known
-    if unknown:
-        raise SqlQueueConfigError(f"unknown SQLQUEUE setting(s): {', '.join(sorted(unknown))}")
-    result = replace(QueueSettings(), **user)
+    """The settings from the user's dict; every problem in it reported at once (one run, one fix)."""
+    if not isinstance(user, dict):
+        raise SqlQueueConfigError(f"SQLQUEUE must be a dict of setting name -> value, got {user!r}")
+    known = [f.name for f in fields(QueueSettings)]
+    problems = [f"unknown SQLQUEUE setting {name!r}{did_you_mean(str(name), known)}"
+                for name in sorted(set(user) - set(known), key=str)]
+    result = replace(QueueSettings(), **{k: v for k, v in user.items() if k in known})
     for name, minimum in _NUMERIC_MINIMUMS.items():
         value = getattr(result, name)
-        if not isinstance(value, int | float) or not math.isfinite(value) or value < minimum:
-            raise SqlQueueConfigError(f"SQLQUEUE[{name!r}] must be a number >= {minimum}, got {value!r}")
-    for name in ("BACKOFF_BASE_SECONDS", "BACKOFF_MAX_SECONDS"):
-        value = getattr(result, name)
-        if value > MAX_BACKOFF_SECONDS:
-            raise SqlQueueConfigError(f"SQLQUEUE[{name!r}] must be at most {MAX_BACKOFF_SECONDS} seconds (a year), "
-                                      f"got {value!r}")
-    if not isinstance(result.LISTEN_DATABASE, str):
-        raise SqlQueueConfigError(f"SQLQUEUE['LISTEN_DATABASE'] must be a database alias (a string), "
-                                  f"got {result.LISTEN_DATABASE!r}")
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < minimum:
+            problems.append(f"SQLQUEUE[{name!r}] must be a number >= {minimum}, got {value!r}")
+        elif name in ("BACKOFF_BASE_SECONDS", "BACKOFF_MAX_SECONDS") and value > MAX_BACKOFF_SECONDS:
+            problems.append(f"SQLQUEUE[{name!r}] must be at most {MAX_BACKOFF_SECONDS} seconds (a year), got {value!r}")
+    for name in ("DATABASE", "LISTEN_DATABASE", "NOTIFY_CHANNEL"):
+        if not isinstance(getattr(result, name), str):
+            problems.append(f"SQLQUEUE[{name!r}] must be a string (a database alias, a channel name), "
+                            f"got {getattr(result, name)!r}")
+    databases = getattr(django_settings, "DATABASES", {}) or {}
+    if isinstance(result.DATABASE, str) and result.DATABASE not in databases:
+        problems.append(f"SQLQUEUE['DATABASE'] names {result.DATABASE!r}, which is not in DATABASES"
+                        f"{did_you_mean(result.DATABASE, list(databases))}")
     if not isinstance(result.SCHEDULES, dict):
-        raise SqlQueueConfigError(f"SQLQUEUE['SCHEDULES'] must be a dict of name -> entry, got {result.SCHEDULES!r}")
-    if not isinstance(result.BATCH_MAX, int) or result.BATCH_MAX > 1000:
-        raise SqlQueueConfigError(f"SQLQUEUE['BATCH_MAX'] must be an integer from 1 to 1000, got {result.BATCH_MAX!r}")
-    if not isinstance(result.RETENTION_BATCH_SIZE, int) or result.RETENTION_BATCH_SIZE > 2000:
-        raise SqlQueueConfigError(f"SQLQUEUE['RETENTION_BATCH_SIZE'] must be an integer from 1 to 2000, "
-                                  f"got {result.RETENTION_BATCH_SIZE!r}")
-    retention_ages(result.RETENTION)
+        problems.append(f"SQLQUEUE['SCHEDULES'] must be a dict of name -> entry, got {result.SCHEDULES!r}")
+    if isinstance(result.BATCH_MAX, int | float) and (not isinstance(result.BATCH_MAX, int) or result.BATCH_MAX > 1000):
+        problems.append(f"SQLQUEUE['BATCH_MAX'] must be an integer from 1 to 1000, got {result.BATCH_MAX!r}")
+    if isinstance(result.RETENTION_BATCH_SIZE, int | float) and (
+            not isinstance(result.RETENTION_BATCH_SIZE, int) or result.RETENTION_BATCH_SIZE > 2000):
+        problems.append(f"SQLQUEUE['RETENTION_BATCH_SIZE'] must be an integer from 1 to 2000, "
+                        f"got {result.RETENTION_BATCH_SIZE!r}")
+    try:
+        retention_ages(result.RETENTION)
+    except SqlQueueConfigError as exc:
+        problems.append(str(exc))
+    if problems:
+        raise SqlQueueConfigError("; ".join(problems), problems=problems)
     return result
 
 
@@ -193,3 +204,13 @@ def retention_ages(value: Any) -> dict[Status, timedelta]:
         except ValueError as exc:
             raise SqlQueueConfigError(str(exc)) from None
     return out
+
+
+def did_you_mean(name: str, choices: Any) -> str:
+    """``" (did you mean 'MAX_ATTEMPTS'?)"`` for the closest of ``choices``, or ``""`` when none is close.
+
+    Case is ignored (``max_attempts``, ``lease_secs``); :mod:`difflib` finds a near spelling.
+    """
+    by_lower = {c.lower(): c for c in choices if isinstance(c, str)}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""

@@ -15,6 +15,11 @@ class SqlQueueError(Exception):
 class SqlQueueConfigError(SqlQueueError, ImproperlyConfigured):
     """django-sqlqueue is not configured correctly."""
 
+    def __init__(self, message: str | None = None, *, problems: list[str] | None = None) -> None:
+        super().__init__(message)
+        #: Each problem found, when several were (the settings are checked whole: all reported at once).
+        self.problems = list(problems or [str(self)])
+
 
 class WorkerNameInUse(SqlQueueConfigError):
     """A live worker already runs under this name; two would run each other's jobs twice."""

@@ -140,6 +140,14 @@ class Registry:
                 isinstance(concurrency_key, str) and concurrency_key):
             raise InvalidArgument(f"concurrency_key of {name!r} must be a payload field name or a callable of "
                                   f"the payload, got {concurrency_key!r}")
+        if concurrency_key is not None and "concurrency_limit" not in options and "rate_limit" not in options:
+            # A key alone limits nothing, silently. concurrency_limit=None says so on purpose: an operator
+            # sets the limit on the type's row (the admin), and the key divides it from then on.
+            raise InvalidArgument(f"handler {name!r} has a concurrency_key but no concurrency_limit (or rate_limit): "
+                                  f"the key only divides a limit into scopes; set concurrency_limit=N, or "
+                                  f"concurrency_limit=None when an operator sets the limit on the type's row "
+                                  f"(docs/limits.md)")
+        _check_signature(name, func, steps)
         if len(set(steps)) != len(steps) or any(not s or len(s) > 100 for s in steps):
             raise InvalidArgument(f"steps of {name!r} must be distinct non-empty names of at most 100 characters")
         existing = self._handlers.get(name)
@@ -180,6 +188,26 @@ class Registry:
 
 
 registry = Registry()
+
+
+def _check_signature(name: str, func: Any, steps: Sequence[str]) -> None:
+    """Refuse, at registration, a handler the worker could never call: it is called with the job (and,
+    for a multi-step handler, the step name), so it must take that many positional arguments."""
+    import inspect
+
+    if not callable(func):
+        raise InvalidArgument(f"the handler of {name!r} must be callable, got {func!r}")
+    try:
+        signature = inspect.signature(func)
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check
+        return
+    wanted = ["job", "step"] if steps else ["job"]
+    try:
+        signature.bind(*wanted)
+    except TypeError:
+        raise InvalidArgument(
+            f"the handler of {name!r} must take {' and '.join(wanted)} ({'def f(job, step)' if steps else 'def f(job)'}"
+            f"): {getattr(func, '__qualname__', func)}{signature} cannot be called so") from None
 
 
 def handler(name: str, *, steps: Sequence[str] = (), concurrency_key: str | Callable[[Any], Any] | None = None,

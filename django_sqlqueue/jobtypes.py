@@ -184,12 +184,15 @@ def get_type(name: str, *, using: str, create: bool = False, task: bool = False)
         JobType.objects.using(using).filter(pk=row.pk).update(is_task=True)
         row.is_task = True
     if row is None:
-        if not create:
-            raise UnknownJobType(
-                f"unknown job type {name!r}: register a handler for it (django_sqlqueue.handler) "
-                f"or create the JobType row"
-            )
         from .handlers import registry
+
+        if not create:
+            from .conf import did_you_mean
+
+            raise UnknownJobType(
+                f"unknown job type {name!r}{did_you_mean(name, [h.name for h in registry.all()])}: register "
+                f"a handler for it (django_sqlqueue.handler) or create the JobType row"
+            )
 
         # Whoever creates the row (an enqueue before migrate's sync, a worker, a task's first use), it
         # takes the code's options: a max_attempts=1 in the handler must hold for the very first job.

@@ -55,6 +55,15 @@ elif _TEST_DB == "tds":
         os.environ.setdefault(_key, _value)
     # A test database of this session's own: two sessions on one endpoint never drop each other's.
     os.environ.setdefault("SQLQUEUE_MSSQL_TEST_NAME", f"test_sqlqueue_{os.getpid()}")
+    # No driver-side connection pool in this session (mssql-python pools by default): a connection the
+    # harness closes must really close. Pooled, the "fresh" connection conftest opens once the test
+    # database exists could be the very one that created it, which keeps Babelfish's name resolution
+    # of the database it first logged in to (its foreign key checks then look for
+    # '<db>_<db>_dbo.<table>'). It showed only in a session that had opened more connections first
+    # (the whole suite), never in one of a few files.
+    import mssql_python
+
+    mssql_python.pooling(enabled=False)
 elif _TEST_DB not in ("sqlite", "postgres", "mssql"):
     raise SystemExit(f"SQLQUEUE_TEST_DB must be sqlite, postgres, mssql or tds, not {_TEST_DB!r}")
 

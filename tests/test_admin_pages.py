@@ -44,7 +44,7 @@ def test_list_columns_and_newest_first(admin_client) -> None:
     assert re.search(r'sqlqueue-hint">in 4.minutes', html)
     assert re.search(r'sqlqueue-overdue">overdue 7.minutes', html)
     assert "ValueError: boom" in html  # the error excerpt
-    assert "running 0" in html  # duration of a running job
+    assert re.search(r"running \d+.seconds", html)  # duration of a running job (a busy machine: not always 0)
     assert "4 jobs" in html
 
 

@@ -20,7 +20,19 @@ def check_ids(**options) -> str:
 def test_a_misspelt_setting_fails_plain_check() -> None:
     with override_settings(SQLQUEUE={"MAX_ATTEMPT": 7}):
         text = check_ids()
-    assert "sqlqueue.E001" in text and "unknown SQLQUEUE setting(s): MAX_ATTEMPT" in text
+    assert "sqlqueue.E001" in text and "unknown SQLQUEUE setting 'MAX_ATTEMPT' (did you mean 'MAX_ATTEMPTS'?)" in text
+
+
+def test_every_settings_mistake_is_reported_at_once() -> None:
+    """Issue 32 item 6: three mistakes, one run of check, three errors (not one per run)."""
+    with override_settings(SQLQUEUE={"DATABASE": "queue", "MAX_ATTEMPTS": 0, "LEASE_SECONDS": "60",
+                                     "lease_secs": 5}):
+        text = check_ids()
+    assert "SQLQUEUE['DATABASE'] names 'queue', which is not in DATABASES" in text
+    assert "SQLQUEUE['MAX_ATTEMPTS'] must be a number >= 1, got 0" in text
+    assert "SQLQUEUE['LEASE_SECONDS'] must be a number >= 1, got '60'" in text
+    assert "unknown SQLQUEUE setting 'lease_secs' (did you mean 'LEASE_SECONDS'?)" in text
+    assert text.count("sqlqueue.E001") == 3 and text.count("sqlqueue.E002") == 1
 
 
 def test_use_tz_false_fails_plain_check() -> None:
@@ -72,3 +84,15 @@ def test_the_admin_without_the_dropdown_app_fails_check() -> None:
     with modify_settings(INSTALLED_APPS={"remove": ["django_admin_listfilter_dropdown"]}):
         text = check_ids()
     assert "sqlqueue.E008" in text and "'django_admin_listfilter_dropdown'" in text
+
+
+def test_sqlite_without_the_recommended_options_gets_a_warning(tmp_path) -> None:
+    """Issue 32 item 5: startproject's SQLite has no WAL, no IMMEDIATE, Django's 5 s timeout."""
+    done = run_check_in_a_fresh_project(tmp_path, "")
+    assert done.returncode == 0, done.stderr  # a warning, not an error
+    text = done.stdout + done.stderr
+    assert "sqlqueue.W020" in text and "WAL" in text and "IMMEDIATE" in text and "a timeout" in text
+    done = run_check_in_a_fresh_project(
+        tmp_path, "DATABASES['default']['OPTIONS'] = {'init_command': 'PRAGMA journal_mode=WAL;', "
+                  "'transaction_mode': 'IMMEDIATE', 'timeout': 20}\n")
+    assert done.returncode == 0 and "sqlqueue.W020" not in done.stdout + done.stderr, done.stderr

@@ -232,7 +232,7 @@ def test_the_limited_tsql_claim_parses_and_skips_held_permits(reclaim: bool) -> 
     from django_sqlqueue.dialects.mssql import batch
 
     from .test_tsql import dialect as make_dialect
-    from .test_tsql import hints, parse_batch
+    from .test_tsql import hints, index_hint, parse_batch
 
     dialect = make_dialect.__wrapped__()  # the module fixture's function: a never-connected mssql dialect
     req = ClaimRequest("host:1/0", 5, queues=("emails",), types=(3,), reclaim=reclaim, limited=True)
@@ -243,13 +243,17 @@ def test_the_limited_tsql_claim_parses_and_skips_held_permits(reclaim: bool) -> 
     permit_reads = [t for t in pick.find_all(exp.Table) if t.name == "django_sqlqueue_limitpermit"]
     job_reads = [t for t in pick.find_all(exp.Table) if t.name == "django_sqlqueue_job"]
     assert len(permit_reads) == 1 and len(job_reads) == 1
-    assert hints(permit_reads[0]) == hints(job_reads[0]) == {"UPDLOCK", "ROWLOCK", "READPAST"}
+    assert hints(permit_reads[0]) == hints(job_reads[0]) == {"INDEX", "UPDLOCK", "ROWLOCK", "READPAST"}
+    # pinned: the permits through their free-permit index (an ordered seek on held_until), the job
+    # through the limited index (issue 29.2, 29.6)
+    assert (index_hint(permit_reads[0]), index_hint(job_reads[0])) == ("sqlqueue_permit_free", "sqlqueue_job_limited")
     # Never a count (READPAST would make it low): the permit's own columns decide.
     assert not list(pick.find_all(exp.Count)) and "COUNT(" not in batch(parts).upper()
     assert hold.this.name == "hp" or "django_sqlqueue_limitpermit" in hold.sql("tsql")
     assert "[held_until] IS NULL OR p.[held_until] < SYSUTCDATETIME()" in parts.body[0]
-    # The limited job joins the claim's candidates, and only an unlimited type passes the due branch.
-    assert "@permit AS lp INNER LOOP JOIN [django_sqlqueue_job]" in parts.body[1]
+    # The limited job joins the claim's candidates (its claim-order columns and token read with it, no
+    # second read of its row), and only an unlimited type passes the due branch.
+    assert "lp.jversion AS version FROM @permit AS lp" in parts.body[1]
     assert "pt.[concurrency_limit] IS NOT NULL OR pt.[rate_limit] <> N''" in parts.body[1]
 
 
@@ -389,7 +393,7 @@ def test_queue_why_and_the_admin_say_why_a_job_waits(admin_client) -> None:
     Job.objects.claim("w1", 5)
     out = StringIO()
     call_command("queue_why", str(waiting.pk), stdout=out)
-    assert "- held by the concurrency limit of Export: 1 of 1 running" in out.getvalue()
+    assert "- Held by the concurrency limit of Export: 1 of 1 running." in out.getvalue()
     page = admin_client.get("/admin/django_sqlqueue/job/").content.decode()
     assert "held by limit" in page and "held by the concurrency limit of Export: 1 of 1 running" in page
     detail = admin_client.get(f"/admin/django_sqlqueue/job/{waiting.pk}/change/").content.decode()
@@ -401,7 +405,7 @@ def test_queue_why_and_the_admin_say_why_a_job_waits(admin_client) -> None:
     Job.objects.complete(Job.objects.get(pk=running.pk))
     out = StringIO()
     call_command("queue_why", str(waiting.pk), stdout=out)
-    assert "held by" not in out.getvalue()
+    assert "held by" not in out.getvalue().lower()
 
 
 def test_the_admin_changes_a_limit_at_run_time_and_refuses_bad_ones(admin_client) -> None:

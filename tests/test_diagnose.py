@@ -1,4 +1,5 @@
-"""queue_why / why_not_running: each reason matches what the claim actually does."""
+"""queue_why / the one diagnosis (ops/diagnose.py): each sentence matches what the claim actually does,
+and queue_why, the admin's job page, the dashboard and the metrics give the same answer."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.urls import reverse
 from django.utils import timezone
 
 from django_sqlqueue import Status, enqueue, handler, registry
 from django_sqlqueue.models import Job, JobType, Worker
-from django_sqlqueue.ops.diagnose import why_not_running
+from django_sqlqueue.ops.diagnose import CHAIN_DEPTH, diagnose, why_not_running
 
 pytestmark = pytest.mark.django_db
 
@@ -23,15 +25,63 @@ def diag_type(db):
     registry.unregister("Diag")
 
 
-def test_claimable_job_has_no_reason_and_is_claimed(diag_type) -> None:
+def live(name: str, **fields) -> Worker:
+    now = timezone.now()
+    return Worker.objects.create(name=name, started_at=now, last_heartbeat=now, **fields)
+
+
+def why(job: Job) -> str:
+    out = StringIO()
+    call_command("queue_why", str(job.pk), stdout=out)
+    return out.getvalue()
+
+
+def test_claimable_job_served_by_a_live_worker_has_no_reason_and_is_claimed(diag_type) -> None:
     job = enqueue("Diag")
+    live("w")
     assert why_not_running(job) == []
+    assert "nothing stops it: Due" in why(job) and "one of 1 live worker(s)" in why(job)
     assert Job.objects.claim("w", 1)[0].pk == job.pk
 
 
+def test_no_worker_alive_is_said_not_nothing_stops_it(diag_type) -> None:
+    job = enqueue("Diag")
+    assert why_not_running(job) == [why_not_running(job)[0]] and "no worker is alive" in why_not_running(job)[0]
+    Worker.objects.create(name="gone", started_at=timezone.now(), last_heartbeat=timezone.now(),
+                          stopped_at=timezone.now())
+    assert "nothing stops it" not in why(job) and "no worker is alive" in why(job)
+
+
+def test_a_queue_typo_is_named_by_queue_why_the_admin_the_dashboard_and_the_metrics(diag_type, admin_client) -> None:
+    """Issue 32 item 1: enqueued to "emails", the worker started with -q email."""
+    job = enqueue("Diag", queue="emails")
+    live("w-typo", queues=["email"])
+    text = why(job)
+    assert "nothing stops it" not in text
+    assert "none of the 1 live worker(s) serves queue emails and type Diag" in text
+    page = admin_client.get(reverse("admin:django_sqlqueue_job_change", args=[job.pk])).content.decode()
+    assert "none of the 1 live worker(s) serves queue emails and type Diag" in page
+    dashboard = admin_client.get(reverse("admin:django_sqlqueue_dashboard")).context
+    assert [(u["queue"], u["type"], u["jobs"]) for u in dashboard["unserved"]] == [("emails", "Diag", 1)]
+    pytest.importorskip("prometheus_client")
+    from django_sqlqueue.ops.metrics import QueueCollector
+
+    unserved = {tuple(s.labels.values()): s.value for m in QueueCollector().collect()
+                if m.name == "sqlqueue_unserved_due_jobs" for s in m.samples}
+    assert unserved == {("emails", "Diag"): 1.0}
+    # The claim agrees: the typo'd worker takes nothing, one serving "emails" takes it.
+    assert Job.objects.claim("w-typo", 1, queues=["email"]) == []
+    live("w-right", queues=["emails"])
+    assert "nothing stops it" in why(job)
+    assert Job.objects.claim("w-right", 1, queues=["emails"])[0].pk == job.pk
+
+
 def test_scheduled_paused_type_and_paused_job(diag_type) -> None:
+    live("w")
     later = enqueue("Diag", delay=600)
-    assert "scheduled for" in why_not_running(later)[0]
+    reason = why_not_running(later)[0].replace("\xa0", " ")
+    assert reason.startswith("Scheduled: due in 9 minutes") or reason.startswith("Scheduled: due in 10 minutes")
+    assert " UTC)" in reason  # the time with its zone
     JobType.objects.filter(pk=diag_type.pk).update(paused=True)
     from django_sqlqueue import jobtypes
 
@@ -40,7 +90,7 @@ def test_scheduled_paused_type_and_paused_job(diag_type) -> None:
     assert any("is paused" in r for r in why_not_running(now_job))
     assert Job.objects.claim("w", 1) == []  # and the claim agrees
     paused = Job.objects.modify(now_job.pk, None, Status.PAUSED)
-    assert any("it is Paused" in r for r in why_not_running(paused))
+    assert any("Paused by an operator" in r for r in why_not_running(paused))
 
 
 def test_held_by_live_then_dead_worker(diag_type) -> None:
@@ -48,9 +98,13 @@ def test_held_by_live_then_dead_worker(diag_type) -> None:
     job = Job.objects.claim("box:1/0", 1)[0]
     now = timezone.now()
     Worker.objects.create(name="box:1/0", started_at=now, last_heartbeat=now)
-    assert "it is running" in why_not_running(job)[0]
+    assert why_not_running(job)[0].startswith("Running on box:1/0 since")
     Worker.objects.filter(name="box:1/0").update(last_heartbeat=now - timedelta(hours=1))
-    assert "which is gone" in why_not_running(job)[0]
+    reasons = why_not_running(job)
+    assert "has sent no heartbeat" in reasons[0]
+    assert "No live worker serves queue default" in reasons[1]  # the only worker is the dead one
+    live("other/0")
+    assert "The next claim by one of 1 live worker(s)" in why_not_running(job)[1]
     assert Job.objects.claim("other/0", 1)[0].pk == job.pk  # the claim takes it over, as said
 
 
@@ -60,14 +114,71 @@ def test_out_of_attempts_and_unknown_handler(make_type) -> None:
     claimed = Job.objects.claim("w", 1)[0]
     Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     reasons = why_not_running(Job.objects.get(pk=claimed.pk))
-    assert any("all 1 attempts" in r for r in reasons)
-    assert any("no handler for 'NoHandler'" in r for r in reasons)
+    assert any("all 1 used" in r for r in reasons)
+    assert any("No handler for 'NoHandler'" in r for r in reasons)
+
+
+@pytest.mark.parametrize("status", [Status.COMPLETED, Status.TERMINATED])
+def test_a_final_job_is_not_promised_a_retry(diag_type, status) -> None:
+    """Issue 32 item 8: Completed has no way out (lifecycle.md, the admin's refusal): queue_why says so."""
+    job = enqueue("Diag")
+    Job.objects.filter(pk=job.pk).update(status_id=int(status))
+    text = why(Job.objects.get(pk=job.pk))
+    assert "for good" in text and "retry" not in text.lower()
+
+
+def test_failed_job_is_promised_the_operators_retry(diag_type) -> None:
+    job = enqueue("Diag")
+    Job.objects.filter(pk=job.pk).update(status_id=int(Status.FAILED))
+    assert "only an operator's retry runs it again" in why(Job.objects.get(pk=job.pk))
+
+
+def test_a_waiting_job_is_followed_to_the_real_blocker(diag_type, admin_client) -> None:
+    """Issue 27 item 5: "waits for job 3169 (Pending)" where 3169 sits in a queue nobody serves."""
+    live("w", queues=["default"])
+    root = enqueue("Diag", queue="nobody")
+    middle = enqueue("Diag", after=[root])
+    top = enqueue("Diag", after=[middle])
+    text = why(top)
+    assert (f"waits for job {middle.pk} (Waiting), which waits for job {root.pk} (Pending): Due" in text), text
+    assert "none of the 1 live worker(s) serves queue nobody and type Diag" in text
+    page = admin_client.get(reverse("admin:django_sqlqueue_job_change", args=[top.pk])).content.decode()
+    assert "serves queue nobody and type Diag" in page
+    # A dependency that is running: its worker is named.
+    Job.objects.filter(pk=root.pk).update(queue="default")
+    (claimed,) = Job.objects.claim("w", 1, queues=["default"])
+    assert claimed.pk == root.pk
+    assert f"waits for job {root.pk} (Processing on w): Running on w since" in why(middle)
+
+
+def test_a_cycle_and_a_long_chain_end(diag_type) -> None:
+    """Rows can be edited into a cycle (enqueue cannot make one): the diagnosis ends, and says so."""
+    from django_sqlqueue.models import JobDependency
+
+    live("w")
+    a = enqueue("Diag")
+    b = enqueue("Diag", after=[a])
+    JobDependency.objects.create(job=a, depends_on=b)
+    Job.objects.filter(pk=a.pk).update(status_id=int(Status.WAITING))
+    assert "a cycle of dependencies leads back to it" in diagnose(Job.objects.get(pk=b.pk)).text
+    chain = [enqueue("Diag")]
+    for _ in range(CHAIN_DEPTH + 5):
+        chain.append(enqueue("Diag", after=[chain[-1]]))
+    text = diagnose(chain[-1]).text
+    assert f"the chain is longer than {CHAIN_DEPTH} jobs" in text and text.count("which waits for") == CHAIN_DEPTH
 
 
 def test_command(diag_type) -> None:
     job = enqueue("Diag", delay=60)
-    out = StringIO()
-    call_command("queue_why", str(job.pk), stdout=out)
-    assert f"job {job.pk} (Diag" in out.getvalue() and "scheduled for" in out.getvalue()
+    text = why(job)
+    assert f"job {job.pk} (Diag" in text and "- Scheduled: due in" in text
     with pytest.raises(CommandError, match="no job with id"):
         call_command("queue_why", "999999")
+
+
+def test_queue_why_runs_no_system_checks() -> None:
+    """Issue 32 item 7: a diagnostic tool runs when things are broken (an invalid schedule in settings is a
+    check error; tests/test_newcomer_walkthrough.py runs ``manage.py queue_why`` with one)."""
+    from django.core.management import get_commands, load_command_class
+
+    assert load_command_class(get_commands()["queue_why"], "queue_why").requires_system_checks == []

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,8 @@ def reader_namespace() -> dict[str, object]:
 
     job = enqueue("test.Noop", {})
     Job.objects.modify(job, job.version, Status.PAUSED)  # a job an operator may act on
-    return {"User": User, "email": "newcomer@example.com",
+    return {"BASE_DIR": Path(tempfile.gettempdir()),  # settings.py's, as startproject writes it
+            "User": User, "email": "newcomer@example.com",
             "user": User.objects.create(username="newcomer", email="newcomer@example.com"), "job_id": job.pk}
 
 

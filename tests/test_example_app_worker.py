@@ -41,9 +41,13 @@ def test_reset_password_resumes_at_send_in_a_worker_process() -> None:
     assert outcomes == [Status.ERROR, Status.COMPLETED]
 
 
-def test_demo_runs_well_under_a_minute(tmp_path) -> None:
+@pytest.mark.timeout(420)
+def test_demo_runs_every_sample_to_its_expected_end(tmp_path) -> None:
     """``bash scripts/demo.sh`` runs this command; here on a fresh SQLite file, and in the tds stage also
-    on a fresh database over TDS (Babelfish) with one slot, as a new SQL Server user would run it."""
+    on a fresh database over TDS (Babelfish) with one slot, as a new SQL Server user would run it.
+
+    No wall-clock bound on the whole run (its time is printed; a busy machine slows migrate most): the
+    demo's own ``--time-limit`` bounds the jobs' part, from the moment they are enqueued."""
     vendor = os.environ.get("SQLQUEUE_TEST_DB", "sqlite")
     if vendor not in ("sqlite", "tds"):
         pytest.skip("the demo runs on SQLite (and over TDS in the tds stage); the SQLite session covers it")
@@ -57,12 +61,45 @@ def test_demo_runs_well_under_a_minute(tmp_path) -> None:
     env = dict(os.environ, SQLQUEUE_DATABASE_URL=url, DJANGO_SETTINGS_MODULE="testproject.settings")
     started = time.monotonic()
     proc = subprocess.run([sys.executable, str(ROOT / "manage.py"), "sqlqueue_demo", *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=90, check=False)
+                          env=env, capture_output=True, text=True, timeout=300, check=False)  # a hang guard only
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = proc.stdout
-    assert elapsed < 45, elapsed
+    print(f"demo: {elapsed:.1f} s")
     summary = dict(re.findall(r"^\s*(Completed|Failed|Error|Pending|Processing)\s+(\d+)\s*$", out, re.M))
     assert summary.get("Failed") == "1" and "duplicates after retries: 0" in out, out
-    assert int(summary["Completed"]) >= 5  # 5 typed samples, plus the @task sample when TASKS uses SqlQueueBackend
+    # 5 typed samples and the @task sample (issue 32 item 11: the test project's TASKS uses SqlQueueBackend)
+    assert int(summary["Completed"]) >= 6 and "Django @task (TASKS backend)" in out and "no @task sample" not in out
     assert "Send fails once" in out and "attempt 1 by" in out
+
+
+@pytest.mark.django_db
+def test_the_demo_time_limit_counts_from_the_enqueue_not_from_migrate(monkeypatch) -> None:
+    """Issue 29.8: over TDS at load 8 the demo once left its scheduled-ahead sample Pending. Its 45 s
+    limit was counted from the start, migrate included, so a migrate slowed by a busy machine left the
+    worker too little of it. The limit is the jobs' time: the worker rounds get all of it."""
+    import io
+
+    from django.core.management import call_command
+
+    from testproject.notifications.management.commands import sqlqueue_demo as demo
+
+    real = demo.call_command
+
+    def slow_migrate(name: str, *args, **kwargs):
+        if name == "migrate":
+            time.sleep(1.5)  # a migrate on a busy machine (the test database is migrated already)
+            return None
+        return real(name, *args, **kwargs)
+
+    seen: dict[str, float] = {}
+
+    def drain(self, ids, concurrency: int, deadline: float) -> int:
+        seen["left"] = deadline - time.monotonic()
+        return 1
+
+    monkeypatch.setattr(demo, "call_command", slow_migrate)
+    monkeypatch.setattr(demo.Command, "drain", drain)
+    monkeypatch.setattr(demo.Command, "report", lambda self, *args: True)
+    call_command("sqlqueue_demo", "--time-limit", "10", stdout=io.StringIO())
+    assert seen["left"] > 9.0, seen  # all of the limit, not what migrate left of it

@@ -170,15 +170,19 @@ def test_a_handler_exiting_0_under_burst_is_a_death_and_the_worker_row_is_stoppe
     """Finding 21.10: ``os._exit(0)`` under --burst used to look like a drained slot."""
     dying = Job.objects.enqueue("test.Exit", {"log": str(job_log.path), "code": 0}, max_attempts=1)
     worker = worker_procs("--burst", "--concurrency", "1", "--worker-name", "exit0")
-    assert worker.wait(timeout=60) == 0, worker.output()
+    # Issue 32 item 13: a burst run that leaves a job it claimed unfinished does not report success.
+    assert worker.wait(timeout=300) == 1, worker.output()
     assert "slot_died worker=exit0/0 exit=0 (undeclared)" in worker.stderr(), worker.output()
+    assert f"a worker slot died while running job(s) {dying.pk}" in worker.stderr(), worker.output()
     assert [e for _a, e in job_log.events(dying.pk)] == ["run"]
     row = WorkerRow.objects.get(name="exit0/0")
     assert row.stopped_at is not None
-    # Its attempt is spent and it is still Processing under its dead holder: the reaper fails it once
-    # the lease is over (it is not handed back as unstarted: it ran).
+    # Its attempt is spent (it ran: not handed back as unstarted), and its state says what happened: the
+    # attempt failed with the slot's death, Failed with no attempts left (the reaper's "lease expired"
+    # when the lease ran out first).
     job = Job.objects.get(pk=dying.pk)
-    assert job.status_id == Status.PROCESSING and job.attempt_num == 1
+    assert job.status_id == Status.FAILED and job.attempt_num == 1, (job.state, job.error)
+    assert "the worker slot running it died (exit 0" in job.error or "lease expired" in job.error, job.error
     assert JobAttempt.objects.filter(job=job).count() == 1
 
 
@@ -238,15 +242,20 @@ def test_a_slot_whose_heartbeat_cannot_connect_stops_claiming(worker_procs, tmp_
                             autocommit=True)
     try:
         a = worker_procs("--worker-name", "starved", "--concurrency", "1", env={**FAST, "SQLQUEUE_DATABASE_URL": starved_url})
-        wu.wait_until(lambda: WorkerRow.objects.filter(name="starved/0", stopped_at=None).exists(), what="a to register")
-        time.sleep(1.0)  # a has all its connections open: main, heartbeat (and listener)
-        # No new connection for the role from now on; the ones open stay. Then cut the heartbeat's.
+        wu.wait_until(lambda: WorkerRow.objects.filter(name="starved/0", stopped_at=None).exists(), 90,
+                      what="a to register")
+        time.sleep(1.0)  # a has both its connections open: the slot's (claims) and the supervisor's (heartbeat)
+        # No new connection for the role from now on; the ones open stay. Then cut the heartbeat's: the
+        # supervisor's connection, the one whose last statement is not the slot's claim.
         admin.execute("ALTER ROLE starved CONNECTION LIMIT 0")
+        wu.wait_until(lambda: admin.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = 'starved' AND "
+                                            "query LIKE %s", ["%SKIP LOCKED%"]).fetchone()[0] == 1,
+                      what="the slot to claim")
         killed = admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'starved' "
-            "AND query LIKE %s", ['UPDATE "django_sqlqueue_worker"%']).fetchall()
-        assert killed, "no heartbeat connection found"
-        wu.wait_until(lambda: "heartbeat_failed worker=starved/0" in a.stderr(), what="a's heartbeat to fail")
+            "AND query NOT LIKE %s", ["%SKIP LOCKED%"]).fetchall()
+        assert len(killed) == 1, f"not one heartbeat connection: {killed}"
+        wu.wait_until(lambda: "heartbeat_failed worker=starved " in a.stderr(), what="a's heartbeat to fail")
         assert " WARNING " in next(line for line in a.stderr().splitlines() if "heartbeat_failed" in line)
         time.sleep(DEAD_AFTER + 0.5)  # a's row is stale: other workers now take a's jobs as a dead worker's
         path = tmp_path / "ticks.log"
@@ -303,5 +312,5 @@ def test_a_worker_whose_sqlite_file_is_deleted_stops_and_says_so(worker_procs, t
     wu.wait_until(lambda: "worker_started" in w.stderr(), what="the worker to start")
     path.unlink()
     assert w.wait(timeout=60) == 1, w.output()
-    assert "database_file_gone worker=doomed/0" in w.stderr() and str(path) in w.stderr(), w.output()
+    assert "database_file_gone worker=doomed " in w.stderr() and str(path) in w.stderr(), w.output()
     assert "reason=fatal-error" in w.stderr()

@@ -73,6 +73,7 @@ def test_a_newcomer_gets_from_startproject_to_a_job_run_a_task_run_and_the_admin
     # README step 2's handler sends an e-mail: Django 6.1's new project prints them (MAILERS, console).
     assert "django.core.mail.backends.console.EmailBackend" in text
     project.manage("startapp", "myapp")  # "any installed app": the newcomer makes one
+    text += "\n" + block_starting(python, "# settings.py (SQLite)")  # README's SQLite options (check warns without)
     project.settings.write_text(text)
     assert "System check identified no issues" in project.manage("check").stdout
     project.manage("migrate")
@@ -119,3 +120,75 @@ def test_a_newcomer_gets_from_startproject_to_a_job_run_a_task_run_and_the_admin
     assert all(v.startswith("200") for v in lines.values()), pages
     assert lines["/admin/django_sqlqueue/job/"] == "200 True"  # the job the Quick start ran
     assert lines["/admin/django_sqlqueue/jobtype/"] == "200 True"
+
+
+def try_manage(project: Project, *args: str) -> subprocess.CompletedProcess[str]:
+    """``manage.py`` in the project, whatever its exit status (the mistakes below are meant to fail)."""
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=project.dir, env=project.env,
+                          capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.timeout(900)
+def test_the_newcomers_mistakes_are_each_named_once_with_a_way_out(tmp_path) -> None:
+    """Issue 32, as a newcomer made them, each in a real ``manage.py`` process of a fresh project."""
+    python = readme_blocks("python")
+    project = Project(tmp_path)
+    settings_block = block_starting(python, "# settings.py")
+    apps = re.findall(r'^\s*"([\w.]+)",', settings_block, re.M)
+    text = project.settings.read_text()
+    added = "".join(f"    {app!r},\n" for app in apps if f"'{app}'" not in text)
+    project.manage("startapp", "myapp")
+    project.settings.write_text(text.replace("INSTALLED_APPS = [\n", "INSTALLED_APPS = [\n" + added + "    'myapp',\n", 1))
+
+    # Item 5: startproject's SQLite runs without WAL / IMMEDIATE / a timeout: check warns; README's block fixes it.
+    done = try_manage(project, "check")
+    assert done.returncode == 0 and "sqlqueue.W020" in done.stdout + done.stderr, done.stderr
+    sqlite_block = block_starting(python, "# settings.py (SQLite)")
+    project.settings.write_text(project.settings.read_text() + "\n" + sqlite_block)
+    assert "System check identified no issues" in project.manage("check").stdout
+    good_settings = project.settings.read_text()
+    project.manage("migrate")
+    jobs_py = project.dir / "myapp" / "jobs.py"
+    jobs_py.write_text(block_starting(python, "# myapp/jobs.py"))
+
+    # Item 6: a misspelt type at enqueue is named with the registered one.
+    done = try_manage(project, "shell", "-c", "import django_sqlqueue as q; q.enqueue('WelcomEmail', {'to': 'x@example.com'})")
+    assert done.returncode != 0 and "did you mean 'WelcomeEmail'?" in done.stderr, done.stderr
+    ids = project.shell("import django_sqlqueue as q\n"
+                        "print(q.enqueue('WelcomeEmail', {'to': 'a@example.com'}, queue='emails').pk)\n"
+                        "print(q.enqueue('WelcomeEmail', {'to': 'b@example.com'}).pk)").split()
+    emails_job, default_job = ids[-2], ids[-1]
+
+    # Item 2: jobs.py renamed handlers.py: the worker says it serves nothing, claims nothing, spends nothing.
+    jobs_py.rename(project.dir / "myapp" / "handlers.py")
+    done = try_manage(project, "run_queue_worker", "--burst", "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert "no job handler is registered in this process" in done.stderr
+    assert "myapp/handlers.py is not loaded: rename it to jobs.py" in done.stderr
+    assert "processed=0" in done.stdout and "left unclaimed (no handler for their type in this code): WelcomeEmail (2)" \
+        in done.stdout, done.stdout
+    assert "Pending, attempt 0" in project.manage("queue_why", default_job).stdout
+    (project.dir / "myapp" / "handlers.py").rename(jobs_py)
+
+    # Item 1: the queue typo (-q email for "emails"): queue_why never says "nothing stops it".
+    done = project.manage("run_queue_worker", "--burst", "--no-progress", "-q", "email")
+    assert "serves job types: WelcomeEmail" in done.stdout and "processed=0" in done.stdout
+    why = project.manage("queue_why", emails_job).stdout
+    assert "nothing stops it" not in why and "no worker is alive" in why, why
+
+    # Item 6: three settings mistakes, one check, all three named (and a misspelt name with its suggestion).
+    project.settings.write_text(good_settings + "\nSQLQUEUE = {'DATABASE': 'queue', 'MAX_ATTEMPTS': 0, "
+                                "'LEASE_SECONDS': '60', 'LEASE_SECOND': 60}\n")
+    done = try_manage(project, "check")
+    assert done.returncode != 0
+    for words in ("'DATABASE'] names 'queue'", "'MAX_ATTEMPTS'] must be a number >= 1, got 0",
+                  "'LEASE_SECONDS'] must be a number >= 1, got '60'", "'LEASE_SECOND' (did you mean 'LEASE_SECONDS'?)"):
+        assert words in done.stderr, done.stderr
+
+    # Item 7: an invalid schedule fails check; queue_why still answers.
+    project.settings.write_text(good_settings + "\nSQLQUEUE = {'SCHEDULES': {'hourly': {'type': 'WelcomeEmail', "
+                                "'cron': '61 * * * *'}}}\n")
+    done = try_manage(project, "check")
+    assert done.returncode != 0 and "sqlqueue.E201" in done.stderr, done.stderr
+    why = try_manage(project, "queue_why", emails_job)
+    assert why.returncode == 0 and f"job {emails_job} (WelcomeEmail, queue 'emails')" in why.stdout, why.stderr

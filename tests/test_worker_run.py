@@ -155,15 +155,15 @@ def test_failed_step_is_persisted(job_log) -> None:
     assert "planned failure at step Confirm" in job.error
 
 
-def test_unknown_type_is_set_aside_without_a_hot_loop() -> None:
+def test_a_type_without_a_handler_is_not_claimed_and_spends_no_attempt() -> None:
+    """Issue 32 item 2: a worker claims only the types its code runs (worker/serving.py)."""
     set_type("test.NoHandler")
     job = Job.objects.enqueue("test.NoHandler")
+    ran = Job.objects.enqueue("test.Noop")
     wu.run_worker(wait_due=2)  # would spin on the job if it came back at once
     job.refresh()
-    assert job.state == Status.ERROR and job.attempt_num == 1
-    assert "no handler is registered for job type 'test.NoHandler'" in job.error
-    assert job.scheduled_for >= timezone.now() + timedelta(seconds=250)
-    assert len(history(job)) == 1
+    assert job.state == Status.PENDING and job.attempt_num == 0 and history(job) == []
+    assert Job.objects.get(pk=ran.pk).state == Status.COMPLETED
 
 
 def test_django_signals_are_sent_and_a_failing_receiver_is_harmless() -> None:

@@ -24,7 +24,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
-from django.utils.timesince import timesince, timeuntil
+from django.utils.timesince import timesince
 from django.utils.translation import gettext_lazy as _
 
 from .. import sensitive
@@ -32,7 +32,8 @@ from ..conf import get_settings
 from ..dialects.predicates import has_error
 from ..models import Job, JobAttempt, JobType, Worker
 from ..ops import health
-from ..states import CLAIMABLE, FINISHED, TRANSITIONS, Status, human_label
+from ..ops.timefmt import STAMP_FORMAT, ago, stamp, until  # noqa: F401  (STAMP_FORMAT: re-exported)
+from ..states import CLAIMABLE, FINISHED, Status, human_label
 from . import actions as admin_actions
 from . import workflows as admin_workflows
 from .filters import (
@@ -108,15 +109,6 @@ def _pretty_chunks(value: Any, depth: int) -> Any:
     yield "\n" + pad + closing
 
 
-#: The one date format of the admin pages (Python's strftime; templates use "Y-m-d H:i:s T").
-STAMP_FORMAT = "%Y-%m-%d %H:%M:%S %Z"
-
-
-def stamp(when: datetime | None) -> str:
-    """A local timestamp with seconds and the time zone (operators compare these to logs)."""
-    return timezone.localtime(when).strftime(STAMP_FORMAT) if when else "—"
-
-
 def short_stamp(when: datetime | None) -> SafeString | str:
     """For the list: the time and zone alone when it is today, else the full stamp (one format)."""
     if when is None:
@@ -124,22 +116,6 @@ def short_stamp(when: datetime | None) -> SafeString | str:
     local = timezone.localtime(when)
     text = local.strftime("%H:%M:%S %Z") if local.date() == timezone.localdate() else stamp(when)
     return format_html('<span title="{}">{}</span>', stamp(when), text)
-
-
-def until(when: datetime, now: datetime) -> str:
-    """"in 42 seconds" / "in 3 minutes": never "in 0 minutes"."""
-    seconds = (when - now).total_seconds()
-    if seconds < 60:
-        return _("in %d seconds") % max(1, int(seconds))
-    return _("in %s") % timeuntil(when, now)
-
-
-def ago(when: datetime, now: datetime) -> str:
-    """"12 seconds" / "3 minutes": never "0 minutes"."""
-    seconds = (now - when).total_seconds()
-    if seconds < 60:
-        return _("%d seconds") % max(0, int(seconds))
-    return timesince(when, now)
 
 
 def ellipsize(text: str, limit: int) -> str:
@@ -265,14 +241,14 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
     inlines = [JobAttemptInline]
     fieldsets = (
         (None, {"fields": ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis")}),
-        (_("Attempts"), {"fields": ("attempts", "worker", "started", "finished", "duration", "lease",
+        (_("Attempts"), {"fields": ("attempts", "worker", "started_full", "finished", "duration", "lease",
                                     "operator_actions", "cancel_requests")}),
         (_("Schedule"), {"fields": ("enqueued", "scheduled_full", "updated", "version", "dedupe_key")}),
         (_("Data"), {"fields": ("payload_pretty", "response_pretty", "error_traceback")}),
         (_("Workflow"), {"fields": ("waits_for", "waited_by", "batch_col")}),
     )
     readonly_fields = ("id", "type_link", "queue", "status_col", "step", "priority", "diagnosis", "attempts",
-                       "worker", "started", "finished", "duration", "lease", "enqueued", "scheduled_full", "updated",
+                       "worker", "started_full", "finished", "duration", "lease", "enqueued", "scheduled_full", "updated",
                        "version", "dedupe_key", "payload_pretty", "response_pretty", "error_traceback",
                        "payload_masked", "response_masked", "operator_actions", "cancel_requests", "waits_for",
                        "waited_by", "batch_col")
@@ -376,6 +352,11 @@ class JobAdmin(DeclaredFiltersOnly, admin_actions.JobActionPermissions, admin.Mo
     @admin.display(description=_("started"))
     def started(self, obj: Job) -> SafeString | str:
         return short_stamp(obj.started_at)
+
+    @admin.display(description=_("started"))
+    def started_full(self, obj: Job) -> str:
+        """The job page: the full stamp, as "finished" beside it (the list's short form is for the list)."""
+        return stamp(obj.started_at)
 
     @admin.display(description=_("finished"))
     def finished(self, obj: Job) -> str:
@@ -596,80 +577,10 @@ def effective_max_attempts(job: Job) -> int:
 
 
 def explain(job: Job) -> str:
-    """Why this job is, or is not, running now: the first reason the claim would skip it.
+    """Why this job is, or is not, running now: the one diagnosis (ops/diagnose.py), as queue_why says it."""
+    from ..ops.diagnose import diagnose
 
-    Each answer mirrors the claim: "the next claim takes it" only when a live worker serves the job's
-    queue and type (:mod:`.health`), and a job held by a stopped or stale worker is said to be orphaned.
-    """
-    now = timezone.now()
-    state = job.state
-    if state in FINISHED:
-        if Status.PENDING in TRANSITIONS[state]:
-            return _("Finished (%(status)s); only an operator's retry runs it again.") % {"status": state.label}
-        return _("Finished (%(status)s) for good: no action runs it again; enqueue a new job to redo the "
-                 "work.") % {"status": state.label}
-    if state == Status.PAUSED:
-        return _("Paused by an operator: Resume to let workers take it.")
-    if state == Status.WAITING:
-        from ..ops.diagnose import waiting_reasons
-
-        return " ".join(waiting_reasons(job)) or _("Waiting for other jobs.")
-    if state == Status.PROCESSING:
-        return _explain_running(job, now)
-    if job.job_type.paused:
-        return _("Its job type %(type)s is paused: no worker takes its jobs.") % {"type": job.job_type.name}
-    if job.attempt_num >= effective_max_attempts(job):
-        return _("No attempts left (%(n)d used): Retry or Reset attempts.") % {"n": job.attempt_num}
-    if job.scheduled_for > now:
-        return _("Scheduled: due %(t)s.") % {"t": until(job.scheduled_for, now)}
-    if job.job_type.concurrency_limit is not None or job.job_type.rate_limit:
-        from ..limits import explain as limit_wait
-
-        waiting = limit_wait(job)
-        if waiting:
-            return waiting[0].upper() + waiting[1:] + "."
-    live = health.live_workers(now, job._state.db)
-    if not live:
-        return _("Due %(ago)s ago, but no worker is alive.") % {"ago": timesince(job.scheduled_for, now)}
-    serving = [w for w in live if health.serves(w, job.queue, job.job_type.name)]
-    if not serving:
-        return _("Due %(ago)s ago, but none of the %(n)d live worker(s) serves queue %(queue)s and type "
-                 "%(type)s: it waits until a worker that does starts.") % {
-            "ago": timesince(job.scheduled_for, now), "n": len(live), "queue": job.queue,
-            "type": job.job_type.name}
-    return _("Due %(ago)s ago: waiting for one of %(n)d live worker(s) serving queue %(queue)s and type "
-             "%(type)s.") % {"ago": timesince(job.scheduled_for, now), "n": len(serving), "queue": job.queue,
-                             "type": job.job_type.name}
-
-
-def _explain_running(job: Job, now: datetime) -> str:
-    holder = health.holder_of(job, now)
-    worker = job.worker or "?"
-    if holder.state == "stopped":
-        why = _("Orphaned: worker %(worker)s stopped %(ago)s ago but the job is still Processing.") % {
-            "worker": worker, "ago": timesince(holder.worker.stopped_at, now)}
-    elif holder.state == "stale":
-        why = _("Orphaned: worker %(worker)s has sent no heartbeat for %(ago)s (presumed dead).") % {
-            "worker": worker, "ago": timesince(holder.worker.last_heartbeat, now)}
-    elif job.lease_expires_at and job.lease_expires_at < now:
-        why = _("Lease expired %(ago)s ago: worker %(worker)s is presumed dead.") % {
-            "ago": timesince(job.lease_expires_at, now), "worker": worker}
-    elif holder.state == "missing":
-        return _("Running on %(worker)s (no worker row by that name) since %(ago)s ago; its lease expires in "
-                 "%(left)s, then a live worker serving it takes it over.") % {
-            "worker": worker, "ago": timesince(job.started_at or now, now),
-            "left": timeuntil(job.lease_expires_at or now, now)}
-    else:
-        return _("Running on %(worker)s since %(ago)s ago.") % {"worker": worker,
-                                                              "ago": timesince(job.started_at or now, now)}
-    serving = [w for w in health.live_workers(now, job._state.db) if health.serves(w, job.queue, job.job_type.name)]
-    if job.job_type.paused:
-        return why + " " + _("Its type is paused: nobody takes it over until it is resumed.")
-    if serving:
-        return why + " " + _("The next claim by one of %(n)d live worker(s) serving queue %(queue)s takes it "
-                             "over (or Requeue it).") % {"n": len(serving), "queue": job.queue}
-    return why + " " + _("No live worker serves queue %(queue)s and type %(type)s: it stays here until one "
-                         "starts. Requeue it to make it Pending.") % {"queue": job.queue, "type": job.job_type.name}
+    return diagnose(job).text
 
 
 admin.site.register(JobType, JobTypeAdmin)

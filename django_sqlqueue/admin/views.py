@@ -166,7 +166,8 @@ def stuck_work(job_model: type[Job], now: datetime, pairs: Any = None) -> dict[s
 
     ``pairs``: the (queue, type) pairs holding waiting jobs, when the caller already counted them.
     """
-    from ..ops.health import orphaned_q, unserved_due_work
+    from ..ops.diagnose import unserved_due_work
+    from ..ops.health import orphaned_q
 
     orphaned, orphaned_capped = _capped_count(job_model.objects.filter(orphaned_q(now, job_model.objects.db)))
     unserved = unserved_due_work(job_model, now, pairs=pairs)
@@ -268,5 +269,8 @@ def workers(now: datetime, limit: int = WORKER_LIST_LIMIT) -> dict[str, Any]:
 
 def _serves_label(worker: Any) -> str:
     queues = ", ".join(worker.queues or []) or _("all queues")
-    types = ", ".join(worker.types or []) or _("all types")
+    if worker.types == [""]:  # worker/serving.py SERVES_NONE: its code has no handler for any known type
+        types = _("no types (no handler)")
+    else:
+        types = ", ".join(worker.types or []) or _("all types")
     return f"{queues} / {types}"

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from django.db import DatabaseError, connections
 
 from ..exceptions import UnsupportedDatabase
 from .base import COL, JOB_COLUMNS, ClaimRequest, Dialect
@@ -10,7 +14,11 @@ from .base import COL, JOB_COLUMNS, ClaimRequest, Dialect
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
-__all__ = ["COL", "JOB_COLUMNS", "ClaimRequest", "Dialect", "get_dialect", "dialect_class", "capabilities"]
+__all__ = ["COL", "JOB_COLUMNS", "ClaimRequest", "Dialect", "get_dialect", "dialect_class", "capabilities",
+           "retrying", "TRANSIENT_RETRIES"]
+
+#: Tries of a statement path that lost a deadlock (or a lock timeout, a snapshot conflict).
+TRANSIENT_RETRIES = 5
 
 
 def dialect_class(vendor: str) -> type[Dialect]:
@@ -54,3 +62,26 @@ def get_dialect(connection: BaseDatabaseWrapper) -> Dialect:
         dialect = dialect_class(connection.vendor)(connection)
         connection._sqlqueue_dialect = dialect  # type: ignore[attr-defined]
     return dialect
+
+
+def retrying[T](alias: str, work: Callable[[], T], tries: int = TRANSIENT_RETRIES) -> T:
+    """``work()``, run again (after 10, 20, 40 ms ...) while it fails with an error the dialect calls
+    transient: a deadlock victim (SQL Server 1205), a lock timeout, a snapshot update conflict.
+
+    For the by-id writes that can meet the claim in the opposite lock order on SQL Server (modify, cancel,
+    a workflow's release, lease and permit renewal; see docs/sqlserver.md): the claim runs at
+    ``DEADLOCK_PRIORITY LOW`` and is the usual victim, but two writers of equal priority are chosen
+    between by cost. ``work`` must be its own transaction (an ``atomic()`` block or one autocommit
+    statement): a victim's transaction is rolled back whole, so running it again is safe. Inside the
+    caller's transaction nothing is retried (the caller's earlier work is gone too): the error is raised.
+    """
+    connection = connections[alias]
+    for attempt in range(tries):
+        try:
+            return work()
+        except DatabaseError as exc:
+            if (attempt == tries - 1 or connection.in_atomic_block
+                    or not get_dialect(connection).is_retryable_error(exc)):
+                raise
+            time.sleep(0.01 * 2**attempt)
+    raise AssertionError("unreachable")  # pragma: no cover

@@ -373,12 +373,16 @@ class Dialect:
 
         A job taken over after its lease expired may have been given another permit than its old one,
         which still names it (expired): that one is renewed only while the job holds no live permit
-        (a late renewal of a lease nobody took over), else the job would hold two to its end."""
+        (a late renewal of a lease nobody took over), else the job would hold two to its end.
+
+        The re-check of the other permits is a locked read (:meth:`locked_read_hint`): under SQL Server's
+        READ_COMMITTED_SNAPSHOT it would otherwise read the last committed version and miss a permit a
+        claim is giving the job right now; it must wait for that writer."""
         p, permit = self.n.p, self.n.permit
         live = f"{{t}}.{p['held_until']} >= {self.now()}"
         return (f"UPDATE {permit} SET {p['held_until']} = {self.now_plus('%s')} "
                 f"WHERE {p['job_id']} IN ({_marks(count)}) AND {p['kind']} = 1 AND {p['held_until']} IS NOT NULL "
-                f"AND ({live.format(t=permit)} OR NOT EXISTS (SELECT 1 FROM {permit} q "
+                f"AND ({live.format(t=permit)} OR NOT EXISTS (SELECT 1 FROM {permit} q{self.locked_read_hint()} "
                 f"WHERE q.{p['job_id']} = {permit}.{p['job_id']} AND q.{p['kind']} = 1 AND {live.format(t='q')}))")
 
     def insert_permits_sql(self) -> str:
@@ -608,6 +612,20 @@ class Dialect:
             + f"AND {j['status_id']} = {int(Status.PROCESSING)}"
         )
 
+    def renew_held_sql(self, counts: Sequence[int]) -> str:
+        """Extend the leases several worker processes (a supervisor's slots) hold, in one statement.
+        Params: lease seconds, every id (the primary-key seek), then for each holder its ``counts[i]``
+        ids, its name and its incarnation: a job is renewed only under the holder that claimed it."""
+        j = self.n.j
+        every = ", ".join(["%s"] * sum(counts))
+        holders = " OR ".join(
+            f"({j['id']} IN ({', '.join(['%s'] * n)}) AND {j['worker']} = %s AND {j['incarnation']} = %s)"
+            for n in counts)
+        return (
+            f"UPDATE {self.n.job} SET {j['lease_expires_at']} = {self.now_plus('%s')} "
+            f"WHERE {j['id']} IN ({every}) AND {j['status_id']} = {int(Status.PROCESSING)} AND ({holders})"
+        )
+
     def reap_candidates_sql(self) -> str:
         """Processing jobs whose lease expired with no attempts left. Params: default max attempts."""
         j = self.n.j
@@ -616,6 +634,15 @@ class Dialect:
             f"AND {j['lease_expires_at']} < {self.now()} "
             f"AND {j['attempt_num']} >= {self.effective(self.n.job, 'max_attempts', '%s')}"
         )
+
+    def batch_counts_sql(self, locked: bool = False) -> str:
+        """A batch's members by status: rows of (status id, count). Params: the batch id. ``locked``: a
+        locked read (:meth:`locked_read_hint`), which waits for a member's uncommitted change instead of
+        reading its last committed version (SQL Server's READ_COMMITTED_SNAPSHOT)."""
+        j = self.n.j
+        hint = self.locked_read_hint() if locked else ""
+        return (f"SELECT {j['status_id']}, COUNT(*) FROM {self.n.job}{hint} WHERE {j['batch_id']} = %s "
+                f"GROUP BY {j['status_id']}")
 
     def select_job_sql(self, where_sql: str) -> str:
         """A locked-read SELECT of JOB_COLUMNS (sees the current row even under row versioning)."""
@@ -655,9 +682,13 @@ class Dialect:
         database clock, whatever the row holds for them.
         """
         if dedupe and not self.multi_row_dedupe:
+            # In dedupe-key order (rows without a key last, in their own order): each statement locks
+            # its key's range until the transaction ends, so two bulk enqueues sharing keys must take
+            # them in one order, or each could hold a key the other waits for (a deadlock).
+            at = columns.index("dedupe_key")
             out: list[tuple[Any, ...]] = []
             sql = self.insert_sql(columns, 1, True)
-            for row in rows:
+            for row in sorted(rows, key=lambda r: (r[at] is None, r[at] or "")):
                 self.execute(cursor, sql, self.insert_params(columns, row, True))
                 out.extend(cursor.fetchall())
             return out
@@ -809,6 +840,10 @@ class Dialect:
         """The planner's cheap estimate of ``table``'s row count (the admin's unfiltered job list), or
         None where the vendor keeps none worth showing."""
         return None
+
+    def claim_plan_indexes(self, req: ClaimRequest) -> list[str]:
+        """The indexes the plan of ``req``'s claim must read (``queue_explain``'s verdict)."""
+        return [CLAIM_INDEX]
 
     def claim_plan(self, cursor: CursorWrapper, sql: str, params: list[Any], table: str) -> tuple[list[str], bool]:
         """The plan of the claim statement ``sql`` (not executed), as lines, and whether the part that

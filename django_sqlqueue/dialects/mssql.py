@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,7 @@ from django.db import DatabaseError, transaction
 
 from ..exceptions import InvalidArgument
 from ..states import DEDUPE_SCOPE, Status, sql_list
-from .base import COL, JOB_COLUMNS, ClaimRequest, Dialect
+from .base import CLAIM_INDEX, COL, JOB_COLUMNS, PROCESSING_INDEX, ClaimRequest, Dialect
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
@@ -56,6 +56,18 @@ LOCKED_READ_HINT = " WITH (READCOMMITTEDLOCK)"
 
 #: The filtered indexes only SQL Server has (migration 0004): the claim's reclaim branches seek them.
 PROCESSING_WORKER_INDEX = "sqlqueue_job_processing_worker"
+#: The due branch of a worker that names its queues: (queue, claim order), filtered as the claim index
+#: (migration 0014, SQL Server only).
+CLAIM_QUEUE_INDEX = "sqlqueue_job_claim_queue"
+#: The limited branch's job index (models) and the permit table's free-permit index (migration 0014).
+LIMITED_INDEX = "sqlqueue_job_limited"
+PERMIT_FREE_INDEX = "sqlqueue_permit_free"
+#: Every branch of the claim reads the index it was written for, named in a table hint: a filtered
+#: index's statistics can go stale (a backlog drained since the last update), and a plan compiled then
+#: could read another index with key lookups, U-locking base rows the claim never takes. A hinted
+#: index that is missing fails the claim at once (Msg 308) instead of degrading it quietly.
+CLAIM_INDEXES = (CLAIM_INDEX, CLAIM_QUEUE_INDEX, PROCESSING_INDEX, PROCESSING_WORKER_INDEX, LIMITED_INDEX,
+                 PERMIT_FREE_INDEX)
 #: Columns the claim's branches read besides the index keys: INCLUDEd, so that a row the claim rejects
 #: is rejected from the index entry, without a key lookup (and its lock) in the base table.
 CLAIM_INCLUDE = ("queue", "job_type_id", "attempt_num", "max_attempts")
@@ -91,12 +103,15 @@ class Batch:
     body: list[str] = field(default_factory=list)
     results: list[str] = field(default_factory=list)
     params: list[Any] = field(default_factory=list)
+    #: Run at ``DEADLOCK_PRIORITY LOW`` (the claim: see :meth:`MssqlDialect.claim_batch`), NORMAL after.
+    deadlock_low: bool = False
 
     def extend(self, other: Batch) -> Batch:
         self.declares += other.declares
         self.body += other.body
         self.results += other.results
         self.params += other.params
+        self.deadlock_low = self.deadlock_low or other.deadlock_low
         return self
 
 
@@ -117,11 +132,15 @@ def batch(parts: Batch) -> str:
     caller's whole transaction back on any error, which Django's atomic() does not expect). Errors are
     re-raised with THROW, so the client sees the original error number.
     """
+    # DEADLOCK_PRIORITY is a session setting too: put back to NORMAL (the default, which the queue's
+    # connections keep) on both ways out.
+    restore = _RESTORE + ("SET DEADLOCK_PRIORITY NORMAL; " if parts.deadlock_low else "")
     return (
         "DECLARE @sqlqueue_options int = @@OPTIONS, "
         f"@sqlqueue_own bit = CASE WHEN @@TRANCOUNT = 0 AND (@@OPTIONS & {IMPLICIT_TRANSACTIONS_BIT}) = 0 "
         "THEN 1 ELSE 0 END; "
         "SET NOCOUNT ON; "
+        + ("SET DEADLOCK_PRIORITY LOW; " if parts.deadlock_low else "")
         + "".join(f"{d}; " for d in parts.declares)
         + "BEGIN TRY "
         "IF @sqlqueue_own = 1 BEGIN SET XACT_ABORT ON; BEGIN TRANSACTION; END; "
@@ -129,9 +148,9 @@ def batch(parts: Batch) -> str:
         + "IF @sqlqueue_own = 1 COMMIT TRANSACTION; "
         "END TRY BEGIN CATCH "
         "IF @sqlqueue_own = 1 AND @@TRANCOUNT > 0 ROLLBACK TRANSACTION; "
-        f"{_RESTORE}THROW; "
+        f"{restore}THROW; "
         "END CATCH; "
-        f"{_RESTORE}"
+        f"{restore}"
         + "".join(f"{r}; " for r in parts.results)
     )
 
@@ -187,6 +206,22 @@ class MssqlDialect(Dialect):
         # The caller reads the row count: make sure it is reported, whatever an earlier batch left.
         return "SET NOCOUNT OFF; " + super().purge_delete_sql(where_sql)
 
+    #: Rows per DELETE of a purge's history and subtype rows: under the ~5,000 locks at which one
+    #: statement's locks on one table or index escalate to a table lock (docs/sqlserver.md).
+    delete_chunk = 1000
+
+    def delete_by_job_sql(self, table: str, column: str, count: int) -> str:
+        """``DELETE TOP (n)`` in a loop until fewer than n rows go: a purge chunk of 2,000 jobs has
+        ~5,000 history rows, and one DELETE of them all could escalate to a table X lock on the history
+        table (held to the purge's commit), blocking every claim's history INSERT. Escalation is off
+        for that table too (migration 0014); the loop keeps each statement under the threshold where it
+        is not. The job ids are bound once; NOCOUNT keeps the loop's row counts off the wire."""
+        qn = self.connection.ops.quote_name
+        marks = ", ".join(["%s"] * count)
+        return (f"SET NOCOUNT ON; WHILE 1 = 1 BEGIN DELETE TOP ({self.delete_chunk}) FROM {qn(table)} "
+                f"WHERE {qn(column)} IN ({marks}); IF @@ROWCOUNT < {self.delete_chunk} BREAK; END; "
+                "SET NOCOUNT OFF;")
+
     # ----- types ----------------------------------------------------------------------------------
     @cached_property
     def declare_types(self) -> dict[str, str]:
@@ -206,28 +241,67 @@ class MssqlDialect(Dialect):
         return " OUTPUT " + ", ".join(f"inserted.{self.n.j[c]}" for c in columns) + f" INTO {variable}"
 
     # ----- claim ----------------------------------------------------------------------------------
-    def reclaim_branches(self, req: ClaimRequest, common: str, common_params: list[Any], cols: str,
-                         order: str) -> tuple[list[str], list[Any]]:
+    def _hints(self, index: str) -> str:
+        """The candidate read's table hints, pinned to ``index`` (see :data:`CLAIM_INDEXES`)."""
+        return f" WITH (INDEX({self.connection.ops.quote_name(index)}), UPDLOCK, ROWLOCK, READPAST)"
+
+    def candidate_columns(self) -> str:
+        """(id, priority, scheduled_for, version): the token travels with the picked row, so that the
+        UPDATE re-checks it (``j.version = picked.version``). Every claim index INCLUDEs ``version``
+        (migration 0014), so reading it costs no key lookup."""
+        return f"{super().candidate_columns()}, j.{self.n.j['version']} AS version"
+
+    def due_branch(self, req: ClaimRequest, cols: str, order: str) -> tuple[str, list[Any]]:
+        """The due branch: one ordered scan of the claim index that stops after ``n`` rows pass.
+
+        A worker that names its queues reads them through ``CROSS APPLY`` over the list: one seek per
+        queue into ``sqlqueue_job_claim_queue`` (keyed by queue first, then claim order), each stopping
+        after ``n`` rows. Filtering ``queue`` (an INCLUDE column) on the claim index instead would walk,
+        and U-lock to the end of the claim, every other queue's due job ahead of ours.
+        """
+        n, j = self.n, self.n.j
+        if not req.queues:
+            common, common_params = self.common_filters(req)
+            return (f"SELECT TOP (%s) {cols} FROM {n.job} AS j{self._hints(CLAIM_INDEX)} "
+                    f"WHERE {self.due_predicate()} AND {common} ORDER BY {order}", [req.limit, *common_params])
+        common, common_params = self.common_filters(replace(req, queues=()))
+        values = ", ".join(["(%s)"] * len(req.queues))
+        return (f"SELECT c.* FROM (VALUES {values}) AS q (name) CROSS APPLY (SELECT TOP (%s) {cols} "
+                f"FROM {n.job} AS j{self._hints(CLAIM_QUEUE_INDEX)} WHERE j.{j['queue']} = q.name "
+                f"AND {self.due_predicate()} AND {common} ORDER BY {order}) AS c",
+                [*req.queues, req.limit, *common_params])
+
+    def reclaim_branches(self, req: ClaimRequest, common: str, common_params: list[Any], cols: str
+                         ) -> tuple[list[str], list[Any]]:
         """Three seeks instead of one OR: this worker's own (a restart), expired leases, dead workers'.
 
         An ``OR`` of the three cannot seek one index; with UPDLOCK every Processing row it scanned and
         rejected would stay locked to the end of the claim, blocking those jobs' completions and lease
-        renewals. Each branch here seeks a filtered index over Processing rows that covers it.
+        renewals. Each branch here seeks a filtered index over Processing rows that covers it, **in that
+        index's own order**, so that ``TOP (n)`` stops after ``n`` rows pass: sorted into claim order
+        first, a branch would read (and U-lock) every matching row before the sort could return one,
+        and after a mass crash every claim would lock every expired job. The picked set puts the
+        union into claim order; a stuck job is taken in lease-expiry (or worker) order, not priority.
         """
         n, j = self.n, self.n.j
         processing = f"j.{j['status_id']} = {int(Status.PROCESSING)}"
-        top = f"SELECT TOP (%s) {cols} FROM {n.job} AS j{CLAIM_HINTS}"
-        mine = f"{top} WHERE {processing} AND {self.own_leftovers()} AND {common} ORDER BY {order}"
-        expired = (f"{top} WHERE {processing} AND j.{j['lease_expires_at']} < {self.now()} "
-                   f"AND {common} ORDER BY {order}")
+        # sqlqueue_job_processing_worker is keyed (worker), and the clustered key (id) follows in a
+        # non-unique index: for one worker name, id order is the index's order.
+        mine = (f"SELECT TOP (%s) {cols} FROM {n.job} AS j{self._hints(PROCESSING_WORKER_INDEX)} "
+                f"WHERE {processing} AND {self.own_leftovers()} AND {common} ORDER BY j.{j['id']}")
+        # sqlqueue_job_processing is keyed (lease_expires_at, worker), then id: the range seek on the
+        # lease returns rows in exactly this order, oldest expiry first.
+        expired = (f"SELECT TOP (%s) {cols} FROM {n.job} AS j{self._hints(PROCESSING_INDEX)} "
+                   f"WHERE {processing} AND j.{j['lease_expires_at']} < {self.now()} AND {common} "
+                   f"ORDER BY j.{j['lease_expires_at']}, j.{j['worker']}, j.{j['id']}")
         # The dead workers first: the pinned join below forces join order in the whole statement, so
         # the few dead workers' names drive seeks into the worker index, never a read of all
-        # Processing rows (each would stay U-locked to the end of the claim).
+        # Processing rows. No ORDER BY: TOP (n) over the nested loops stops at the n-th row.
         dead = (
-            f"SELECT TOP (%s) {cols} FROM {n.worker_table} AS w INNER JOIN {n.job} AS j{CLAIM_HINTS} "
-            f"ON j.{j['worker']} = w.{n.w['name']} "
+            f"SELECT TOP (%s) {cols} FROM {n.worker_table} AS w "
+            f"INNER JOIN {n.job} AS j{self._hints(PROCESSING_WORKER_INDEX)} ON j.{j['worker']} = w.{n.w['name']} "
             f"WHERE {processing} AND (w.{n.w['stopped_at']} IS NOT NULL "
-            f"OR w.{n.w['last_heartbeat']} < {self.now_plus('%s')}) AND {common} ORDER BY {order}"
+            f"OR w.{n.w['last_heartbeat']} < {self.now_plus('%s')}) AND {common}"
         )
         params = [req.limit, *self.own_leftovers_params(req), *common_params,
                   req.limit, *common_params,
@@ -236,24 +310,45 @@ class MssqlDialect(Dialect):
 
     BRANCH_NAMES = ("due", "mine", "expired", "dead", "limited")
 
-    def claim_batch(self, req: ClaimRequest) -> Batch:
-        """The claim: candidates, the UPDATE of the picked rows, their history rows, the rows back."""
-        n, j = self.n, self.n.j
-        common, common_params = self.common_filters(req)
-        cols, order = self.candidate_columns(), self.candidate_order()
-        due = (f"SELECT TOP (%s) {cols} FROM {n.job} AS j{CLAIM_HINTS} "
-               f"WHERE {self.due_predicate()} AND {common} ORDER BY {order}")
-        branches, params = [due], [req.limit, *common_params]
+    def claim_plan_indexes(self, req: ClaimRequest) -> list[str]:
+        """The indexes the claim's branches are pinned to (``queue_explain`` checks the plan reads them)."""
+        names = [CLAIM_QUEUE_INDEX if req.queues else CLAIM_INDEX]
         if req.reclaim:
-            more, more_params = self.reclaim_branches(req, common, common_params, cols, order)
+            names += [PROCESSING_WORKER_INDEX, PROCESSING_INDEX]
+        if req.limited:
+            names += [PERMIT_FREE_INDEX, LIMITED_INDEX]
+        return names
+
+    def claim_batch(self, req: ClaimRequest) -> Batch:
+        """The claim: candidates, the UPDATE of the picked rows, their history rows, the rows back.
+
+        The batch runs at ``DEADLOCK_PRIORITY LOW``: the claim meets by-id writers (modify, cancel,
+        completion, lease renewal, an operator's bulk action) in opposite lock order (it U-locks an
+        index entry and then needs the clustered row; they lock the clustered row, then its index
+        entries), so a deadlock between them is possible; the claim is then the victim, and the
+        manager retries it (1205) at no cost to anyone, where the other statement would have been
+        a user's request or a worker's result.
+        """
+        n, j = self.n, self.n.j
+        cols, order = self.candidate_columns(), self.candidate_order()
+        due, params = self.due_branch(req, cols, order)
+        branches = [due]
+        if req.reclaim:
+            common, common_params = self.common_filters(req)
+            more, more_params = self.reclaim_branches(req, common, common_params, cols)
             branches += more
             params += more_params
         declares, body = [self.declare("@claimed")], []
         if req.limited:
             pick, pick_params = self.limited_pick(req)
-            declares.append("DECLARE @permit TABLE (pid bigint, jid bigint, phold float)")
+            types = self.declare_types
+            declares.append(f"DECLARE @permit TABLE (pid bigint, jid bigint, jpriority {types['priority']}, "
+                            f"jscheduled {types['scheduled_for']}, jversion {types['version']}, phold float)")
             body.append(pick)
-            branches.append(f"SELECT {cols} FROM @permit AS lp INNER LOOP JOIN {n.job} AS j ON j.{j['id']} = lp.jid")
+            # The job's claim-order columns and token were read with it (covered by its index): no
+            # second read of the job row.
+            branches.append("SELECT lp.jid AS id, lp.jpriority AS priority, lp.jscheduled AS scheduled_for, "
+                            "lp.jversion AS version FROM @permit AS lp")
             pre_params = pick_params
         else:
             pre_params = []
@@ -263,12 +358,15 @@ class MssqlDialect(Dialect):
             # (the tds test stage) cannot run UPDATE ... FROM a CTE with OUTPUT INTO.
             # INNER LOOP JOIN: the picked ids drive one primary-key seek each into the job table; a hash
             # or merge join would scan the target and U-lock every row (and two claimers could deadlock).
+            # j.version = picked.version: the row is updated only if it is still the one picked (as
+            # PostgreSQL's FOR UPDATE re-checks): a job two claimers reached through two different
+            # indexes, one after the other's commit, is not claimed twice.
             f"UPDATE j SET {set_sql}{self._output(JOB_COLUMNS, '@claimed')} "
             # DISTINCT: a stuck job can be in more than one reclaim branch (mine and expired, say).
-            f"FROM (SELECT DISTINCT TOP (%s) c.id, c.priority, c.scheduled_for "
+            f"FROM (SELECT DISTINCT TOP (%s) c.id, c.priority, c.scheduled_for, c.version "
             f"FROM ({self.union_all(branches, alias=True)}) AS c "
             f"ORDER BY c.priority DESC, c.scheduled_for, c.id) AS picked "
-            f"INNER LOOP JOIN {n.job} AS j ON j.{j['id']} = picked.id",
+            f"INNER LOOP JOIN {n.job} AS j ON j.{j['id']} = picked.id WHERE j.{j['version']} = picked.version",
             self.attempt_insert_from("@claimed"),
         ]
         if req.limited:
@@ -278,7 +376,7 @@ class MssqlDialect(Dialect):
                 f"{p['job_id']} = c.{j['id']} FROM @permit AS lp INNER JOIN @claimed AS c ON c.{j['id']} = lp.jid "
                 f"INNER LOOP JOIN {n.permit} AS hp ON hp.{p['id']} = lp.pid")
         results = [f"SELECT {', '.join(n.job_columns)} FROM @claimed ORDER BY {self.claimed_order()}"]
-        return Batch(declares, body, results, [*pre_params, *set_params, req.limit, *params])
+        return Batch(declares, body, results, [*pre_params, *set_params, req.limit, *params], deadlock_low=True)
 
     def limited_pick(self, req: ClaimRequest) -> tuple[str, list[Any]]:
         """INSERT INTO @permit the first free permit whose scope has a job to take, and that job.
@@ -286,14 +384,21 @@ class MssqlDialect(Dialect):
         Both reads take UPDLOCK, ROWLOCK, READPAST: a permit (or job) another claimer holds is skipped,
         which is exactly right for a semaphore row: it is not free for us either. Nothing is counted,
         so READPAST cannot make a limit look less used than it is (docs/limits.md).
+
+        The permits are read through ``sqlqueue_permit_free`` (keyed ``held_until``, then id; NULL
+        sorts first): an ordered range seek over the free ones, in :meth:`permit_order`, that stops at
+        the first permit whose scope has a job. Without it ``TOP (1) ... ORDER BY held_until`` read and
+        sorted every permit, U-locking each free one to the end of the claim, so every other limited
+        claim skipped them all and found nothing: one limited claim at a time across the fleet.
         """
-        n, j, p = self.n, self.n.j, self.n.p
+        n, p = self.n, self.n.p
         common, common_params = self.common_filters(req, limited=True)
         free, free_params = self.permit_filters(req)
         sql = (
-            f"INSERT INTO @permit (pid, jid, phold) SELECT TOP (1) p.{p['id']}, c.id, p.{p['hold_seconds']} "
-            f"FROM {n.permit} AS p{CLAIM_HINTS} CROSS APPLY (SELECT TOP (1) j.{j['id']} AS id "
-            f"FROM {n.job} AS j{CLAIM_HINTS} "
+            "INSERT INTO @permit (pid, jid, jpriority, jscheduled, jversion, phold) SELECT TOP (1) "
+            f"p.{p['id']}, c.id, c.priority, c.scheduled_for, c.version, p.{p['hold_seconds']} "
+            f"FROM {n.permit} AS p{self._hints(PERMIT_FREE_INDEX)} CROSS APPLY (SELECT TOP (1) {self.candidate_columns()} "
+            f"FROM {n.job} AS j{self._hints(LIMITED_INDEX)} "
             f"WHERE {self.limited_job_predicate('p.' + p['job_type_id'], 'p.' + p['key'])} AND {common} "
             f"ORDER BY {self.candidate_order()}) AS c WHERE {free} ORDER BY {self.permit_order()}"
         )
@@ -368,6 +473,9 @@ class MssqlDialect(Dialect):
     def renew_leases_sql(self, count: int, incarnation: bool = True) -> str:
         # The caller reads the row count: make sure it is reported, whatever an earlier batch left.
         return "SET NOCOUNT OFF; " + super().renew_leases_sql(count, incarnation)
+
+    def renew_held_sql(self, counts: Sequence[int]) -> str:
+        return "SET NOCOUNT OFF; " + super().renew_held_sql(counts)
 
     # ----- modify and enqueue ---------------------------------------------------------------------
     def update_returning(self, set_sql: str, where_sql: str) -> str:
@@ -520,6 +628,27 @@ def sqlserver_plan(dialect: MssqlDialect, cursor: Any, sql: str, params: list[An
     A scan of one of the claim's filtered indexes reads only the rows the filter keeps, so only scans
     of the job table's unfiltered indexes (or the table) count as scans here.
     """
+    lines, scans = [], False
+    for document in showplan_documents(dialect, cursor, sql, params):
+        for relop in ElementTree.fromstring(document).iter(f"{_SHOWPLAN_NS}RelOp"):
+            # the operator's own object: a child of its operator element (IndexScan, TableScan, ...),
+            # not the objects of the operators below it
+            for obj in (o for op in relop for o in op.findall(f"{_SHOWPLAN_NS}Object")):
+                lines.append(f"{relop.get('PhysicalOp')} {obj.get('Table', '')}.{obj.get('Index', '')}")
+                if (relop.get("PhysicalOp") in _SCANS and obj.get("Table", "").strip("[]") == table
+                        and obj.get("Filtered") not in ("1", "true")):
+                    scans = True
+    return lines, scans
+
+
+def showplan_operators(documents: list[str]) -> list[str]:
+    """Every operator (``PhysicalOp``) of the plans, in document order: e.g. how many sorts a claim has."""
+    return [relop.get("PhysicalOp", "") for document in documents
+            for relop in ElementTree.fromstring(document).iter(f"{_SHOWPLAN_NS}RelOp")]
+
+
+def showplan_documents(dialect: MssqlDialect, cursor: Any, sql: str, params: list[Any]) -> list[str]:
+    """The estimated plans (``SET SHOWPLAN_XML ON``: compiled, not run) of the batch ``sql``, as XML."""
     # In a transaction that is rolled back: under SHOWPLAN nothing runs on SQL Server, and on a server
     # that ignores SHOWPLAN (Babelfish) the claim it would then run claims nothing for good.
     with transaction.atomic(using=cursor.db.alias):
@@ -538,17 +667,7 @@ def sqlserver_plan(dialect: MssqlDialect, cursor: Any, sql: str, params: list[An
     if not documents:
         raise NotImplementedError("this server returned no plan for SET SHOWPLAN_XML (Babelfish does not; "
                                   "a SQL Server does): read the plan in SSMS, see docs/sqlserver.md")
-    lines, scans = [], False
-    for document in documents:
-        for relop in ElementTree.fromstring(document).iter(f"{_SHOWPLAN_NS}RelOp"):
-            # the operator's own object: a child of its operator element (IndexScan, TableScan, ...),
-            # not the objects of the operators below it
-            for obj in (o for op in relop for o in op.findall(f"{_SHOWPLAN_NS}Object")):
-                lines.append(f"{relop.get('PhysicalOp')} {obj.get('Table', '')}.{obj.get('Index', '')}")
-                if (relop.get("PhysicalOp") in _SCANS and obj.get("Table", "").strip("[]") == table
-                        and obj.get("Filtered") not in ("1", "true")):
-                    scans = True
-    return lines, scans
+    return documents
 
 
 _SHOWPLAN_NS = "{http://schemas.microsoft.com/sqlserver/2004/07/showplan}"

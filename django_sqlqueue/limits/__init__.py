@@ -90,8 +90,8 @@ def sync_type(row: JobType, using: str) -> None:
     # Waiting and Paused ones too: they become Pending later without passing through here (a workflow's
     # release, a resume), and heal (the maintenance pass's) looks only at types saved lately.
     unfinished = sorted(UNFINISHED)
-    Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=unfinished).exclude(
-        limited=need is not None).update(limited=need is not None)
+    flag_jobs(using, Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=unfinished),
+              need is not None)
     if need is None:
         permits.delete()
         return
@@ -103,6 +103,88 @@ def sync_type(row: JobType, using: str) -> None:
     keys = set(Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=unfinished)
                .values_list("concurrency_key", flat=True).order_by().distinct())
     ensure(using, row.pk, keys | {""}, need)
+
+
+#: Jobs per UPDATE of :func:`flag_jobs`: far under the ~5,000 locks at which a statement's locks
+#: escalate (where escalation is on), and a bounded number of row locks per transaction.
+FLAG_BATCH = 1000
+
+
+def flag_jobs(using: str, jobs: Any, limited: bool) -> int:
+    """Set ``limited`` on the jobs of queryset ``jobs`` that do not have it yet, ``FLAG_BATCH`` at a time;
+    return how many changed.
+
+    One UPDATE of every unfinished job of a type would lock them all at once: millions of row locks
+    with lock escalation off (SQL Server: error 1204, out of lock memory), or a table lock that stops
+    every claim where it is on. In batches, each its own transaction outside a caller's (a deadlock
+    victim run again); inside one (the admin's save) the first batch is written in it, and the rest
+    after it commits, each batch alone (the supervisor's :func:`heal` mends what a process that died
+    meanwhile left). A job without the flag yet is claimed by neither branch (its type has a limit):
+    it waits, it is never run past its limit.
+    """
+    from django.db import connections
+
+    from ..dialects import retrying
+
+    todo = jobs.exclude(limited=limited)
+
+    def one_batch() -> tuple[int, int]:
+        """(jobs looked at, jobs changed): the next batch, in id order (the order every writer takes)."""
+        ids = list(todo.order_by("pk").values_list("pk", flat=True)[:FLAG_BATCH])
+        if not ids:
+            return 0, 0
+        return len(ids), retrying(using, lambda: todo.filter(pk__in=ids).update(limited=limited))
+
+    def batches(first: int = 0) -> int:
+        changed, seen = first, FLAG_BATCH
+        while seen == FLAG_BATCH:
+            seen, n = one_batch()
+            changed += n
+        return changed
+
+    if connections[using].in_atomic_block:
+        seen, changed = one_batch()
+        if seen == FLAG_BATCH:
+            transaction.on_commit(batches, using=using)
+        return changed
+    return batches()
+
+
+def remove_idle_key_permits(using: str, limit: int = 500) -> int:
+    """Delete the permits of per-key scopes that nothing needs now: no unfinished job of the key, and
+    no permit of the scope held (a rate limit's period still running counts as held); return how many
+    rows went. The type's shared "" scope is never removed (its rows follow the limit itself).
+
+    Every key ever enqueued got its scope's permits (:func:`ensure_for_enqueue`); left in place they
+    grow the permit table without bound, and the limited claim's walk over free permits with them.
+    An enqueue of the key again creates them again; one racing this delete (its permits checked just
+    before, its job inserted just after) leaves a job whose scope has no permits, which :func:`heal`
+    creates within a pass (the job waits, it is never run past its limit).
+
+    For periodic maintenance (``limit`` scopes a call); :func:`heal` calls it on every pass. Each
+    DELETE re-checks both conditions, so a scope that came back to life between the look and the
+    delete is kept.
+    """
+    from django.db.models import Exists, OuterRef
+    from django.db.models.functions import Now
+
+    from ..dialects import retrying
+    from ..models import Job, LimitPermit
+    from ..states import UNFINISHED
+
+    def idle(qs: Any) -> Any:
+        busy = Job.objects.using(using).filter(job_type_id=OuterRef("job_type_id"), concurrency_key=OuterRef("key"),
+                                               status_id__in=sorted(UNFINISHED))
+        held = LimitPermit.objects.using(using).filter(job_type_id=OuterRef("job_type_id"), key=OuterRef("key"),
+                                                       held_until__gte=Now())
+        return qs.exclude(key="").exclude(Exists(busy)).exclude(Exists(held))
+
+    permits = LimitPermit.objects.using(using)
+    scopes = list(idle(permits).order_by().values_list("job_type_id", "key").distinct()[:limit])
+    removed = 0
+    for type_id, key in scopes:
+        removed += retrying(using, lambda t=type_id, k=key: idle(permits.filter(job_type_id=t, key=k)).delete()[0])
+    return removed
 
 
 def follow_type_on_retry(job: Job, using: str) -> None:
@@ -196,6 +278,8 @@ def heal(using: str, type_ids: Collection[int] | None = None, since: datetime | 
         for status in sorted(UNFINISHED):
             healed += jobs.filter(index_predicate(using, "status", f"= {int(status)}"), job_type_id__in=unlimited,
                                   limited=True).update(limited=False)
+    # Idle key scopes' permits go (the permit table would grow with every key ever used).
+    remove_idle_key_permits(using)
     if not types:
         return healed
     # 2. Not flagged, type has a limit: seeks of the (status, type) index, limited types only, one status

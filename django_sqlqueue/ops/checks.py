@@ -21,8 +21,9 @@ def check_queue_database(app_configs: Any = None, **kwargs: Any) -> list[checks.
     errors: list[checks.CheckMessage] = []
     try:
         qs = get_settings()
-    except SqlQueueConfigError as exc:
-        return [checks.Error(str(exc), id="sqlqueue.E001")]
+    except SqlQueueConfigError as exc:  # every problem of the dict, one message each
+        return [checks.Error(problem, id="sqlqueue.E002" if "'DATABASE'] names" in problem else "sqlqueue.E001")
+                for problem in exc.problems]
     if qs.DATABASE not in settings.DATABASES:
         return [checks.Error(f"SQLQUEUE['DATABASE'] names {qs.DATABASE!r}, which is not in DATABASES",
                              id="sqlqueue.E002")]
@@ -46,7 +47,38 @@ def check_queue_database(app_configs: Any = None, **kwargs: Any) -> list[checks.
     too_old = capabilities(connection.vendor).version_problem()
     if too_old:
         errors.append(checks.Error(too_old, id="sqlqueue.E005"))
+    if connection.vendor == "sqlite":
+        errors.extend(sqlite_options_warnings(qs.DATABASE, settings.DATABASES[qs.DATABASE]))
     return errors
+
+
+#: The SQLite OPTIONS the queue is built and measured with (README's quick start, docs/claim-sql.md).
+SQLITE_OPTIONS = {"init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                  "transaction_mode": "IMMEDIATE", "timeout": 20}
+
+
+def sqlite_options_warnings(alias: str, conf: dict[str, Any]) -> list[checks.CheckMessage]:
+    """W020: the queue's SQLite database runs without the recommended OPTIONS (read from the settings:
+    no connection opened). Without WAL a reader blocks the writer and the admin stalls workers; without
+    IMMEDIATE an ``atomic()`` that reads first and writes later fails with "database is locked" instead of
+    waiting; without a timeout (Django's default is 5 s) a busy moment turns into errors."""
+    name = str(conf.get("NAME") or "")
+    if name == ":memory:" or "mode=memory" in name:
+        return []
+    options = conf.get("OPTIONS") or {}
+    missing = []
+    if "journal_mode=wal" not in str(options.get("init_command", "")).lower().replace(" ", ""):
+        missing.append("WAL (init_command 'PRAGMA journal_mode=WAL;')")
+    if str(options.get("transaction_mode", "")).upper() != "IMMEDIATE":
+        missing.append("transaction_mode 'IMMEDIATE'")
+    if not isinstance(options.get("timeout"), int | float) or options["timeout"] < 5:
+        missing.append("a timeout (seconds a writer waits for the lock, e.g. 20)")
+    if not missing:
+        return []
+    return [checks.Warning(
+        f"the queue's SQLite database {alias!r} runs without {', '.join(missing)}",
+        hint=f"DATABASES[{alias!r}]['OPTIONS'] = {SQLITE_OPTIONS!r} (README, Quick start; docs/claim-sql.md)",
+        id="sqlqueue.W020")]
 
 
 @checks.register(checks.Tags.admin)

@@ -14,7 +14,6 @@ from django.db import connections
 
 from ..conf import get_settings
 from ..dialects import ClaimRequest, get_dialect
-from ..dialects.base import CLAIM_INDEX
 from ..dialects.plans import picking_lines, postgresql_scans  # noqa: F401 (also imported from here)
 
 
@@ -52,4 +51,7 @@ def explain_claim(*, using: str | None = None, limit: int = 10, worker: str = "e
     with connection.cursor() as cursor:
         lines, scans = dialect.claim_plan(cursor, sql, params, table)
     plan = "\n".join(lines)
-    return PlanReport(dialect.vendor, plan, CLAIM_INDEX in plan, scans)
+    # Every index the claim's branches are written for (SQL Server pins each with a hint): one missing
+    # from the plan means a branch reads something else.
+    expected = dialect.claim_plan_indexes(req)
+    return PlanReport(dialect.vendor, plan, all(name in plan for name in expected), scans)

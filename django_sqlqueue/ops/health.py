@@ -1,6 +1,7 @@
-"""Who serves what: live workers, orphaned jobs and due work that no live worker serves.
+"""Who serves what: live workers, which queues and types they serve, orphaned jobs -- the facts
+:mod:`.diagnose` (the one answer to "why is this job not running") and the admin's lists build on.
 
-The admin's answers to "what is stuck" come from here, and each mirrors the claim
+Each mirrors the claim
 (``dialects/base.py`` ``reclaim_candidates``): a worker is live when it has not stopped and its
 heartbeat is younger than ``WORKER_DEAD_AFTER_SECONDS``; it serves a queue / type when its row lists
 it (``Worker.queues`` / ``Worker.types``, empty meaning all); a Processing job is taken over by the
@@ -11,7 +12,6 @@ whole and matched in Python.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -20,7 +20,7 @@ from django.db.models import Q, QuerySet
 
 from ..conf import get_settings
 from ..dialects.predicates import index_predicate
-from ..states import CLAIMABLE, Status, sql_list
+from ..states import Status
 
 if TYPE_CHECKING:
     from ..models import Job, Worker
@@ -94,63 +94,6 @@ def is_orphan(job: Job, now: datetime, holder: Holder | None = None) -> bool:
         return True
     holder = holder or holder_of(job, now)
     return holder.state in ("stopped", "stale")
-
-
-@dataclass
-class Unserved:
-    """Due work of one queue and type that no live worker serves."""
-
-    queue: str
-    type_id: int
-    type_name: str
-    jobs: int
-
-
-#: Unserved (queue, type) pairs counted per call at most (each costs one or two index range scans).
-UNSERVED_PAIRS_LIMIT = 50
-
-
-def waiting_pairs(job_model: type[Job]) -> set[tuple[str, int]]:
-    """(queue, type id) pairs holding Pending, Error or Processing jobs: one GROUP BY over the
-    (status, type, queue) index, index-only, reading only those statuses' entries."""
-
-    waiting = index_predicate(job_model.objects.db, "status",
-                              f"IN ({sql_list({*CLAIMABLE, Status.PROCESSING})})")
-    return set(job_model.objects.filter(waiting).order_by().values_list("queue", "job_type_id").distinct())
-
-
-def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Worker] | None = None,
-                      *, pairs: Iterable[tuple[str, int]] | None = None,
-                      limit: int = UNSERVED_PAIRS_LIMIT) -> list[Unserved]:
-    """(queue, type) pairs with due Pending/Error jobs or orphaned Processing jobs, no live worker serving.
-
-    Nothing is read when a live worker serves every queue and type (the common setup). Otherwise the
-    pairs that hold waiting jobs (``pairs``, e.g. from the dashboard's status counts, or
-    :func:`waiting_pairs`) are matched against the live workers in Python, and only the unserved ones
-    are counted: due claimable rows and orphaned rows of that queue and type, each a range of the
-    (status, type, queue) index. Counting due rows over every queue at once would read every due row's
-    table row (the claim index holds no queue or type): 0.4 s at 150,000 due jobs. Paused types are
-    left out (nobody is meant to run them).
-    """
-    from ..models import JobType
-
-    using = job_model.objects.db
-    workers = list(workers) if workers is not None else live_workers(now, using)
-    if any(not (w.queues or []) and not (w.types or []) for w in workers):
-        return []
-    types = dict(JobType.objects.using(using).filter(paused=False).values_list("pk", "name"))
-    candidates = sorted(p for p in (pairs if pairs is not None else waiting_pairs(job_model))
-                        if p[1] in types and not any(serves(w, p[0], types[p[1]]) for w in workers))
-    claimable = index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})") & Q(scheduled_for__lte=now)
-    orphaned = orphaned_q(now, using)
-    out = []
-    for queue, type_id in candidates[:limit]:
-        mine = job_model.objects.filter(queue=queue, job_type_id=type_id)
-        n = mine.filter(claimable).count() + mine.filter(orphaned).count()
-        if n:
-            out.append(Unserved(queue, type_id, types[type_id], n))
-    out.sort(key=lambda u: (-u.jobs, u.queue, u.type_name))
-    return out
 
 
 def orphans(job_model: type[Job], now: datetime) -> QuerySet:

@@ -93,7 +93,8 @@ class QueueCollector:
         from ..admin.views import oldest_due
         from ..dialects.predicates import index_predicate
         from ..models import Job, JobType, Worker
-        from .health import dead_q, live_q, orphaned_q, unserved_due_work
+        from .diagnose import unserved_due_work
+        from .health import dead_q, live_q, orphaned_q
 
         started = time.perf_counter()
         jobs = Job.objects.using(self.using) if self.using else Job.objects.all()

@@ -24,7 +24,7 @@ from django.db import connections, transaction
 from django.db.models import F
 from django.db.models.expressions import RawSQL
 
-from ..dialects import get_dialect
+from ..dialects import get_dialect, retrying
 from ..exceptions import CancelTooLate, IllegalTransition, InvalidArgument, StaleJob
 from ..states import FINISHED, TRANSITIONS, Status
 from .rows import RowsMixin
@@ -110,14 +110,22 @@ class CancelMixin(RowsMixin):
         from ..models import CancelRequest
 
         now = RawSQL(get_dialect(connections[alias]).now(), [])  # the database's clock, as leases use
-        with transaction.atomic(using=alias):
-            held = self.model._default_manager.using(alias).filter(  # type: ignore[attr-defined]
-                pk=job.pk, status_id=Status.PROCESSING, attempt_num=job.attempt_num).update(version=F("version"))
-            if not held:
-                return None
-            request, _ = CancelRequest.objects.using(alias).get_or_create(
-                job_id=job.pk, attempt_num=job.attempt_num,
-                defaults={"requested_at": now, "requested_by": by, "reason": reason})
+
+        def write() -> CancelRequest | None:
+            with transaction.atomic(using=alias):
+                held = self.model._default_manager.using(alias).filter(  # type: ignore[attr-defined]
+                    pk=job.pk, status_id=Status.PROCESSING, attempt_num=job.attempt_num).update(version=F("version"))
+                if not held:
+                    return None
+                return CancelRequest.objects.using(alias).get_or_create(
+                    job_id=job.pk, attempt_num=job.attempt_num,
+                    defaults={"requested_at": now, "requested_by": by, "reason": reason})[0]
+
+        # The no-op UPDATE is a by-id write: it can meet the claim in the opposite lock order on SQL
+        # Server (a deadlock victim is run again; see dialects.retrying).
+        request = retrying(alias, write)
+        if request is None:
+            return None
         if not isinstance(request.requested_at, datetime):
             request.refresh_from_db(fields=["requested_at"])  # the database's clock, read back
         return request

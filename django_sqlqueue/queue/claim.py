@@ -99,6 +99,10 @@ class ClaimMixin(RowsMixin):
             check_response(response)
             items.append((job.pk, job.version, self._prep("response", response, alias),
                           duration_ms(ran[0] if ran else None)))
+        # By job id: concurrent completions (and renewals, modify) lock their rows in one order, so two
+        # of them never wait for each other's rows crosswise (SQL Server's nested-loop UPDATE takes the
+        # rows in the order of its VALUES list).
+        items.sort(key=lambda item: item[0])
         settings = get_settings()
         type_ids = tuple(jobtypes.get_type(t, using=alias).id for t in types) if limit else ()
         limited = jobtypes.limited_type_ids(alias)

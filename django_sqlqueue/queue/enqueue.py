@@ -216,8 +216,9 @@ class EnqueueMixin(RowsMixin):
     def _match_inserted(self, specs: list[JobSpec], jobs: list[Job | None], start: int, part: list[list[Any]],
                         inserted: list[Job], alias: str) -> None:
         """Pair inserted rows with their specs; a dedupe conflict returns the existing unfinished job."""
-        if len(inserted) == len(part):
-            # Every row went in; RETURNING/OUTPUT order is not promised, ids are: sort by id.
+        if len(inserted) == len(part) and all(row[-1] is None for row in part):
+            # Every row went in; RETURNING/OUTPUT order is not promised, ids are: sort by id. (Keyed
+            # rows may go in key order, not row order, on SQL Server: matched by key below.)
             for i, job in enumerate(sorted(inserted, key=lambda j: j.pk)):
                 jobs[start + i] = job
             return

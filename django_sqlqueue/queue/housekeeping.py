@@ -12,7 +12,7 @@ from django.utils import timezone
 from .. import jobtypes
 from .. import limits as permits
 from ..conf import get_settings
-from ..dialects import get_dialect
+from ..dialects import get_dialect, retrying
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
 from ..states import FINISHED, Status
 from .rows import RowsMixin
@@ -44,14 +44,43 @@ class HousekeepingMixin(RowsMixin):
             return 0
         alias = self._alias(using)
         dialect = get_dialect(connections[alias])
+        # Sorted: two renewals (or a renewal and a completion) lock the same rows in one order.
+        ids = sorted(job_ids)
+
+        def renew() -> int:
+            with connections[alias].cursor() as cursor:
+                dialect.execute(cursor, dialect.renew_leases_sql(len(ids), incarnation is not None),
+                                [int(lease_seconds), *ids, worker, *([incarnation] if incarnation is not None else [])])
+                kept = cursor.rowcount
+                if kept and jobtypes.limited_type_ids(alias):
+                    # Concurrency permits are held as long as their jobs' leases: one more statement,
+                    # only while some type has a limit (docs/limits.md).
+                    permits.renew(cursor, dialect, ids, int(lease_seconds))
+                return kept
+
+        # Each statement commits alone (autocommit) and is idempotent: a deadlock victim (the renewal
+        # meets the claim's expired branch in the opposite lock order on SQL Server) is run again.
+        return retrying(alias, renew)
+
+    def renew_held(self, holders: Sequence[tuple[str, str, Sequence[int]]], lease_seconds: int, *,
+                   using: str | None = None) -> int:
+        """:meth:`renew_leases` for several holders at once, in one statement: ``holders`` are
+        (worker name, incarnation, job ids) of a supervisor's slots, whose one connection beats for all.
+        Returns how many leases were renewed (fewer than the ids: some were taken over, or finished)."""
+        holders = [(name, incarnation, list(ids)) for name, incarnation, ids in holders if ids]
+        if not holders:
+            return 0
+        alias = self._alias(using)
+        dialect = get_dialect(connections[alias])
+        every = [job_id for _n, _i, ids in holders for job_id in ids]
+        params: list[Any] = [int(lease_seconds), *every]
+        for name, incarnation, ids in holders:
+            params += [*ids, name, incarnation]
         with connections[alias].cursor() as cursor:
-            dialect.execute(cursor, dialect.renew_leases_sql(len(job_ids), incarnation is not None),
-                            [int(lease_seconds), *job_ids, worker, *([incarnation] if incarnation is not None else [])])
+            dialect.execute(cursor, dialect.renew_held_sql([len(ids) for _n, _i, ids in holders]), params)
             kept = cursor.rowcount
             if kept and jobtypes.limited_type_ids(alias):
-                # Concurrency permits are held as long as their jobs' leases: one more statement, only
-                # while some type has a limit (docs/limits.md).
-                permits.renew(cursor, dialect, list(job_ids), int(lease_seconds))
+                permits.renew(cursor, dialect, every, int(lease_seconds))  # as renew_leases does
             return kept
 
     def purge(self, ids: Sequence[int], *, statuses: Iterable[Status | int], cutoff: datetime,

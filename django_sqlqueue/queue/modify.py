@@ -10,7 +10,7 @@ from django.db import connections, transaction
 from .. import bounds, jobtypes
 from .. import limits as permits
 from ..conf import get_settings
-from ..dialects import get_dialect
+from ..dialects import get_dialect, retrying
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
 from ..states import FINISHED, TRANSITIONS, Status
 from .rows import RowsMixin
@@ -91,20 +91,27 @@ class ModifyMixin(RowsMixin):
         dialect = get_dialect(connection)
         sql, params = self._modify_statement(dialect, job, current, new, step, response, error, scheduled_for,
                                              run_in, reset_attempts, alias, ms)
-        with transaction.atomic(using=alias), connection.cursor() as cursor:
-            dialect.execute(cursor, sql, [*params, job.pk, token])
-            rows = cursor.fetchall()
-            if not rows:
-                raise StaleJob(f"job {job.pk} changed since token {token} was read; nothing was changed")
-            updated = self._rows_to_jobs(rows, alias)[0]
-            if current == Status.PROCESSING and new != Status.PROCESSING:
-                self._close_attempt(cursor, dialect, job, updated, released=new == Status.PENDING,
-                                    note=_release_note)
-                if job.job_type_id in jobtypes.limited_type_ids(alias):
-                    permits.release(cursor, dialect, [job.pk])  # its concurrency permit, if it holds one
-                    jobtypes.permits_released(alias)  # (if this rolls back: one claim looks in vain)
-            if new == Status.PENDING and current in FINISHED:  # an operator's retry: limits as they are now
-                permits.follow_type_on_retry(updated, alias)
+
+        def write() -> Job:
+            with transaction.atomic(using=alias), connection.cursor() as cursor:
+                dialect.execute(cursor, sql, [*params, job.pk, token])
+                rows = cursor.fetchall()
+                if not rows:
+                    raise StaleJob(f"job {job.pk} changed since token {token} was read; nothing was changed")
+                updated = self._rows_to_jobs(rows, alias)[0]
+                if current == Status.PROCESSING and new != Status.PROCESSING:
+                    self._close_attempt(cursor, dialect, job, updated, released=new == Status.PENDING,
+                                        note=_release_note)
+                    if job.job_type_id in jobtypes.limited_type_ids(alias):
+                        permits.release(cursor, dialect, [job.pk])  # its concurrency permit, if it holds one
+                        jobtypes.permits_released(alias)  # (if this rolls back: one claim looks in vain)
+                if new == Status.PENDING and current in FINISHED:  # an operator's retry: limits as they are now
+                    permits.follow_type_on_retry(updated, alias)
+            return updated
+
+        # A by-id write meets the claim in the opposite lock order on SQL Server (docs/sqlserver.md): a
+        # deadlock victim's transaction is gone whole, and is run again (not inside the caller's).
+        updated = retrying(alias, write)
         if (updated.has_dependents or updated.batch_id) and updated.state in FINISHED:  # workflows only (markers)
             from ..workflows import after_finish
 

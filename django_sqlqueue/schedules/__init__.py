@@ -186,12 +186,23 @@ def check_target(job_type: str, task: str, payload: Any, queue: str, priority: A
 def load_schedule_task(path: str) -> Any:
     """The ``django.tasks`` Task at ``path``, enqueued through a SqlQueueBackend (so ``get_result``
     reads the tick's job); :class:`ScheduleError` otherwise."""
-    from ..tasks.runner import load_task
+    from ..tasks.runner import load_task, may_import
 
+    backend_problem = _tasks_backend_problem()
+    if backend_problem:  # said first: importing the module may fail on another task's queue name
+        raise ScheduleError(f"task {path!r}: {backend_problem}")
+    # A path written in SQLQUEUE["SCHEDULES"] is the developer's own code: imported wherever it lives.
+    # One typed into the admin is an operator's: only a task module of an installed app (or a task the
+    # backend enqueued before) may be imported for it -- any other path would run any module's code.
+    declared = path in {e.get("task") for e in get_settings().SCHEDULES.values() if isinstance(e, Mapping)}
     try:
-        task_obj = load_task(path)
+        task_obj = load_task(path, trusted=declared)
     except Exception as exc:
         raise ScheduleError(f"task {path!r} cannot be imported: {exc}") from None
+    if task_obj is None and not declared and not may_import(path):
+        raise ScheduleError(f"task {path!r} is not in an installed app: a schedule made in the admin may name only "
+                            f"tasks of installed apps (an operator's entry must not import arbitrary modules); "
+                            f"declare it in SQLQUEUE['SCHEDULES'] or move the task into an installed app")
     if task_obj is None:  # also every path on Django < 6.0 (no tasks framework)
         raise ScheduleError(f"unknown task {path!r}: not the import path of a @task function")
     from ..tasks.backend import SqlQueueBackend  # needs django.tasks, which exists if a task was found
@@ -203,6 +214,22 @@ def load_schedule_task(path: str) -> Any:
         raise ScheduleError(f"task {path!r} uses the {type(backend).__name__} backend; scheduled tasks must use "
                             f"django_sqlqueue.tasks.SqlQueueBackend")
     return task_obj
+
+
+def _tasks_backend_problem() -> str | None:
+    """Why no task can be scheduled with these TASKS settings (none uses SqlQueueBackend), or None."""
+    from django.conf import settings
+
+    tasks = getattr(settings, "TASKS", None)
+    if not isinstance(tasks, dict) or not tasks:
+        return ("TASKS is not set (Django's default is ImmediateBackend); scheduled tasks must use "
+                "django_sqlqueue.tasks.SqlQueueBackend")
+    paths = {alias: str((conf or {}).get("BACKEND", "")) for alias, conf in tasks.items() if isinstance(conf, dict)}
+    if any(p.rpartition(".")[2] == "SqlQueueBackend" for p in paths.values()):
+        return None
+    default = paths.get("default") or next(iter(paths.values()), "")
+    return (f"TASKS uses {default.rpartition('.')[2] or 'no backend'}, not django_sqlqueue.tasks.SqlQueueBackend; "
+            f"scheduled tasks must use SqlQueueBackend")
 
 
 def parse_entry(name: Any, entry: Any) -> ScheduleDef:

@@ -7,10 +7,12 @@ claims): a Processing row held by its name under another incarnation is a leftov
 process of the same slot and is reclaimed by the claim at once, while a replaced process (paused past
 the dead-after time while another took its name) finds out at its next beat and stops.
 
-Threads: the main thread claims, runs handlers and records outcomes; the heartbeat thread (its own
-connection, see heartbeat.py) stamps the ``Worker`` row, renews the held jobs' leases and keeps the
-slot's *standing*: no claim without a recent beat, and a running job whose lease may be gone is told
-to stop (and killed by the supervisor); the recorder's watchdog thread (see recorder.py).
+Threads: the main thread claims, runs handlers and records outcomes (the slot's one connection); the
+heartbeat thread keeps the slot's *standing*: no claim without a recent beat, and a running job whose
+lease may be gone is told to stop (and killed by the supervisor). Under a supervisor that thread does
+no database work: it reports to the supervisor, whose one connection beats for every slot (beats.py);
+in-process, it stamps the ``Worker`` row and renews the leases on a connection of its own. The
+recorder's watchdog thread (see recorder.py).
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ from .. import jobtypes, signals
 from ..conf import get_settings
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob, UnknownJobType
 from ..handlers import registry
-from ..queue.backoff import backoff_seconds
 from ..states import CLAIMABLE, Status
-from . import runner, wakeup
+from . import runner, serving, wakeup
 from .batch_size import BatchSizer
 from .contract import (
     CANCELLED,
+    EXIT_DB_GONE,
     EXIT_FATAL,
     EXIT_FORCED,
     EXIT_OK,
@@ -62,9 +64,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("django_sqlqueue.worker")
 T = TypeVar("T")
 
-#: A job whose type has no handler in this worker is retried after at least this long (attempt spent).
-UNKNOWN_TYPE_RETRY_SECONDS = 300.0
 DB_RETRY_MIN, DB_RETRY_MAX = 0.5, 30.0
+
+
+class DatabaseUnreachable(Exception):
+    """A --burst worker waited ``db_wait`` seconds for the database: it stops (exit EXIT_DB_GONE)."""
 
 
 class Worker:
@@ -86,7 +90,8 @@ class Worker:
                                    exit_with_parent=channel is not None, incarnation=self.incarnation,
                                    dead_after=self.settings.WORKER_DEAD_AFTER_SECONDS,
                                    on_beat=self._on_beat if channel is not None else None,
-                                   cancel_check=self.settings.CANCEL_CHECK_SECONDS, on_cancel=self._on_cancel)
+                                   cancel_check=self.settings.CANCEL_CHECK_SECONDS, on_cancel=self._on_cancel,
+                                   link=channel.link if channel is not None else None)
         self._running_id: int | None = None
         #: The grace period of the running job's handler (seconds to stop by itself once cancelled).
         self._cancel_grace = self.settings.CANCEL_GRACE_SECONDS
@@ -102,6 +107,12 @@ class Worker:
         self._claim_in_doubt = False
         self._standing_lost_since: float | None = None
         self._exit_code = EXIT_OK
+        #: The job types it claims (worker/serving.py): read at start, again when they may have changed.
+        self.serving = serving.Serving(config.types, config.types, ())
+        self._serving_at = 0.0
+        self._started = time.monotonic()
+        self._gave_up = False
+        self._registered = False
 
     # ----- lifecycle ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -112,17 +123,27 @@ class Worker:
                 saved[signum] = signal.signal(signum, self._on_signal)
         try:
             return self._run()
+        except DatabaseUnreachable:
+            return EXIT_DB_GONE
         finally:
             for signum, previous in saved.items():
                 signal.signal(signum, previous)
 
     def _run(self) -> int:
-        if self._db(register, self.name, self.using, self.incarnation, self.config.queues, self.config.types) is None:
+        found = self._db(serving.resolve, self.using, self.config.types)
+        if found is None:
             return EXIT_OK  # told to stop before the database was reachable
+        self.serving, self._serving_at = found, time.monotonic() + serving.REFRESH_SECONDS
+        if self._db(register, self.name, self.using, self.incarnation, self.config.queues,
+                    self.serving.row_types) is None:
+            return EXIT_OK
+        self._registered = True
+        self.heartbeat.tell_connect(None)
         self.heartbeat.start()  # its first beat at once: nothing is claimed before one gets through
-        self._listener, wake = wakeup.for_worker(self.using, self.config.queues, self.stop_requested, self.name)
+        self._listener, wake = self._waker()
         log.info("worker_started worker=%s pid=%s queues=%s types=%s batch=%s burst=%s wakeup=%s", self.name,
-                 os.getpid(), ",".join(self.config.queues) or "*", ",".join(self.config.types) or "*",
+                 os.getpid(), ",".join(self.config.queues) or "*",
+                 ",".join(self.serving.claim_types) or ("(none)" if self.serving.nothing else "*"),
                  self.config.batch or f"auto(max {self.sizer.max_size})", self.config.burst, wake)
         try:
             self._loop()
@@ -132,6 +153,18 @@ class Worker:
             return EXIT_REPLACED
         return EXIT_FATAL if self.heartbeat.fatal else self._exit_code
 
+    def _waker(self) -> tuple[wakeup.Waker | None, str]:
+        """How this slot waits while idle. Under a supervisor it opens no LISTEN of its own: the
+        supervisor's one LISTEN wakes one idle slot per notification (or, if it has none, the slot polls;
+        SQLite's data_version needs no connection of its own)."""
+        channel = self.channel
+        if channel is None or channel.link is None:
+            return wakeup.for_worker(self.using, self.config.queues, self.stop_requested, self.name)
+        if channel.board is not None:  # the supervisor LISTENs (or will, once its connection is back)
+            return wakeup.BoardWaker(channel.board, channel.index), "listen" if channel.board.listening.value else "poll"
+        watcher = wakeup.SqliteWatcher.for_alias(self.using)
+        return (watcher, "data_version") if watcher is not None else (None, "poll")
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Only set flags here: logging or database work inside a signal handler can deadlock.
         self._signals += 1
@@ -139,7 +172,7 @@ class Worker:
             os._exit(EXIT_FORCED)  # second signal: stop at once; running work is reclaimed by lease
 
     def stop_requested(self) -> bool:
-        return (self._signals > 0 or self.heartbeat.replaced or self.heartbeat.fatal is not None
+        return (self._signals > 0 or self._gave_up or self.heartbeat.replaced or self.heartbeat.fatal is not None
                 or (self.channel is not None and self.channel.stop.is_set()))
 
     def _on_beat(self, heartbeat: Heartbeat) -> None:
@@ -185,6 +218,8 @@ class Worker:
                 idle = min(idle * 2, s.POLL_MAX_SECONDS)
                 continue
             idle = s.POLL_MIN_SECONDS
+            if len(jobs) >= self._asked > 1 and self.channel is not None and self.channel.board is not None:
+                self.channel.board.wake_one(keep=False)  # a full batch: more may wait, for another idle slot
             started, ran = time.monotonic(), 0
             for job in jobs:
                 if self.stop_requested():
@@ -216,6 +251,8 @@ class Worker:
             raise RuntimeError("the heartbeat thread is gone: this slot cannot keep its jobs (its supervisor "
                                "restarts it)")
         now = time.monotonic()
+        if self.config.burst and now - (self.heartbeat.ok_at or self._started) >= self.config.db_wait:
+            self._give_up(f"no heartbeat got through for {self.config.db_wait:.0f} s")
         if self._standing_lost_since is None:
             self._standing_lost_since = now
         elif now - self._standing_lost_since >= 1.0 and self.heartbeat.ok_at is not None:
@@ -239,7 +276,8 @@ class Worker:
         connection commits (``PRAGMA data_version``, see wakeup.py); on SQL Server it simply sleeps.
         """
         if self._listener is not None:
-            self._listener.wait(seconds, self.stop_requested)
+            if self._listener.wait(seconds, self.stop_requested) and isinstance(self._listener, wakeup.BoardWaker):
+                log.debug("slot_woken worker=%s", self.name)
             return
         self._sleep(seconds)
 
@@ -285,6 +323,9 @@ class Worker:
         if self._claim_in_doubt:
             self._hand_back_unreceived()
         self._standing_lost_since = None
+        self._refresh_serving()
+        if self.serving.nothing:
+            return []  # no type it can run: claim nothing (the start line said so)
         want = self._reserve(self.sizer.next_size())
         if want == 0:
             return None
@@ -301,7 +342,7 @@ class Worker:
             sent = time.monotonic()  # the leases run from (after) this moment
             self._claim_in_doubt = True  # until its reply is in hand
             got = Job.objects.complete_and_claim(done, self.name, want, queues=self.config.queues,
-                                                 types=self.config.types, using=self.using, reclaim=reclaim,
+                                                 types=self.serving.claim_types, using=self.using, reclaim=reclaim,
                                                  incarnation=self.incarnation)
             self._claim_in_doubt = False
             return got
@@ -341,14 +382,8 @@ class Worker:
         try:
             handler = registry.get(info.name)
         except UnknownJobType:
-            retry_in = max(UNKNOWN_TYPE_RETRY_SECONDS, backoff_seconds(job.attempt_num, info))
-            outcome = runner.Outcome(
-                runner.Kind.RETRY, job, retry_in=retry_in,
-                error=f"no handler is registered for job type {info.name!r} in worker {self.name!r}: set aside "
-                      f"for {retry_in:.0f} s (Failed when its attempts run out); deploy the handler, then retry it",
-            )
-            log.error("job_unknown_type worker=%s job=%s type=%s retry_in=%.0f", self.name, job.pk, info.name,
-                      retry_in)
+            self._no_handler(job, info.name)
+            return
         else:
             if self.channel is not None:
                 self.channel.set_current(job.pk, info.timeout_seconds)
@@ -377,6 +412,43 @@ class Worker:
         if outcome.kind is not runner.Kind.SUCCESS:
             self.heartbeat.drop(job.pk, finished=True)  # the recorder drops a success once recorded
         self._running_id = None
+
+    # ----- the types it serves (worker/serving.py) --------------------------------------------------
+    def _refresh_serving(self) -> None:
+        """Re-read the types it can run when they may have changed: a filtered worker every
+        REFRESH_SECONDS (a new task it can run), any worker after a job of a type it cannot run."""
+        forced = self._serving_at == 0.0
+        if not forced and (time.monotonic() < self._serving_at or not self.serving.filtered or self.config.types):
+            return  # an unfiltered worker reads nothing here until a job of a type it cannot run comes
+        from ..models import Worker as WorkerRow
+
+        found = serving.resolve(self.using, self.config.types)
+        self._serving_at = time.monotonic() + serving.REFRESH_SECONDS
+        if found != self.serving:
+            WorkerRow.objects.using(self.using).filter(name=self.name, incarnation=self.incarnation).update(
+                types=found.row_types)
+            log.info("worker_serving worker=%s types=%s not_served=%s", self.name,
+                     ",".join(found.claim_types) or ("(none)" if found.nothing else "*"),
+                     ",".join(found.unhandled) or "-")
+            self.serving = found
+
+    def _no_handler(self, job: Job, type_name: str) -> None:
+        """A job of a type this code cannot run (a type created after the worker read them): hand it back
+        unstarted, its attempt refunded (a worker with the handler runs it), and stop claiming the type."""
+        from ..models import Job
+
+        note = (f"worker {self.name} has no handler for job type {type_name!r}: handed back unstarted, attempt "
+                f"refunded (a worker whose code has the handler runs it)")
+        try:
+            if self._db(Job.objects.release, job, using=self.using, note=note, retry_while_stopping=3) is not None:
+                self.counters[RELEASED] += 1
+        except (StaleJob, IllegalTransition, JobNotFound):
+            pass
+        self.heartbeat.drop(job.pk, finished=False)
+        self._running_id = None
+        self._serving_at = 0.0  # read the types again before the next claim
+        log.warning("job_unknown_type worker=%s job=%s type=%s (handed back unstarted, attempt refunded; this "
+                    "worker no longer claims the type)", self.name, job.pk, type_name)
 
     def _cancelled(self, outcome: runner.Outcome, request: Any) -> runner.Outcome:
         """The outcome of a run that was asked to stop: a handler that returned successfully wins (its
@@ -464,11 +536,13 @@ class Worker:
         due = Q(status_id__in=CLAIMABLE, scheduled_for__lte=horizon)
         if self.config.wait_due:  # a dead worker's job whose lease runs out soon is work too
             due |= Q(status_id=Status.PROCESSING, lease_expires_at__lte=horizon)
+        if self.serving.nothing:
+            return False
         qs = Job.objects.using(self.using).filter(due).exclude(job_type__paused=True)
         if self.config.queues:
             qs = qs.filter(queue__in=self.config.queues)
-        if self.config.types:
-            qs = qs.filter(job_type__name__in=self.config.types)
+        if self.serving.claim_types:
+            qs = qs.filter(job_type__name__in=self.serving.claim_types)
         return qs.exists()
 
     # ----- budget (max jobs) -----------------------------------------------------------------------
@@ -502,7 +576,9 @@ class Worker:
                 if self.stop_requested():
                     tries += 1
                     if tries > retry_while_stopping:
-                        log.warning("worker_gave_up worker=%s call=%s error=%s", self.name,
+                        # A slot that never connected has nothing to hand back: no warning for that.
+                        starved = self.channel is not None and self.channel.link is not None and not self._registered
+                        (log.info if starved else log.warning)("worker_gave_up worker=%s call=%s error=%s", self.name,
                                     getattr(fn, "__name__", fn), one_line(exc))
                         return None
                 self._db_trouble(exc)
@@ -513,11 +589,26 @@ class Worker:
         if first:
             self._db_down_since = now
         down_for = now - (self._db_down_since or now)
+        if self.config.burst and not self._gave_up and down_for >= self.config.db_wait:
+            self._give_up(f"the database was unreachable for {down_for:.0f} s: {one_line(exc)}")
         delay = min(DB_RETRY_MAX, DB_RETRY_MIN * 2 ** min(10, int(down_for).bit_length())) * random.uniform(0.8, 1.2)
-        (log.warning if first else log.info)(
+        starved = self.channel is not None and self.channel.link is not None and not self._registered
+        if starved:
+            # Not connected yet (a role's connection limit, the server's max_connections): the supervisor
+            # says once how many of its slots run; this slot retries with backoff.
+            self.heartbeat.tell_connect(one_line(exc))
+        (log.warning if first and not starved else log.info)(
             "database_unavailable worker=%s error=%s retry_in=%.1f", self.name, one_line(exc), delay)
         close_connection(self.using)
         self._sleep(delay)
+
+    def _give_up(self, why: str) -> None:
+        """A --burst run (cron, CI) does not wait for the database for ever: after --db-wait it stops,
+        non-zero (EXIT_DB_GONE), what it holds reclaimed by lease or by the next run of its name."""
+        self._gave_up = True
+        log.error("worker_gave_up worker=%s reason=database_unreachable db_wait=%.0f detail=%s", self.name,
+                  self.config.db_wait, why)
+        raise DatabaseUnreachable(why)
 
     def _db_ok(self) -> None:
         if self._db_down_since is not None:
@@ -551,5 +642,5 @@ class Worker:
 
 # The worker's contract (worker_contract.py) stays importable from here, as it always was.
 __all__ = ["CANCELLED", "DB_DOWN_ERRORS", "EXIT_FATAL", "EXIT_FORCED", "EXIT_OK", "EXIT_REPLACED", "FAILED",
-           "N_COUNTERS", "RELEASED", "RETRIED", "SUCCEEDED", "UNKNOWN_TYPE_RETRY_SECONDS", "SlotChannel",
+           "N_COUNTERS", "RELEASED", "RETRIED", "SUCCEEDED", "SlotChannel",
            "Worker", "WorkerConfig", "configure_logging", "default_worker_name"]

@@ -289,11 +289,11 @@ def _run(ctx: JobContext) -> Outcome:
         outcome = Outcome(Kind.CANCEL, ctx.job, error=exc.reason or "cancelled by its handler")
     except Fail as exc:  # retrying cannot help (the handler says so, or its result cannot be stored)
         outcome = Outcome(Kind.FATAL, ctx.job, error=str(exc))
-    except BaseException as exc:  # the handler's failure is the job's, never the worker's
-        # BaseException too: asyncio.CancelledError, SystemExit and GeneratorExit raised inside a handler
-        # are its failures. KeyboardInterrupt is not (the worker's own signal handling never raises it).
-        if isinstance(exc, KeyboardInterrupt):
-            raise
+    except BaseException:  # the handler's failure is the job's, never the worker's
+        # BaseException too: asyncio.CancelledError, SystemExit, GeneratorExit and KeyboardInterrupt raised
+        # inside a handler are its failures. The worker's own SIGINT handling only sets a flag (slots
+        # ignore SIGINT until it is installed), so a KeyboardInterrupt here was raised by the handler's code:
+        # letting it kill the slot left the job Processing, its attempt unrecorded.
         outcome = Outcome(Kind.ERROR, ctx.job, error=traceback.format_exc())
     left = _close_abandoned_atomics(depths)
     if left:

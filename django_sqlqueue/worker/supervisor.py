@@ -24,6 +24,14 @@ and their rows marked stopped, so other workers take their jobs at once. A secon
 slots at once and exits 1; their jobs are reclaimed later by lease (or at once by a worker of the
 same name).
 
+Connections: each slot holds one (its claims and jobs); the supervisor holds ONE for everything else:
+the heartbeat of all its slots (beats.py: one statement renews every slot's leases, one stamps every
+slot's row), its LISTEN (wakeup.py: one per worker, waking one idle slot per notification), the
+schedule looks and the rest of its database work. So a worker of S slots holds S + 1 connections (one
+more when ``LISTEN_DATABASE`` names another alias). The supervisor connects before it starts its slots,
+so that a role short of connections runs fewer slots rather than slots without a heartbeat; a slot that
+cannot connect retries with backoff, and the supervisor says once, at WARNING, how many slots run.
+
 The supervisor's database work runs on a thread of its own (:mod:`django_sqlqueue.dbthread`): no
 database wait (a server that does not answer, a pooler's queue, a lock) delays a signal, a timeout kill
 or the grace period. After the slots are gone it waits at most ``CLEANUP_SECONDS`` for that work, and
@@ -47,8 +55,10 @@ from .. import signals
 from ..exceptions import IllegalTransition, JobNotFound, StaleJob
 from ..ops import tracing
 from ..states import Status
+from .beats import Beats
 from .contract import (
     CANCELLED,
+    EXIT_DB_GONE,
     EXIT_FATAL,
     EXIT_FORCED,
     EXIT_OK,
@@ -58,6 +68,7 @@ from .contract import (
     RETRIED,
     SUCCEEDED,
     SlotChannel,
+    WakeBoard,
     WorkerConfig,
 )
 from .dbthread import Call, DatabaseThread
@@ -77,6 +88,8 @@ MAX_RESTART_DELAY = 60.0
 #: Once the slots are gone, the most the supervisor waits for its database work (handing back jobs,
 #: stamping rows stopped) before it exits anyway: what is left is reclaimed by name or lease.
 CLEANUP_SECONDS = 5.0
+#: How long the end of a --burst run waits to record the jobs its dead slots left Processing.
+BURST_DEATHS_SECONDS = 60.0
 #: Connect timeout of the supervisor's connection, when the database's OPTIONS set none.
 CONNECT_TIMEOUT_SECONDS = 5.0
 
@@ -108,6 +121,8 @@ class Summary:
     cancelled: int = 0
     seconds: float = 0.0
     exit_code: int = 0
+    #: Why the exit code is not 0, in words (the command's error message).
+    reason: str = ""
 
     @property
     def processed(self) -> int:
@@ -133,20 +148,30 @@ class Supervisor:
     _slots: list[Slot] = field(default_factory=list)
     _extra: list[int] = field(default_factory=lambda: [0] * N_COUNTERS)
     _exit_code: int = EXIT_OK
+    _reason: str = ""
+    #: --burst: (job id, slot incarnation, exit) of each slot that died running a job (see _burst_deaths).
+    _died: list[tuple[int, str, str]] = field(default_factory=list)
     _maintaining: Call | None = None
     _sweeping: Call | None = None
+    _starved_said: bool = False
+    _starved_since: float | None = None
 
     def run(self) -> Summary:
         from django.db import connections
 
         from ..conf import get_settings
 
-        self._using = self.config.using or get_settings().DATABASE
-        self._db = DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS)
-        self._maintenance = Maintenance(self._using, new_holder(self.config.name))
+        settings = get_settings()
+        self._using = self.config.using or settings.DATABASE
         started = time.monotonic()
         ctx = multiprocessing.get_context("spawn")
         self._ctx = ctx
+        self._beats = Beats(self._using, self.config.name, settings.HEARTBEAT_SECONDS,
+                            settings.WORKER_DEAD_AFTER_SECONDS, settings.CANCEL_CHECK_SECONDS)
+        self._board: WakeBoard | None = None
+        self._listen_thread: Any = None
+        self._db = self._database_thread(ctx, settings)
+        self._maintenance = Maintenance(self._using, new_holder(self.config.name))
         budget = ctx.Value("q", self.config.max_jobs) if self.config.max_jobs is not None else None
         self._budget = budget
         self._slots = [Slot(i, f"{self.config.name}/{i}", ctx.Event(), ctx.RawArray("q", N_COUNTERS))
@@ -154,8 +179,9 @@ class Supervisor:
         saved = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         bar = self._progress_bar()
         next_sweep = started + SWEEP_SECONDS
-        connections.close_all()  # nothing to inherit, but do not hold a connection while idle
+        connections.close_all()  # nothing to inherit: the database thread holds the supervisor's connection
         try:
+            self._connect_first()
             for slot in self._slots:
                 self._start(slot, budget)
             while not all(s.done for s in self._slots):
@@ -173,14 +199,20 @@ class Supervisor:
                 if now >= next_sweep and not self._stopping:
                     self._sweep()
                     next_sweep = now + SWEEP_SECONDS
+                self._beats.tick(self._db, now, stopping=self._stopping)
+                self._say_starved(now)
                 if bar is not None:
                     bar.update(self._summary(0).processed - bar.n)
                 time.sleep(TICK_SECONDS)
+            if self._died:
+                self._burst_deaths()
         finally:
             for slot in self._slots:  # only after an unexpected error: never leave orphans
                 if slot.proc is not None and slot.proc.is_alive():
                     slot.proc.kill()
                     slot.proc.join()
+            if self._listen_thread is not None:
+                self._listen_thread.close()
             self._finish_db()
             for signum, previous in saved.items():
                 signal.signal(signum, previous)
@@ -189,6 +221,105 @@ class Supervisor:
                 bar.close()
             connections.close_all()
         return self._summary(time.monotonic() - started)
+
+    def _burst_deaths(self) -> None:
+        """A --burst run in which a slot died running a job (a handler that exits the process, raised
+        KeyboardInterrupt past its runner, or was killed) does not report success: it exits non-zero,
+        and a job the dead slot left Processing is recorded as failed with the death (an Error retried
+        later, or Failed without attempts left), so its state says what happened instead of "running"."""
+        self._exit_code = self._exit_code or 1
+        ids = ", ".join(str(job_id) for job_id, _, _ in self._died)
+        self._reason = self._reason or (f"a worker slot died while running job(s) {ids}: this --burst run did not "
+                                        f"finish them (see the log above and the jobs' errors)")
+        call = self._db.submit("burst_deaths", self._burst_deaths_now, list(self._died))
+        if not call.wait(BURST_DEATHS_SECONDS):  # longer than CLEANUP_SECONDS: these rows must say it
+            log.warning("burst_job_unfinished worker=%s jobs=%s (not recorded within %s s: the jobs stay "
+                        "Processing until the reaper or a claim takes them)", self.config.name, ids,
+                        BURST_DEATHS_SECONDS)
+
+    def _burst_deaths_now(self, died: list[tuple[int, str, str]]) -> None:
+        from ..models import Job
+
+        for job_id, incarnation, code in died:
+            job = Job.objects.using(self._using).filter(pk=job_id, incarnation=incarnation,
+                                                        status_id=Status.PROCESSING).first()
+            if job is None:  # finished, or taken over by another claim since: its state says so already
+                continue
+            try:
+                new = Job.objects.fail(job, f"the worker slot running it died (exit {code}) and the --burst run "
+                                            f"ended: the attempt did not finish", using=self._using)
+            except (StaleJob, IllegalTransition, JobNotFound):
+                continue
+            log.warning("burst_job_unfinished worker=%s job=%s status=%s", self.config.name, job_id, new.state.label)
+
+    def _database_thread(self, ctx: Any, settings: Any) -> DatabaseThread:
+        """The supervisor's one connection, and how it wakes idle slots: LISTEN on that connection (its
+        idle hook), or on LISTEN_DATABASE's (a thread of its own), or not at all (the slots poll)."""
+        from django.db import connections
+
+        from ..dialects import capabilities
+        from . import wakeup
+
+        listens = bool(settings.NOTIFY_CHANNEL) and capabilities(connections[self._using].vendor).can_listen
+        if not listens:
+            return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS)
+        self._board = WakeBoard(ctx, self.concurrency)
+        listen_alias = settings.LISTEN_DATABASE or self._using
+        if listen_alias != self._using:
+            listener = wakeup.PgListener.for_alias(self._using, settings.NOTIFY_CHANNEL, self.config.queues,
+                                                   listen_using=listen_alias)
+            if listener is not None:
+                listener.worker = self.config.name
+                self._listen_thread = wakeup.ListenerThread(listener, self._board)
+            return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS)
+        self._shared_listener = wakeup.SharedListener(self._using, settings.NOTIFY_CHANNEL, self.config.queues,
+                                                      self._board, self.config.name)
+        return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS, idle=self._shared_listener.idle)
+
+    def _connect_first(self) -> None:
+        """Start connecting (and LISTENing) before the slots start: a slot takes a second or more to
+        boot, so a role short of connections runs fewer slots, never slots that no heartbeat covers."""
+        listener = getattr(self, "_shared_listener", None)
+        if listener is not None:
+            self._db.start()  # its idle hook connects and LISTENs at once
+        else:
+            self._db.submit("connect", self._connect_now)
+            if self._listen_thread is not None and self._listen_thread.start():
+                assert self._board is not None
+                self._board.listening.value = 1
+        if self._board is not None:
+            log.info("worker_listening worker=%s slots=%s (one LISTEN for the worker: each notification wakes "
+                     "one idle slot)", self.config.name, self.concurrency)
+
+    def _connect_now(self) -> None:
+        from django.db import connections
+
+        try:
+            connections[self._using].ensure_connection()
+            self._beats.baseline()
+        except DatabaseError as exc:
+            self._db_failed("supervisor_connect_failed", exc, quiet=True)
+
+    def _say_starved(self, now: float) -> None:
+        """Once, at WARNING: the worker runs fewer slots than asked, because the others cannot connect."""
+        connected, reported, error = self._beats.connect_errors()
+        if error is None or connected == reported:
+            if self._starved_since is not None and connected == self.concurrency:
+                log.info("worker_slots_connected worker=%s slots=%s", self.config.name, connected)
+            self._starved_since = None
+            return
+        if self._starved_since is None:
+            self._starved_since = now
+        # Give every slot its first try (or a few seconds) before counting.
+        if reported < self.concurrency and now - self._starved_since < 5.0:
+            return
+        if not self._starved_said:
+            self._starved_said = True
+            log.warning("worker_starved worker=%s slots_connected=%s of %s error=%s (the database refuses more "
+                        "connections: the worker runs the slots it could connect and retries the others with "
+                        "backoff; it needs %s connections: one per slot and one for the supervisor, see "
+                        "docs/scaling.md)", self.config.name, connected, self.concurrency, error,
+                        self.concurrency + 1)
 
     def _finish_db(self) -> None:
         """Give the database work still queued (hand-backs, stopped stamps, giving the maintenance lease
@@ -221,6 +352,8 @@ class Supervisor:
             slot.stop.set()
             if slot.proc is None:
                 slot.done = True
+        if self._board is not None:
+            self._board.ring_all()
 
     def _kill_remaining(self) -> None:
         for slot in self._slots:
@@ -236,10 +369,14 @@ class Supervisor:
         from ..queue import new_incarnation
 
         slot.incarnation = new_incarnation()
-        slot.channel = SlotChannel(self._ctx, slot.stop, slot.counters, budget)
+        ours, theirs = self._ctx.Pipe(duplex=True)
+        slot.channel = SlotChannel(self._ctx, slot.stop, slot.counters, budget, link=theirs, board=self._board,
+                                   index=slot.index)
         slot.proc = self._ctx.Process(target=slot_main, args=(self._slot_config(slot), slot.channel, self.log_level),
                                       name=f"sqlqueue-slot-{slot.index}")
         slot.proc.start()
+        theirs.close()  # the slot has its copy: its death closes the pipe
+        self._beats.attach(slot.index, slot.name, slot.incarnation, ours)
         slot.pid = slot.proc.pid
         slot.started = time.monotonic()
         log.debug("slot_started worker=%s pid=%s", slot.name, slot.proc.pid)
@@ -269,14 +406,21 @@ class Supervisor:
         if running or code != declared:
             code = f"{code} (undeclared)"  # a death, whatever the code
         if code == EXIT_OK and (self._stopping or self.config.burst or self._budget_spent()):
+            self._beats.detach(slot.index)
             slot.done = True
-        elif code in (EXIT_FATAL, EXIT_REPLACED):
+        elif code in (EXIT_FATAL, EXIT_REPLACED, EXIT_DB_GONE):
+            self._beats.detach(slot.index)
             self._exit_code = 1
+            if code == EXIT_DB_GONE:
+                self._reason = (f"the database was unreachable for --db-wait {self.config.db_wait:g} s: this "
+                                f"--burst run gave up (see the log above)")
             slot.done = True
             if not self._stopping:
                 self._begin_stop("replaced" if code == EXIT_REPLACED else "fatal-error")
         else:
             log.warning("slot_died worker=%s exit=%s job=%s", slot.name, code, running or "-")
+            if running and self.config.burst:
+                self._died.append((running, slot.incarnation, str(code)))
             self._after_death(slot, running)
             if self._stopping:
                 slot.done = True
@@ -403,6 +547,7 @@ class Supervisor:
 
         Submitted to the database thread; the slot restarts only once this has finished.
         """
+        self._beats.detach(slot.index)  # no more beats for its jobs: they are reclaimed at once
         # Its running job and the successes it had not recorded yet (batched, see recorder.py) were
         # started: they stay Processing and are reclaimed as a new attempt, not handed back.
         started = [running, *(slot.channel.unrecorded_ids() if slot.channel is not None else [])]
@@ -457,7 +602,7 @@ class Supervisor:
             for i in range(N_COUNTERS):
                 totals[i] += slot.counters[i]
         return Summary(totals[SUCCEEDED], totals[RETRIED], totals[FAILED], totals[CANCELLED], seconds,
-                       self._exit_code)
+                       self._exit_code, self._reason)
 
     def _progress_bar(self) -> Any:
         if not (self.progress and self.config.burst and sys.stderr.isatty()):

@@ -94,7 +94,11 @@ def dependencies(after: Iterable[Any] | None, default: str = CANCEL) -> tuple[De
         dep = item if isinstance(item, Dependency) else (
             Dependency(item[0], item[1]) if isinstance(item, tuple) and len(item) == 2 else Dependency(item, default))
         if dep.on_failure not in POLICIES:
-            raise DependencyError(f"on_failure must be one of {', '.join(POLICIES)}, got {dep.on_failure!r}")
+            # Named as the caller spelled it: enqueue's on_dependency_failure= or an (job, policy) pair in
+            # after= (a batch's on_failure is something else: its callback).
+            raise DependencyError(
+                f"a dependency's policy (on_dependency_failure=, or the second item of a (job, policy) pair "
+                f"in after=) must be one of {', '.join(POLICIES)}, got {dep.on_failure!r}")
         target = dep.target
         if isinstance(target, bool) or not (isinstance(target, int) or hasattr(target, "pk")
                                             or _is_spec(target)):

@@ -38,10 +38,22 @@ class _NotDone(SqlQueueError):
     """A member became unfinished between the look and the lock: roll the attempt back."""
 
 
-def batch_counts(batch_id: int, alias: str | None = None) -> dict[Status, int]:
-    """The batch's members by status (one index range on ``sqlqueue_job_batch``)."""
+def batch_counts(batch_id: int, alias: str | None = None, *, locked: bool = False) -> dict[Status, int]:
+    """The batch's members by status (one index range on ``sqlqueue_job_batch``). ``locked``: a locked
+    read, which waits for a member being changed right now (see :func:`finish_batch`)."""
     from ..models import Job
 
+    if locked:
+        from django.db import connections
+
+        from ..conf import get_settings
+        from ..dialects import get_dialect
+
+        connection = connections[alias or get_settings().DATABASE]
+        dialect = get_dialect(connection)
+        with connection.cursor() as cursor:
+            dialect.execute(cursor, dialect.batch_counts_sql(locked=True), [batch_id])
+            return {Status(s): n for s, n in cursor.fetchall()}
     qs = Job.objects.db_manager(alias) if alias else Job.objects
     rows = qs.filter(batch_id=batch_id).order_by().values_list("status_id").annotate(n=Count("id"))
     return {Status(s): n for s, n in rows}
@@ -64,7 +76,10 @@ def finish_batch(batch_id: int, alias: str) -> list[int]:
             # row lock, then finds finished_at set and updates nothing.
             if not Batch.objects.using(alias).filter(pk=batch_id, finished_at__isnull=True).update(finished_at=Now()):
                 return []
-            counts = batch_counts(batch_id, alias)  # again, in a new statement, under the batch's lock
+            # Again, in a new statement, under the batch's lock, and a locked read: under SQL Server's
+            # READ_COMMITTED_SNAPSHOT a plain read would see the last committed version of a member an
+            # operator is retrying right now (Completed, still), and fire the callbacks before it reruns.
+            counts = batch_counts(batch_id, alias, locked=True)
             if any(s in UNFINISHED for s in counts):
                 raise _NotDone
             succeeded = all(s == Status.COMPLETED for s in counts)
@@ -105,15 +120,29 @@ def _callback(value: Any, what: str) -> dict[str, Any] | None:
 
 
 class BatchHandle:
-    """What ``with batch(...) as b`` gives: add members, then close (at the end of the block)."""
+    """What ``with batch(...) as b`` gives: add members, then close (at the end of the block).
+
+    ``b.id`` (also ``b.pk``) is the batch's id: keep it to add members later (:func:`open_batch`), to
+    find the batch in the admin, or to read ``b.counts()``.
+    """
 
     def __init__(self, batch: Batch, alias: str) -> None:
         self.batch = batch
         self.alias = alias
 
     @property
+    def id(self) -> int:
+        """The batch's id (the ``Batch`` row's primary key)."""
+        return self.batch.pk
+
+    @property
     def pk(self) -> int:
         return self.batch.pk
+
+    def __repr__(self) -> str:
+        state = "closed" if self.batch.closed_at is not None else "open"
+        label = f" {self.batch.description!r}" if self.batch.description else ""
+        return f"<BatchHandle id={self.batch.pk}{label} {state} on {self.alias!r}>"
 
     def enqueue(self, job_type: str, payload: Any = None, **options: Any) -> Job:
         """:meth:`JobManager.enqueue` of a member of this batch."""

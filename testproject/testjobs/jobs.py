@@ -210,5 +210,5 @@ def limited_sleep(job: JobContext) -> Any:
 
 
 sqlqueue.handler("test.Limited")(limited_sleep)
-sqlqueue.handler("test.LimitedKeyed", concurrency_key="customer")(limited_sleep)
+sqlqueue.handler("test.LimitedKeyed", concurrency_key="customer", concurrency_limit=None)(limited_sleep)
 sqlqueue.handler("test.LimitedRate")(limited_sleep)

@@ -13,3 +13,9 @@ def tick(label: str = "tick") -> str:
 @task
 def noop() -> None:
     """Does nothing: the Tasks twin of the ``test.Noop`` handler, for per-job cost comparisons."""
+
+
+@task
+def interrupted() -> None:
+    """Raises KeyboardInterrupt (issue 32 item 13: the job must not stay Processing)."""
+    raise KeyboardInterrupt("raised by the task itself")

@@ -102,12 +102,14 @@ class Command(BaseCommand):
     def _statuses(labels: list[str]) -> list[Status]:
         out = []
         for label in labels:
+            finished = ", ".join(s.label for s in sorted(FINISHED))
             try:
                 status = Status.from_label(label)
-            except ValueError as exc:
-                raise CommandError(f"--status: {exc}") from exc
+            except ValueError:  # offer only what may be purged (not every status there is)
+                raise CommandError(f"--status: unknown status {label!r}; a finished status is one of "
+                                   f"{finished}") from None
             if status not in FINISHED:
-                raise CommandError(f"--status {status.label} is not a finished status: only "
-                                   f"{', '.join(s.label for s in sorted(FINISHED))} can be purged")
+                raise CommandError(f"--status {status.label} is not a finished status: only {finished} can be "
+                                   f"purged")
             out.append(status)
         return sorted(set(out))

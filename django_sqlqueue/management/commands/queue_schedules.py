@@ -8,10 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
 
 from django_sqlqueue import schedules
 from django_sqlqueue.conf import get_settings
 from django_sqlqueue.models import Job, Schedule
+from django_sqlqueue.ops.timefmt import stamp
 from django_sqlqueue.states import Status
 
 
@@ -42,7 +44,25 @@ class Command(BaseCommand):
         for s in rows:
             self.stdout.write(self._describe(s, statuses, options["next"]))
         if not rows:
-            self.stdout.write("no schedules")
+            self.stdout.write(self._none_hint(options["names"]))
+        elif not options["names"]:
+            missing = sorted(set(get_settings().SCHEDULES) - {s.name for s in rows})
+            if missing:
+                self.stdout.write(f"declared in SQLQUEUE['SCHEDULES'] but not in the table yet: {', '.join(missing)} "
+                                  f"(manage.py migrate, a worker's start or queue_schedules --sync writes them)")
+
+    @staticmethod
+    def _none_hint(names: list[str]) -> str:
+        """"no schedules", and what to do: before the first sync, the declared ones are not rows yet."""
+        declared = sorted(get_settings().SCHEDULES)
+        if names:
+            return f"no schedule named {', '.join(names)}"
+        if declared:
+            return (f"no schedules in the table yet; SQLQUEUE['SCHEDULES'] declares {len(declared)} "
+                    f"({', '.join(declared[:10])}{' ...' if len(declared) > 10 else ''}): manage.py migrate, a "
+                    f"worker's start or queue_schedules --sync writes them")
+        return ("no schedules: declare them in SQLQUEUE['SCHEDULES'] or add one in the admin "
+                "(docs/schedules.md)")
 
     @staticmethod
     def _describe(s: Schedule, statuses: dict[int, int], count: int) -> str:
@@ -53,7 +73,7 @@ class Command(BaseCommand):
         if s.last_job_id:
             status = statuses.get(s.last_job_id)
             label = Status(status).label if status is not None else "purged"
-            lines.append(f"  last: tick {s.last_run_at:%Y-%m-%d %H:%M:%S} UTC, job {s.last_job_id} {label}"
+            lines.append(f"  last: tick {stamp(s.last_run_at)}, job {s.last_job_id} {label}"
                          if s.last_run_at else f"  last: job {s.last_job_id} {label}")
         if s.last_error:
             lines.append(f"  error: {s.last_error}")
@@ -67,6 +87,8 @@ class Command(BaseCommand):
             lines.append(f"  next: cannot compute ({exc})")
             return "\n".join(lines)
         for t in ticks:
+            # One format (ops/timefmt.py); the schedule's own zone beside it only when it is another one.
             local = t.astimezone(defn.zone)
-            lines.append(f"  next: {t:%Y-%m-%d %H:%M:%S} UTC ({local:%Y-%m-%d %H:%M %Z})")
+            other = local.utcoffset() != timezone.localtime(t).utcoffset() or defn.timezone != timezone.get_current_timezone_name()
+            lines.append(f"  next: {stamp(t)}" + (f" ({defn.timezone}: {local:%Y-%m-%d %H:%M:%S %Z})" if other else ""))
         return "\n".join(lines)

@@ -1,4 +1,9 @@
-"""``manage.py queue_why JOB_ID``: explain why a job is (not) running."""
+"""``manage.py queue_why JOB_ID``: explain why a job is (not) running -- the same diagnosis as the admin's
+job page (ops/diagnose.py).
+
+A diagnostic tool must run when things are broken, so it runs no system checks: an invalid schedule in
+settings (a check error) is exactly when someone asks why a job does not run.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from ...models import Job
-from ...ops.diagnose import why_not_running
+from ...ops.diagnose import diagnose
 
 
 class Command(BaseCommand):
-    help = "Explain why a job is not being run (paused, scheduled later, out of attempts, held by a worker...)."
+    help = ("Explain why a job is not being run (paused, scheduled later, out of attempts, held by a worker, "
+            "no live worker serving its queue and type, waiting for another job...).")
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("job_id", type=int)
@@ -22,8 +29,9 @@ class Command(BaseCommand):
             raise CommandError(f"no job with id {options['job_id']}")
         self.stdout.write(f"job {job.pk} ({job.job_type.name}, queue {job.queue!r}): {job.state.label}, "
                           f"attempt {job.attempt_num}")
-        reasons = why_not_running(job)
-        if not reasons:
-            self.stdout.write("- nothing stops it: a worker serving its queue will claim it now")
-        for reason in reasons:
-            self.stdout.write(f"- {reason}")
+        found = diagnose(job)
+        if found.runs_now:
+            self.stdout.write("- nothing stops it: " + found.text)
+            return
+        for line in found.lines:
+            self.stdout.write(f"- {line}")

@@ -56,10 +56,15 @@ class Command(BaseCommand):
                                  f"the queue is deep and the jobs are short (SQLQUEUE BATCH_MAX, BATCH_SECONDS); "
                                  f"N (1-{MAX_BATCH}) fixes it. Claimed jobs wait their turn in the slot.")
         parser.add_argument("--burst", "--until-empty", action="store_true", dest="burst",
-                            help="Drain the jobs that are due, then exit 0 (default: run until stopped).")
+                            help="Drain the jobs that are due, then exit 0 (default: run until stopped); "
+                                 "non-zero when the database stayed unreachable (--db-wait) or a slot died "
+                                 "running a job.")
         parser.add_argument("--wait-due", type=float, default=0.0, metavar="SECONDS",
                             help="With --burst: keep going while a matching job becomes due within SECONDS "
                                  "(retries, jobs scheduled a little ahead). Default 0.")
+        parser.add_argument("--db-wait", type=float, default=60.0, metavar="SECONDS",
+                            help="With --burst: how long to wait for an unreachable database before giving up "
+                                 "with a non-zero exit (default 60). Without --burst a worker waits for ever.")
         parser.add_argument("--max-jobs", type=int, default=None, metavar="N",
                             help="Exit cleanly after claiming N jobs in all (for recycling).")
         parser.add_argument("--max-seconds", type=float, default=None, metavar="SECONDS",
@@ -89,12 +94,14 @@ class Command(BaseCommand):
             if reachable:
                 self.sync_types(config)
                 self.check_types(config)
+                self.announce(config, using)
         summary = supervisor.run()
         self.stdout.write(summary.line())
         if config.burst:
             self.report_not_due(config)
+            self.report_unhandled(config, using)
         if summary.exit_code:
-            raise CommandError("a worker slot stopped on a fatal error (see the log above)",
+            raise CommandError(summary.reason or "a worker slot stopped on a fatal error (see the log above)",
                                returncode=summary.exit_code)
 
     # ----- validation ----------------------------------------------------------------------------
@@ -105,6 +112,7 @@ class Command(BaseCommand):
             _int_range("--max-jobs", o["max_jobs"], 1, 10**12)
         _seconds("--grace-seconds", o["grace_seconds"], 0, 7 * 86400)
         _seconds("--wait-due", o["wait_due"], 0, 7 * 86400)
+        _seconds("--db-wait", o["db_wait"], 0, 7 * 86400)
         if o["wait_due"] and not o["burst"]:
             raise CommandError("--wait-due only makes sense with --burst")
         if o["max_seconds"] is not None:
@@ -126,7 +134,7 @@ class Command(BaseCommand):
             raise CommandError(f"--worker-name must be 1-190 printable characters, got {name!r}")
         config = WorkerConfig(
             name=name, queues=tuple(dict.fromkeys(o["queues"])), types=tuple(dict.fromkeys(o["types"])),
-            batch=batch, burst=o["burst"], wait_due=o["wait_due"], max_jobs=o["max_jobs"],
+            batch=batch, burst=o["burst"], wait_due=o["wait_due"], db_wait=o["db_wait"], max_jobs=o["max_jobs"],
             using=get_settings().DATABASE,
         )
         supervisor = Supervisor(config, concurrency=o["concurrency"], grace_seconds=o["grace_seconds"],
@@ -162,6 +170,44 @@ class Command(BaseCommand):
                 f"{'are' if found['n'] != 1 else 'is'} not due yet; the next is due at "
                 f"{found['next'].isoformat(timespec='seconds')} (in {(found['next'] - now).total_seconds():.0f} s). "
                 f"--wait-due SECONDS keeps a burst worker for jobs due within SECONDS.")
+
+    def announce(self, config: WorkerConfig, using: str) -> None:
+        """The start line: the job types and tasks this worker serves (it claims only those), and a
+        warning when it serves none -- a worker without handlers used to claim jobs only to fail them."""
+        from django_sqlqueue.worker import serving
+
+        try:
+            found = serving.resolve(using, config.types)
+        except DatabaseError as exc:  # the database is down: the slots read the types when it is back
+            self.stderr.write(f"could not read the job types now ({exc}); continuing")
+            return
+        for line in serving.describe(found):
+            self.stdout.write(line)
+        for problem in serving.problems(found):
+            self.stderr.write(self.style.WARNING(f"warning: {problem}"))
+
+    def report_unhandled(self, config: WorkerConfig, using: str) -> None:
+        """After a burst: due jobs it left because its code has no handler for their type."""
+        from django.db.models import Count
+
+        from django_sqlqueue.models import Job
+        from django_sqlqueue.states import CLAIMABLE
+        from django_sqlqueue.worker import serving
+
+        try:
+            found = serving.resolve(using, config.types)
+            if not found.unhandled:
+                return
+            jobs = Job.objects.using(using).filter(status_id__in=CLAIMABLE, job_type__name__in=found.unhandled)
+            if config.queues:
+                jobs = jobs.filter(queue__in=config.queues)
+            rows = list(jobs.order_by().values("job_type__name").annotate(n=Count("id"))
+                        .values_list("job_type__name", "n")[:20])
+        except DatabaseError:
+            return
+        if rows:
+            self.stdout.write("left unclaimed (no handler for their type in this code): "
+                              + ", ".join(f"{name} ({n})" for name, n in sorted(rows)))
 
     def check_migrated(self, using: str) -> bool:
         """Refuse to start on a database whose queue tables are missing or behind the code.

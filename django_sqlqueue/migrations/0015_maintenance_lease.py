@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_sqlqueue', '0013_limits'),
+        ('django_sqlqueue', '0014_sqlserver_locking'),
     ]
 
     operations = [
