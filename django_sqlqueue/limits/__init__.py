@@ -278,8 +278,9 @@ def heal(using: str, type_ids: Collection[int] | None = None, since: datetime | 
         for status in sorted(UNFINISHED):
             healed += jobs.filter(index_predicate(using, "status", f"= {int(status)}"), job_type_id__in=unlimited,
                                   limited=True).update(limited=False)
-    # Idle key scopes' permits go (the permit table would grow with every key ever used).
-    remove_idle_key_permits(using)
+    if type_ids is None:  # (the maintenance pass runs it on every pass of its own)
+        # Idle key scopes' permits go (the permit table would grow with every key ever used).
+        remove_idle_key_permits(using)
     if not types:
         return healed
     # 2. Not flagged, type has a limit: seeks of the (status, type) index, limited types only, one status

@@ -246,7 +246,7 @@ class Maintenance:
         return interval
 
     def _reap(self) -> float:
-        from ..limits import heal
+        from ..limits import heal, remove_idle_key_permits
         from ..models import Job, JobType
         from ..workflows import backstop
 
@@ -263,6 +263,7 @@ class Maintenance:
             if healed:
                 log.warning("permits_healed jobs_or_scopes=%s (jobs of a type whose limit changed were enqueued "
                             "with the old one)", healed)
+        remove_idle_key_permits(self.using)  # a read of the permit table: nothing when no key has permits
         backstop(using=self.using)
         return REAP_SECONDS
 
