@@ -45,6 +45,30 @@ def is_seconds(value: Any, maximum: float = MAX_DELAY_SECONDS) -> bool:
             and 0 <= value <= maximum)
 
 
+_AGE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*")
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_age(value: Any, what: str = "age", minimum: float = 1.0) -> timedelta:
+    """An age as ``purge_queue --older-than`` and ``SQLQUEUE["RETENTION"]`` take it: ``90s``, ``15m``,
+    ``12h``, ``7d``, ``2w``, a plain number of seconds (text or number) or a timedelta; from ``minimum``
+    seconds to 100 years. ValueError, naming ``what``, otherwise."""
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        match = _AGE.fullmatch(value) if isinstance(value, str) else None
+        if not match:
+            raise ValueError(f"{what} must look like 90s, 15m, 12h, 7d or 2w (or a number of seconds), got {value!r}")
+        seconds = float(match.group(1)) * _AGE_UNITS[match.group(2) or "s"]
+    if not math.isfinite(seconds) or seconds < minimum:
+        raise ValueError(f"{what} must be at least {minimum:g} second(s), got {value!r}")
+    if seconds > MAX_DELAY_SECONDS:
+        raise ValueError(f"{what} {value!r} is more than 100 years")
+    return timedelta(seconds=seconds)
+
+
 def check_delay(value: float | timedelta, what: str = "delay") -> float:
     """``value`` (seconds or a timedelta) as seconds; :class:`InvalidArgument` outside 0 .. a century."""
     seconds = value.total_seconds() if isinstance(value, timedelta) else value

@@ -9,12 +9,14 @@ import difflib
 import json
 import math
 from dataclasses import dataclass, field, fields, replace
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings as django_settings
 
-from .bounds import MAX_BACKOFF_SECONDS
+from .bounds import MAX_BACKOFF_SECONDS, parse_age
 from .exceptions import SqlQueueConfigError
+from .states import Status
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,15 @@ class QueueSettings:
     #: Seconds a cancelled handler gets to stop by itself (``ctx.cancelled``) before its slot process
     #: is killed, as a timeout kills it; a handler may set its own (``cancel_grace_seconds=``).
     CANCEL_GRACE_SECONDS: float = 2.0
+    #: Retention: finished jobs deleted automatically once this old (by finish time), per status label,
+    #: e.g. ``{"Completed": "7d", "Failed": "30d", "Cancelled": "7d"}``; a status not named is kept.
+    #: Run by the worker holding the maintenance lease, in short batches (worker/maintenance.py).
+    RETENTION: dict[str, Any] = field(default_factory=dict)
+    #: Retention: jobs per batch (one short transaction each); at most one batch per status a second.
+    RETENTION_BATCH_SIZE: int = 500
+    #: The maintenance lease (reap, heal, backstops, schedule looks, retention: once per fleet): how long
+    #: a holder keeps it without renewing. A dead holder's work moves to another worker within this.
+    MAINTENANCE_LEASE_SECONDS: float = 30.0
 
 
 _NUMERIC_MINIMUMS = {
@@ -89,6 +100,8 @@ _NUMERIC_MINIMUMS = {
     "SCHEDULES_CHECK_SECONDS": 0,
     "CANCEL_CHECK_SECONDS": 0.05,
     "CANCEL_GRACE_SECONDS": 0,
+    "RETENTION_BATCH_SIZE": 1,
+    "MAINTENANCE_LEASE_SECONDS": 2,
 }
 
 
@@ -153,9 +166,44 @@ def _build(user: Any) -> QueueSettings:
         problems.append(f"SQLQUEUE['SCHEDULES'] must be a dict of name -> entry, got {result.SCHEDULES!r}")
     if isinstance(result.BATCH_MAX, int | float) and (not isinstance(result.BATCH_MAX, int) or result.BATCH_MAX > 1000):
         problems.append(f"SQLQUEUE['BATCH_MAX'] must be an integer from 1 to 1000, got {result.BATCH_MAX!r}")
+    if isinstance(result.RETENTION_BATCH_SIZE, int | float) and (
+            not isinstance(result.RETENTION_BATCH_SIZE, int) or result.RETENTION_BATCH_SIZE > 2000):
+        problems.append(f"SQLQUEUE['RETENTION_BATCH_SIZE'] must be an integer from 1 to 2000, "
+                        f"got {result.RETENTION_BATCH_SIZE!r}")
+    try:
+        retention_ages(result.RETENTION)
+    except SqlQueueConfigError as exc:
+        problems.append(str(exc))
     if problems:
         raise SqlQueueConfigError("; ".join(problems), problems=problems)
     return result
+
+
+def retention_ages(value: Any) -> dict[Status, timedelta]:
+    """``SQLQUEUE["RETENTION"]`` as {finished status: age}, or :class:`SqlQueueConfigError` saying which
+    entry is wrong and what it may be (a system check reports it: ``sqlqueue.E001``)."""
+    from .states import FINISHED
+
+    finished = ", ".join(s.label for s in sorted(FINISHED))
+    if not isinstance(value, dict):
+        raise SqlQueueConfigError(f"SQLQUEUE['RETENTION'] must be a dict of status -> age, e.g. "
+                                  f"{{'Completed': '7d', 'Failed': '30d'}}, got {value!r}")
+    out: dict[Status, timedelta] = {}
+    for label, age in value.items():
+        try:
+            status = Status.from_label(label) if isinstance(label, str) else None
+        except ValueError:
+            status = None
+        if status is None or status not in FINISHED:
+            raise SqlQueueConfigError(f"SQLQUEUE['RETENTION']: {label!r} is not a finished status; retention "
+                                      f"deletes only finished jobs: {finished}")
+        if status in out:
+            raise SqlQueueConfigError(f"SQLQUEUE['RETENTION'] names {status.label} twice")
+        try:
+            out[status] = parse_age(age, f"SQLQUEUE['RETENTION'][{label!r}]")
+        except ValueError as exc:
+            raise SqlQueueConfigError(str(exc)) from None
+    return out
 
 
 def did_you_mean(name: str, choices: Any) -> str:

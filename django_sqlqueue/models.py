@@ -609,3 +609,24 @@ class LimitPermit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_type_id}/{self.key or '-'}/{self.get_kind_display()}#{self.slot}"
+
+
+class MaintenanceLease(models.Model):
+    """Who runs the fleet's maintenance now: one row per kind of work (``"maintenance"``), held by one
+    worker (its supervisor) until ``expires_at``, renewed while it lives (worker/maintenance.py).
+
+    Taken with one conditional UPDATE by primary key ("expired, or mine"), so a dead holder's lease
+    simply runs out and the next worker to look takes it: no leader process to deploy. The lease saves
+    the database work of every worker repeating the same passes; it is not what keeps them correct
+    (each pass is safe to run twice, as it was when every worker ran it).
+    """
+
+    name = models.CharField(max_length=50, primary_key=True)
+    holder = models.CharField(max_length=200, blank=True, default="")
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = _("maintenance lease")
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.holder or '-'} until {self.expires_at:%Y-%m-%d %H:%M:%S}"

@@ -147,6 +147,12 @@ SQLQUEUE = {
     **({"SCHEDULES": json.loads(os.environ["SQLQUEUE_TEST_SCHEDULES"])} if os.environ.get("SQLQUEUE_TEST_SCHEDULES") else {}),
     **({"SCHEDULES_CHECK_SECONDS": float(os.environ["SQLQUEUE_TEST_SCHEDULES_CHECK"])}
        if os.environ.get("SQLQUEUE_TEST_SCHEDULES_CHECK") else {}),
+    # Maintenance tests: a short lease, so a dead holder's lease runs out within seconds.
+    **({"MAINTENANCE_LEASE_SECONDS": float(os.environ["SQLQUEUE_TEST_MAINTENANCE_LEASE"])}
+       if os.environ.get("SQLQUEUE_TEST_MAINTENANCE_LEASE") else {}),
+    # Retention (JSON, e.g. {"Completed": "30s"}): bench/sustained.py runs its workers with it.
+    **({"RETENTION": json.loads(os.environ["SQLQUEUE_TEST_RETENTION"])} if os.environ.get("SQLQUEUE_TEST_RETENTION")
+       else {}),
 }
 
 LOGGING = {
@@ -154,5 +160,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "loggers": {"django_sqlqueue": {"handlers": ["console"], "level": os.environ.get("SQLQUEUE_LOG_LEVEL", "WARNING")}},
+    "loggers": {"django_sqlqueue": {"handlers": ["console"], "level": os.environ.get("SQLQUEUE_LOG_LEVEL", "WARNING")},
+                # Maintenance tests read which worker ran which pass (DEBUG lines of this logger only).
+                **({"django_sqlqueue.maintenance": {"level": "DEBUG"}} if os.environ.get("SQLQUEUE_TEST_MAINTENANCE_DEBUG")
+                   else {})},
 }

@@ -920,3 +920,41 @@ class Dialect:
     def schedules_transaction(self) -> AbstractContextManager[Any]:
         """The transaction a look claims and enqueues in (one per look)."""
         return transaction.atomic(using=self.connection.alias)
+
+    # ----- the maintenance lease (worker/maintenance.py) ---------------------------------------------
+    def lease_names(self) -> tuple[str, dict[str, str]]:
+        """Quoted (lease table, its columns by attname), from model meta."""
+        from ..models import MaintenanceLease
+
+        qn = self.connection.ops.quote_name
+        return (qn(MaintenanceLease._meta.db_table),
+                {f.attname: qn(f.column) for f in MaintenanceLease._meta.concrete_fields})
+
+    def lease_update_hint(self) -> str:
+        """Table hint of the lease's conditional UPDATE ("" where the vendor has none)."""
+        return ""
+
+    def take_lease_sql(self) -> str:
+        """Take or renew a lease: ONE conditional UPDATE by primary key, which succeeds (1 row) when the
+        lease has run out or is already this holder's. Params: holder, seconds, name, holder.
+
+        The database clock decides expiry, so hosts with skewed clocks agree on who holds it.
+        """
+        table, c = self.lease_names()
+        return (f"UPDATE {table}{self.lease_update_hint()} SET {c['holder']} = %s, "
+                f"{c['expires_at']} = {self.now_plus('%s')} "
+                f"WHERE {c['name']} = %s AND ({c['expires_at']} < {self.now()} OR {c['holder']} = %s)")
+
+    def insert_lease_sql(self) -> str:
+        """Create a lease row already held (the first take on a new database). Params: name, holder,
+        seconds. A racing insert of the same name is refused by the primary key."""
+        table, c = self.lease_names()
+        return (f"INSERT INTO {table} ({c['name']}, {c['holder']}, {c['expires_at']}) "
+                f"VALUES (%s, %s, {self.now_plus('%s')})")
+
+    def release_lease_sql(self) -> str:
+        """Give a lease up (a worker stopping): it is expired at once, so the next look takes it.
+        Params: name, holder."""
+        table, c = self.lease_names()
+        return (f"UPDATE {table} SET {c['expires_at']} = {self.now_plus('-1')} "
+                f"WHERE {c['name']} = %s AND {c['holder']} = %s")

@@ -192,6 +192,11 @@ class MssqlDialect(Dialect):
     def locked_read_hint(self) -> str:
         return LOCKED_READ_HINT
 
+    def lease_update_hint(self) -> str:
+        # A second taker skips the lease row another one is updating (it is not free for it either)
+        # instead of queueing behind it.
+        return CLAIM_HINTS
+
     def row_lock_hint(self) -> str:
         # Update locks on the rows read, held to the end of the transaction (the current row is read,
         # not a version, even under READ_COMMITTED_SNAPSHOT).

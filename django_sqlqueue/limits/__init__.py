@@ -9,7 +9,8 @@ waits for one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, transaction
@@ -90,9 +91,9 @@ def sync_type(row: JobType, using: str) -> None:
 
     need = wanted(row.concurrency_limit, row.rate_limit)
     permits = LimitPermit.objects.using(using).filter(job_type_id=row.pk)
-    # The type's unfinished jobs leave (or join) the ordinary claim's index. Waiting and Paused ones
-    # too: they become Pending later without passing through here (a workflow's release, a resume),
-    # and heal (the supervisor's, every REAP_SECONDS) looks at claimable ones only.
+    # The type's unfinished jobs leave (or join) the ordinary claim's index: one UPDATE of its jobs.
+    # Waiting and Paused ones too: they become Pending later without passing through here (a workflow's
+    # release, a resume), and heal (the maintenance pass's) looks only at types saved lately.
     unfinished = sorted(UNFINISHED)
     flag_jobs(using, Job.objects.using(using).filter(job_type_id=row.pk, status_id__in=unfinished),
               need is not None)
@@ -253,28 +254,60 @@ def ensure_for_enqueue(using: str, info: TypeInfo, keys: Iterable[str]) -> None:
         ensure(using, info.id, keys, need)
 
 
-def heal(using: str) -> int:
+def heal(using: str, type_ids: Collection[int] | None = None, since: datetime | None = None) -> int:
     """Bring jobs in line with their types' limits (a job enqueued by a process whose type cache did not
     know the limit yet): their ``limited`` flag, and the permits of their keys; return how many jobs
-    and scopes were fixed. Cheap when nothing is amiss: index seeks that find nothing."""
+    and scopes were fixed.
+
+    ``type_ids``: only the jobs of these types (the maintenance pass gives the types saved lately: a
+    stale cache is at most ``TYPE_CACHE_SECONDS`` old, so only a type whose limit just changed can have
+    stale jobs); None: every type. ``since``: only jobs enqueued since then (the maintenance pass gives
+    a minute before the oldest of those saves: a stale enqueue follows the change, so its look is a
+    range of the enqueue-time index, not the type's whole backlog). Each statement seeks an index, with the partial indexes' own
+    predicates as literals so SQL Server and SQLite match them (a bound parameter never matches a
+    filtered index): with no type limited, one seek of the (empty) limited index, whatever the backlog.
+    """
     from django.db.models import Exists, OuterRef, Q
 
+    from ..dialects import get_dialect
+    from ..dialects.predicates import index_predicate
     from ..models import Job, JobType, LimitPermit
-    from ..states import CLAIMABLE, Status
+    from ..states import CLAIMABLE, UNFINISHED, Status, sql_list
 
-    types = {t.pk: t for t in JobType.objects.using(using).filter(
-        Q(concurrency_limit__isnull=False) | ~Q(rate_limit=""))}
-    # Jobs flagged by a process whose type cache was stale, or retried from Failed after their type's
-    # limit changed: the flag follows the type (seeks: the limited index, the status/type index).
-    unfinished = [*CLAIMABLE, Status.PROCESSING]
-    jobs = Job.objects.using(using).filter(status_id__in=unfinished)
-    healed = flag_jobs(using, jobs.exclude(job_type_id__in=list(types)), False)
-    # Idle key scopes' permits go (the permit table would grow with every key ever used).
-    remove_idle_key_permits(using)
+    rows = JobType.objects.using(using).filter(Q(concurrency_limit__isnull=False) | ~Q(rate_limit=""))
+    if type_ids is not None:
+        type_ids = sorted(set(type_ids))
+        if not type_ids:
+            return 0
+        rows = rows.filter(pk__in=type_ids)
+    types = {t.pk: t for t in rows}
+    jobs = Job.objects.using(using)
+    if since is not None:
+        jobs = jobs.filter(enqueued_at__gte=since)
+    true = get_dialect(connections[using]).true_literal
+    # The limited index's own predicate: claimable or Processing, limited (literals).
+    in_limited_index = (index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE | {Status.PROCESSING})})")
+                        & index_predicate(using, "limited", f"= {true}"))
+    # 1. Flagged limited, type has none (its limit was removed while a stale process enqueued).
+    healed = 0
+    if type_ids is None:  # a walk of the limited index, whose jobs are the limited types' (none: empty)
+        healed = jobs.filter(in_limited_index).exclude(job_type_id__in=list(types)).update(limited=False)
+    elif unlimited := [t for t in type_ids if t not in types]:  # their unfinished jobs: the (status, type) index
+        for status in sorted(UNFINISHED):
+            healed += jobs.filter(index_predicate(using, "status", f"= {int(status)}"), job_type_id__in=unlimited,
+                                  limited=True).update(limited=False)
+    if type_ids is None:  # (the maintenance pass runs it on every pass of its own)
+        # Idle key scopes' permits go (the permit table would grow with every key ever used).
+        remove_idle_key_permits(using)
     if not types:
         return healed
-    healed += flag_jobs(using, jobs.filter(job_type_id__in=list(types)), True)
-    orphans = (Job.objects.using(using).filter(job_type_id__in=list(types), status_id__in=list(CLAIMABLE))
+    # 2. Not flagged, type has a limit: seeks of the (status, type) index, limited types only, one status
+    # per statement (SQLite's planner, which knows averages only, scans the table for a list of them).
+    for status in sorted(UNFINISHED) if type_ids is not None else sorted(CLAIMABLE | {Status.PROCESSING}):
+        healed += jobs.filter(index_predicate(using, "status", f"= {int(status)}"), job_type_id__in=list(types),
+                              limited=False).update(limited=True)
+    # 3. Keys of claimable limited jobs without permits: the limited index, by type.
+    orphans = (jobs.filter(in_limited_index, job_type_id__in=list(types), status_id__in=sorted(CLAIMABLE))
                .exclude(Exists(LimitPermit.objects.using(using).filter(
                    job_type_id=OuterRef("job_type_id"), key=OuterRef("concurrency_key"))))
                .values_list("job_type_id", "concurrency_key").order_by().distinct()[:1000])

@@ -185,3 +185,57 @@ def purge_references(job_model: type[Job]) -> list[tuple[str, str]]:
                                 f"deep, but other models reference them: delete those first")
         out.append((related._meta.db_table, rel.field.column))
     return out
+
+
+#: Batch ids per DELETE statement of :func:`purge_batches`.
+BATCH_IDS_PER_STATEMENT = 2000
+
+
+def purge_batches(batches: Any, using: str, limit: int | None = None) -> int:
+    """Delete the workflow batches of the queryset ``batches`` by id (ids read first, rows never loaded:
+    a batch's callbacks carry job payloads), in chunks; the DELETE repeats "no member", so a member
+    added meanwhile keeps its batch. Returns how many went (at most ``limit``, if given, lowest ids
+    first). Used by ``purge_queue`` and retention."""
+    from ..models import Batch, Job
+
+    connection = connections[using]
+    qn = connection.ops.quote_name
+    batch_t, job_t = qn(Batch._meta.db_table), qn(Job._meta.db_table)
+    batch_col = qn(Job._meta.get_field("batch").column)
+    gone = 0
+    ids = list(batches.order_by("id").values_list("id", flat=True)[:limit])
+    for start in range(0, len(ids), BATCH_IDS_PER_STATEMENT):
+        chunk = ids[start:start + BATCH_IDS_PER_STATEMENT]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {batch_t} WHERE {qn('id')} IN ({', '.join(['%s'] * len(chunk))}) "
+                f"AND NOT EXISTS (SELECT 1 FROM {job_t} j WHERE j.{batch_col} = {batch_t}.{qn('id')})", chunk)
+            gone += cursor.rowcount
+    return gone
+
+
+def retention_batch(status: Status, cutoff: datetime, after: datetime | None, size: int,
+                    using: str) -> tuple[int, int, datetime | None]:
+    """One short batch of retention (``SQLQUEUE["RETENTION"]``): the ``size`` oldest jobs of ``status``
+    finished before ``cutoff`` (and not before ``after``, where the previous batch of this status
+    stopped) are deleted with :meth:`JobManager.purge` (their history, subtype, dependency and cancel
+    rows with them, each job re-checked under a lock). Returns (ids read, jobs deleted, the finish time
+    to start the next batch from).
+
+    The read walks the ``(finished_at, status)`` index from ``after``: an index range whose length is
+    the batch, however many finished jobs of other statuses (kept longer, or for ever) lie before it,
+    once the first batch has found where this status's due rows begin. The status is a literal of the
+    statement (a code constant).
+    """
+    from ..dialects.predicates import index_predicate
+    from ..models import Job
+
+    qs = Job.objects.using(using).filter(index_predicate(using, "status", f"= {int(Status(status))}"),
+                                         finished_at__lt=cutoff)
+    if after is not None:
+        qs = qs.filter(finished_at__gte=after)
+    rows = list(qs.order_by("finished_at").values_list("id", "finished_at")[:size])
+    if not rows:
+        return 0, 0, after
+    deleted = Job.objects.purge([r[0] for r in rows], statuses=[status], cutoff=cutoff, using=using)
+    return len(rows), deleted, rows[-1][1]

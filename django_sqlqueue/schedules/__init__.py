@@ -2,8 +2,9 @@
 
 A schedule is a row (:class:`~django_sqlqueue.models.Schedule`), declared in ``SQLQUEUE["SCHEDULES"]``
 (synced by :func:`sync_schedules` after ``migrate`` and at worker start) or created in the admin.
-Every worker's supervisor calls :func:`look_once` on its database thread (its one connection); every
-``SCHEDULES_CHECK_SECONDS`` that runs :func:`run_due`:
+The worker holding the fleet's maintenance lease (:mod:`django_sqlqueue.worker.maintenance`) runs
+:func:`run_due` every ``SCHEDULES_CHECK_SECONDS``; the claim below needs no leader (two lookers at
+once, during a lease handover, enqueue each tick once), the lease only spares the other workers' looks:
 
 1. the look: ONE statement, two partial-index seeks, no locks (:meth:`Dialect.schedules_probe_sql`):
    "is any enabled schedule due?" and "is any tick's job past its expiry?". Nothing due: done.
@@ -25,8 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -34,13 +33,13 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
-from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db import IntegrityError, connections, transaction
 
 from ..conf import get_settings
 from ..dialects import get_dialect
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
 from ..states import CLAIMABLE, Status
-from ..worker.support import DB_DOWN_ERRORS, close_connection, db_now, one_line
+from ..worker.support import DB_DOWN_ERRORS, db_now, one_line
 
 log = logging.getLogger("django_sqlqueue.schedules")
 
@@ -669,86 +668,3 @@ def run_now(schedule: Any, using: str | None = None) -> int:
     job_id = enqueue_target(defn, alias)
     Schedule.objects.using(alias).filter(pk=schedule.pk).update(last_job_id=job_id)
     return job_id
-
-
-# ----- the supervisor's hook -----------------------------------------------------------------------------
-#: A looker whose supervisor has not called :func:`supervisor_look` for this long stops (its supervisor
-#: returned, or died): a looker never outlives the worker it belongs to.
-ORPHAN_SECONDS = 3.0
-
-
-class _Looker:
-    """The schedule looks of one supervisor, in a thread of their own with their own connection, so a
-    slow or locked database (SQLite's write lock, a connect timeout) never holds up the supervisor's
-    loop that watches slots, timeouts and signals."""
-
-    def __init__(self, using: str) -> None:
-        self.using = using
-        self.alive_at = time.monotonic()
-        self.stop = threading.Event()
-        self.failures = 0
-        self.synced: tuple[str, str] | None = None
-        self.thread = threading.Thread(target=self._run, name="sqlqueue-schedules", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            while not self.stop.is_set() and time.monotonic() - self.alive_at < ORPHAN_SECONDS:
-                self.stop.wait(self.look())
-        finally:
-            connections.close_all()  # this thread's own connections
-
-    def look(self) -> float:
-        """One look (syncing the declared schedules first, once per settings); the seconds to the next."""
-        try:
-            settings = get_settings()
-            interval = settings.SCHEDULES_CHECK_SECONDS
-            if interval <= 0:
-                return 1.0  # looking is off; the setting is read again
-            key = (self.using, json.dumps(settings.SCHEDULES, sort_keys=True, default=repr))
-            if self.synced != key:
-                sync_schedules(self.using)
-                self.synced = key
-            run_due(self.using)
-            self.failures = 0
-            return interval
-        except Exception as exc:  # noqa: BLE001  (the database is down, the table is not migrated yet, ...)
-            self.failures += 1
-            delay = min(MAX_LOOK_BACKOFF, 2.0 ** min(self.failures, 6))
-            level = logging.INFO if isinstance(exc, DB_DOWN_ERRORS) else logging.WARNING
-            log.log(level, "schedule_look_failed error=%s next_look_in=%s", one_line(exc), delay)
-            if isinstance(exc, DatabaseError):
-                close_connection(self.using)
-            return delay
-
-
-_lookers: dict[str, _Looker] = {}
-_looks: dict[str, _Looker] = {}
-
-
-def look_once(using: str) -> float:
-    """One schedule look on the caller's thread and connection (the supervisor's database thread, so a
-    worker holds no connection for its schedules); returns the seconds until the next look is due.
-    Never raises: a failed look is logged and the next one backs off, as the looker thread's do."""
-    looker = _looks.get(using)
-    if looker is None:
-        looker = _looks[using] = _Looker(using)  # its state only (synced, failures): its thread never starts
-    return looker.look()
-
-
-def supervisor_look(using: str, *, stopping: bool = False) -> None:
-    """Called from the supervisor's main loop at every turn (cheap: no database work here).
-
-    Starts this supervisor's looker thread (every ``SCHEDULES_CHECK_SECONDS``: sync the declared
-    schedules once, then :func:`run_due`), keeps it alive, and stops it when the supervisor stops. A
-    database error in a look is logged and the next look backs off: schedules can never stop a worker.
-    """
-    looker = _lookers.get(using)
-    if stopping:
-        if looker is not None:
-            looker.stop.set()
-            del _lookers[using]
-        return
-    if looker is None or not looker.thread.is_alive():
-        looker = _lookers[using] = _Looker(using)
-        looker.thread.start()
-    looker.alive_at = time.monotonic()

@@ -14,8 +14,9 @@ at the same time.
 
 The supervisor itself holds no jobs. It watches each slot's "current job and deadline" (shared
 memory written by the slot), SIGKILLs a slot whose job exceeds its type's timeout, marks that job
-Error/Failed ("timed out after N s") with the job's current token, and restarts the slot. It also runs
-the reaper every ``REAP_SECONDS`` and prints the progress bar in burst mode.
+Error/Failed ("timed out after N s") with the job's current token, and restarts the slot. It also looks for the fleet's maintenance lease and, while it holds it, runs the
+fleet's maintenance (reaper, heal, workflow backstop, schedule looks, retention: :mod:`.maintenance`),
+and prints the progress bar in burst mode.
 
 Signals: the first SIGTERM/SIGINT asks every slot to stop after its current job (unstarted claimed
 jobs go back to Pending) and waits ``grace_seconds`` for them; slots still running then are killed
@@ -50,7 +51,7 @@ from typing import Any
 
 from django.db import Error as DatabaseError
 
-from .. import schedules, signals
+from .. import signals
 from ..exceptions import IllegalTransition, JobNotFound, StaleJob
 from ..ops import tracing
 from ..states import Status
@@ -72,12 +73,12 @@ from .contract import (
 )
 from .dbthread import Call, DatabaseThread
 from .loop import Worker  # the sender of the signals (signals.py)
+from .maintenance import Maintenance, new_holder
 from .slots import slot_main
 from .support import DB_DOWN_ERRORS, close_connection, one_line, send
 
 log = logging.getLogger("django_sqlqueue.supervisor")
 
-REAP_SECONDS = 30.0
 #: How often the supervisor looks for workers of its host whose processes are gone (heartbeat.py).
 SWEEP_SECONDS = 2.0
 TICK_SECONDS = 0.1
@@ -150,10 +151,8 @@ class Supervisor:
     _reason: str = ""
     #: --burst: (job id, slot incarnation, exit) of each slot that died running a job (see _burst_deaths).
     _died: list[tuple[int, str, str]] = field(default_factory=list)
-    _reaping: Call | None = None
+    _maintaining: Call | None = None
     _sweeping: Call | None = None
-    _looking: Call | None = None
-    _next_look: float = 0.0
     _starved_said: bool = False
     _starved_since: float | None = None
 
@@ -172,13 +171,13 @@ class Supervisor:
         self._board: WakeBoard | None = None
         self._listen_thread: Any = None
         self._db = self._database_thread(ctx, settings)
+        self._maintenance = Maintenance(self._using, new_holder(self.config.name))
         budget = ctx.Value("q", self.config.max_jobs) if self.config.max_jobs is not None else None
         self._budget = budget
         self._slots = [Slot(i, f"{self.config.name}/{i}", ctx.Event(), ctx.RawArray("q", N_COUNTERS))
                        for i in range(self.concurrency)]
         saved = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         bar = self._progress_bar()
-        next_reap = started + 5.0
         next_sweep = started + SWEEP_SECONDS
         connections.close_all()  # nothing to inherit: the database thread holds the supervisor's connection
         try:
@@ -195,16 +194,13 @@ class Supervisor:
                     self._watch(slot, now, budget)
                 if self._stopping and now >= self._stop_deadline:
                     self._kill_remaining()
-                if now >= next_reap and not self._stopping:
-                    self._reap()
-                    next_reap = now + REAP_SECONDS
+                if not self._stopping:
+                    self._maintain(now)
                 if now >= next_sweep and not self._stopping:
                     self._sweep()
                     next_sweep = now + SWEEP_SECONDS
                 self._beats.tick(self._db, now, stopping=self._stopping)
                 self._say_starved(now)
-                if now >= self._next_look and not self._stopping:
-                    self._look_schedules()
                 if bar is not None:
                     bar.update(self._summary(0).processed - bar.n)
                 time.sleep(TICK_SECONDS)
@@ -325,18 +321,10 @@ class Supervisor:
                         "docs/scaling.md)", self.config.name, connected, self.concurrency, error,
                         self.concurrency + 1)
 
-    def _look_schedules(self) -> None:
-        """The schedule look, on the supervisor's connection (no thread or connection of its own)."""
-        if self._looking is not None and not self._looking.finished:
-            return
-        self._next_look = time.monotonic() + 3600.0  # until the look says when the next one is due
-        self._looking = self._db.submit("schedules", self._look_schedules_now)
-
-    def _look_schedules_now(self) -> None:
-        self._next_look = time.monotonic() + schedules.look_once(self._using)
-
     def _finish_db(self) -> None:
-        """Give the database work still queued (hand-backs, stopped stamps) ``CLEANUP_SECONDS``, no more."""
+        """Give the database work still queued (hand-backs, stopped stamps, giving the maintenance lease
+        up) ``CLEANUP_SECONDS``, no more."""
+        self._db.submit("release_maintenance", self._maintenance.release)
         left = self._db.close(CLEANUP_SECONDS)
         if left:
             log.warning("supervisor_cleanup_unfinished worker=%s calls=%s seconds=%s (the database did not "
@@ -627,45 +615,12 @@ class Supervisor:
         except DatabaseError as exc:
             self._db_failed("sweep_skipped", exc, quiet=True)
 
-    def _reap(self) -> None:
-        if self._reaping is not None and not self._reaping.finished:
-            return  # the last one still waits for the database: no pile-up
-        self._reaping = self._db.submit("reap", self._reap_now)
-
-    def _reap_now(self) -> None:
-        from ..models import Job
-
-        try:
-            n = Job.objects.reap(using=self._using)
-        except DatabaseError as exc:
-            self._db_failed("reap_skipped", exc, quiet=True)
+    def _maintain(self, now: float) -> None:
+        """Submit the maintenance turn when it is due and the last one has finished (no pile-up behind a
+        database that does not answer)."""
+        if not self._maintenance.due(now) or (self._maintaining is not None and not self._maintaining.finished):
             return
-        if n:
-            log.warning("reaped jobs=%s (lease expired with no attempts left: Failed)", n)
-        self._heal_permits()
-        self._workflow_backstop()
-
-    def _heal_permits(self) -> None:
-        """Create the permits of keys enqueued before their process knew the type's limit (permits.py)."""
-        from ..limits import heal
-
-        try:
-            healed = heal(self._using)
-        except DatabaseError as exc:
-            self._db_failed("permits_heal_skipped", exc, quiet=True)
-            return
-        if healed:
-            log.warning("permits_created scopes=%s (jobs of a limited type waited for their key's permits)", healed)
-
-    def _workflow_backstop(self) -> None:
-        """Release Waiting jobs and fire batches that a worker dying between its commit and the release
-        left behind (workflows.py); two index seeks that find nothing when no workflow is in use."""
-        from ..workflows import backstop
-
-        try:
-            backstop(using=self._using)
-        except DatabaseError as exc:
-            self._db_failed("workflow_backstop_skipped", exc, quiet=True)
+        self._maintaining = self._db.submit("maintenance", self._maintenance.run)
 
     # ----- reporting ------------------------------------------------------------------------------
     def _summary(self, seconds: float) -> Summary:

@@ -10,7 +10,6 @@ so memory does not grow with payload size.
 
 from __future__ import annotations
 
-import re
 import time
 from datetime import timedelta
 from typing import Any
@@ -18,22 +17,20 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from django_sqlqueue import bounds
 from django_sqlqueue.conf import get_settings
+from django_sqlqueue.queue.housekeeping import purge_batches
 from django_sqlqueue.states import FINISHED, Status
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 MAX_BATCH = 2000  # ids per batch (JobManager.purge splits a batch further where parameters run short)
 
 
 def parse_age(text: str) -> timedelta:
-    """``90s``, ``15m``, ``12h``, ``7d``, ``2w`` or a plain number of seconds."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text or "")
-    if not match:
-        raise CommandError(f"--older-than must look like 90s, 15m, 12h, 7d or 2w, got {text!r}")
-    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
-    if seconds > 100 * 365 * 86400:
-        raise CommandError(f"--older-than {text!r} is more than 100 years")
-    return timedelta(seconds=seconds)
+    """``90s``, ``15m``, ``12h``, ``7d``, ``2w`` or a plain number of seconds (bounds.parse_age)."""
+    try:
+        return bounds.parse_age(text or "", "--older-than", minimum=0)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
 
 
 class Command(BaseCommand):
@@ -92,7 +89,7 @@ class Command(BaseCommand):
             if o["pause"]:
                 time.sleep(o["pause"])
         message = f"purged {deleted} job(s) ({labels}) finished before {cutoff:%Y-%m-%d %H:%M:%S} UTC"
-        gone = self._purge_batches(old_batches.exclude(
+        gone = purge_batches(old_batches.exclude(
             Exists(Job.objects.using(using).filter(batch_id=OuterRef("pk")))), using)
         if gone:
             message += f" and {gone} finished batch(es) without members"
@@ -100,29 +97,6 @@ class Command(BaseCommand):
             n, _ = workers.delete()
             message += f" and {n} worker row(s)"
         self.stdout.write(message)
-
-    @staticmethod
-    def _purge_batches(batches: Any, using: str) -> int:
-        """Delete these batches by id (ids read first, rows never loaded: a batch's callbacks carry job
-        payloads), in chunks; the DELETE repeats "no member" so a member added meanwhile keeps it."""
-        from django.db import connections
-
-        from django_sqlqueue.models import Batch, Job
-
-        connection = connections[using]
-        qn = connection.ops.quote_name
-        batch_t, job_t = qn(Batch._meta.db_table), qn(Job._meta.db_table)
-        batch_col = qn(Job._meta.get_field("batch").column)
-        gone = 0
-        ids = list(batches.order_by("id").values_list("id", flat=True))
-        for start in range(0, len(ids), MAX_BATCH):
-            chunk = ids[start:start + MAX_BATCH]
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"DELETE FROM {batch_t} WHERE {qn('id')} IN ({', '.join(['%s'] * len(chunk))}) "
-                    f"AND NOT EXISTS (SELECT 1 FROM {job_t} j WHERE j.{batch_col} = {batch_t}.{qn('id')})", chunk)
-                gone += cursor.rowcount
-        return gone
 
     @staticmethod
     def _statuses(labels: list[str]) -> list[Status]:
