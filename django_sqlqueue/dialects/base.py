@@ -924,8 +924,7 @@ class Dialect:
     # ----- the maintenance lease (worker/maintenance.py) ---------------------------------------------
     def lease_names(self) -> tuple[str, dict[str, str]]:
         """Quoted (lease table, its columns by attname), from model meta."""
-        from ..models import MaintenanceLease
-
+        MaintenanceLease = queue_model("MaintenanceLease")
         qn = self.connection.ops.quote_name
         return (qn(MaintenanceLease._meta.db_table),
                 {f.attname: qn(f.column) for f in MaintenanceLease._meta.concrete_fields})

@@ -12,6 +12,7 @@ from django.utils import timezone
 from .. import hooks, jobtypes
 from ..conf import get_settings
 from ..dialects import get_dialect, retrying
+from ..dialects.base import queue_model
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob
 from ..states import FINISHED, Status
 from .rows import RowsMixin
@@ -196,8 +197,7 @@ def purge_batches(batches: Any, using: str, limit: int | None = None) -> int:
     a batch's callbacks carry job payloads), in chunks; the DELETE repeats "no member", so a member
     added meanwhile keeps its batch. Returns how many went (at most ``limit``, if given, lowest ids
     first). Used by ``purge_queue`` and retention."""
-    from ..models import Batch, Job
-
+    Batch, Job = queue_model("Batch"), queue_model("Job")
     connection = connections[using]
     qn = connection.ops.quote_name
     batch_t, job_t = qn(Batch._meta.db_table), qn(Job._meta.db_table)
@@ -228,8 +228,8 @@ def retention_batch(status: Status, cutoff: datetime, after: datetime | None, si
     statement (a code constant).
     """
     from ..dialects.predicates import index_predicate
-    from ..models import Job
 
+    Job = queue_model("Job")
     qs = Job.objects.using(using).filter(index_predicate(using, "status", f"= {int(Status(status))}"),
                                          finished_at__lt=cutoff)
     if after is not None:
