@@ -34,15 +34,22 @@ class PostgresDialect(Dialect):
         return f"CREATE INDEX IF NOT EXISTS {qn(name)} ON {qn(table)} USING gin ({qn(column)} jsonb_path_ops)"
 
     def now(self) -> str:
-        # Transaction start time: every stamp in one claim or modify agrees, and the claim's
-        # "due" test uses the server's clock, never a worker host's.
-        return "now()"
+        # The server's clock, never a worker host's, and the STATEMENT's start time, not now()'s
+        # transaction start: a claim or completion may run in a transaction that began earlier (a
+        # completion rides in the next claim's transaction; a caller's atomic() block), and with now()
+        # a job released by a dependency's completion could record a started_at before that
+        # dependency's finished_at (issue 31, item 10). statement_timestamp() is fixed for the whole
+        # statement, so every stamp of one claim or one completion still agrees; it is STABLE like
+        # now(), so "scheduled_for <= it" still seeks the index (clock_timestamp() is VOLATILE: it
+        # would move between rows and is not an index bound). A later statement never reads an earlier
+        # time than a statement that committed before it began: the history respects causality.
+        return "statement_timestamp()"
 
     def now_plus(self, seconds_sql: str) -> str:
-        return f"(now() + ({seconds_sql}) * interval '1 second')"
+        return f"(statement_timestamp() + ({seconds_sql}) * interval '1 second')"
 
     def ms_since(self, column_sql: str) -> str:
-        return f"CAST(EXTRACT(EPOCH FROM (now() - {column_sql})) * 1000 AS bigint)"
+        return f"CAST(EXTRACT(EPOCH FROM (statement_timestamp() - {column_sql})) * 1000 AS bigint)"
 
     def epoch_bucket_sql(self, column_sql: str, seconds: int) -> str:
         return f"CAST(FLOOR(EXTRACT(EPOCH FROM {column_sql}) / {int(seconds)}) AS bigint)"
@@ -201,8 +208,8 @@ class PostgresDialect(Dialect):
         # notifications of one transaction into one); NOTIFY is delivered on commit, so a worker never
         # wakes for a job it cannot see yet. (A data-modifying CTE with the notify in the outer SELECT
         # would do the same, at a higher cost per enqueue.)
-        # Only the id and now() come back: enqueued_at and updated_at ARE now() (the transaction's
-        # start) and so is scheduled_for unless one was sent; each timestamp read costs a parse.
+        # Only the id and the clock come back: enqueued_at and updated_at ARE the statement's
+        # statement_timestamp() and so is scheduled_for unless one was sent; each timestamp read costs a parse.
         sql = self.insert_sql(columns, len(rows), False, returning=("id", "enqueued_at")) + ", pg_notify(%s, %s)"
         params = [p for row in rows for p in self.insert_params(columns, row, False)]
         cursor.execute(sql, [*params, channel, queues])
@@ -239,15 +246,15 @@ class PostgresDialect(Dialect):
 
         COPY cannot return rows, so the ids are drawn from the table's identity sequence first
         (``nextval``, safe beside concurrent inserts) and the database clock is read in the same
-        transaction: ``now()`` is the transaction's start time, exactly the value an INSERT would
+        transaction: the SELECT's ``statement_timestamp()``, the value an INSERT in its place would
         have stamped. Only for rows without a dedupe key (those need ``ON CONFLICT``).
         """
         from ..models import Job
 
         n = len(rows)
         cursor.execute(
-            # now() in the first row only: one timestamp to parse, not one per job
-            "SELECT CASE WHEN g = 1 THEN now() END, nextval(pg_get_serial_sequence(%s, %s)) "
+            # the clock in the first row only: one timestamp to parse, not one per job
+            "SELECT CASE WHEN g = 1 THEN statement_timestamp() END, nextval(pg_get_serial_sequence(%s, %s)) "
             "FROM generate_series(1, %s) g",
             [Job._meta.db_table, Job._meta.pk.column, n],
         )
