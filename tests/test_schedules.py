@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from django.core.management import call_command
-from django.core.management.base import SystemCheckError
+from django.core.management.base import CommandError, SystemCheckError
 from django.db import connection
 from django.test import override_settings
 
@@ -168,6 +168,29 @@ def test_system_check_names_every_bad_entry():
         assert {e.id for e in errors} == {"sqlqueue.E201"}
         with pytest.raises(SystemCheckError, match="sqlqueue.E201"):
             call_command("check", tags=["compatibility"])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("malformed", [["digest"], "digest", 7], ids=["list", "string", "int"])
+def test_a_malformed_schedules_setting_is_a_check_error_and_syncs_nothing(malformed):
+    """Not a dict (issue 31, item 9): check reports E202 (and not E001: the rest of the queue's settings
+    load, so enqueue and the workers keep going); a sync writes nothing, and above all does not read it
+    as "no schedules" (which would undeclare every declared row)."""
+    from django_sqlqueue.ops.checks import check_queue_database
+
+    declare({"digest": {"type": "test.Noop", "every": 60}})
+    with override_settings(SQLQUEUE={"SCHEDULES": malformed}):
+        assert check_queue_database() == []
+        errors = check_schedules()
+        assert [e.id for e in errors] == ["sqlqueue.E202"] and "must be a dict" in errors[0].msg
+        with pytest.raises(SystemCheckError, match="sqlqueue.E202"):
+            call_command("check", tags=["compatibility"])
+        result = sync_schedules()
+        assert "must be a dict" in result.skipped and not result.undeclared
+        with pytest.raises(CommandError, match="not synced"):
+            call_command("queue_schedules", "--sync")
+    row = Schedule.objects.get(name="digest")
+    assert row.declared and row.enabled and row.next_run_at is not None
 
 
 @pytest.mark.django_db  # deciding "unknown type or task" may read the task flag of a type row

@@ -97,6 +97,26 @@ def test_a_bad_declared_schedule_does_not_stop_the_worker(worker_procs):
     assert not Schedule.objects.filter(name="broken").exists()
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("malformed", [["tick"], "tick"], ids=["list", "string"])
+def test_a_malformed_schedules_setting_stops_no_worker(worker_procs, malformed):
+    """SQLQUEUE["SCHEDULES"] that is not a dict (issue 31, item 9): the worker runs jobs and the schedules
+    the table already has, logs an ERROR, and syncs nothing (a declared row is not undeclared)."""
+    Schedule.objects.create(name="kept", job_type="test.Noop", every_seconds=60, timezone="UTC", declared=True,
+                            next_run_at=schedules.db_clock("default") - timedelta(minutes=2))
+    job = Job.objects.enqueue("test.Noop", {})
+    proc = worker_procs("--worker-name", "sched-malformed",
+                        env={"SQLQUEUE_TEST_SCHEDULES": json.dumps(malformed), "SQLQUEUE_TEST_SCHEDULES_CHECK": "0.2"})
+    wu.wait_until(lambda: ScheduleRun.objects.filter(schedule__name="kept").exists(), 60, what="the kept tick")
+    wu.wait_until(lambda: Job.objects.get(pk=job.pk).state is Status.COMPLETED, 60, what="the job")
+    assert proc.proc.poll() is None, proc.output()  # still running
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, proc.output()
+    assert "schedules_setting_invalid" in proc.stderr() and "must be a dict" in proc.stderr(), proc.output()
+    kept = Schedule.objects.get(name="kept")
+    assert kept.declared and kept.enabled
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.django_db(transaction=True)
 def test_a_look_waiting_on_a_lock_does_not_hold_up_the_supervisor(worker_procs):

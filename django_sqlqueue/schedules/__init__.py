@@ -254,10 +254,22 @@ def parse_entry(name: Any, entry: Any) -> ScheduleDef:
     )
 
 
+def setting_error(entries: Any) -> str:
+    """Why ``SQLQUEUE["SCHEDULES"]`` as a whole cannot be read ("" when it is a dict of entries)."""
+    if isinstance(entries, Mapping):
+        return ""
+    return (f"SQLQUEUE['SCHEDULES'] must be a dict of name -> entry, got {type(entries).__name__} "
+            f"{one_line(repr(entries))[:200]}; no schedule is synced while it is malformed (the rows keep "
+            f"what the last good setting wrote), and jobs still run")
+
+
 def declared_errors(entries: Any = None) -> list[tuple[str, str]]:
-    """(name, message) for each bad entry of ``SQLQUEUE["SCHEDULES"]`` (the system check's list)."""
+    """(name, message) for each bad entry of ``SQLQUEUE["SCHEDULES"]`` (the system check's list);
+    a malformed setting as a whole is :func:`setting_error`'s (this returns [] for it)."""
     if entries is None:
         entries = get_settings().SCHEDULES
+    if setting_error(entries):
+        return []
     out = []
     for name, entry in entries.items():
         try:
@@ -405,6 +417,8 @@ class SyncResult:
     updated: list[str] = field(default_factory=list)
     undeclared: list[str] = field(default_factory=list)
     invalid: list[tuple[str, str]] = field(default_factory=list)
+    #: Why nothing was synced: the setting as a whole is malformed ("" otherwise).
+    skipped: str = ""
 
 
 def sync_schedules(using: str | None = None, *, entries: Mapping[str, Any] | None = None,
@@ -423,6 +437,12 @@ def sync_schedules(using: str | None = None, *, entries: Mapping[str, Any] | Non
     alias = using or get_settings().DATABASE
     entries = get_settings().SCHEDULES if entries is None else entries
     result = SyncResult()
+    if error := setting_error(entries):
+        # Not "no schedules declared": that would undeclare every row. A malformed setting is unknown
+        # intent, so nothing is written; the check (sqlqueue.E202) stops the deploy's `check`/`migrate`.
+        result.skipped = error
+        log.error("schedules_setting_invalid error=%s", error)
+        return result
     defs: dict[str, ScheduleDef] = {}
     for name, entry in entries.items():
         try:

@@ -29,6 +29,8 @@ class Command(BaseCommand):
         using = get_settings().DATABASE
         if options["sync"]:
             result = schedules.sync_schedules(using)
+            if result.skipped:
+                raise CommandError(f"not synced: {result.skipped}")
             for name, error in result.invalid:
                 self.stderr.write(f"skipped {name}: {error}")
             self.stdout.write(f"synced: created={len(result.created)} updated={len(result.updated)} "
