@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
@@ -333,3 +335,31 @@ class PostgresDialect(Dialect):
         # WHERE clause on the locked row's latest version), so each tick is claimed by one worker.
         sql, params = super().claim_schedules_sql(limit, now)
         return sql + " FOR UPDATE OF s SKIP LOCKED", params
+
+    #: The look's transaction may sit between two statements for at most this long (ms) before the
+    #: server ends the session, and one of its statements may run at most this long.
+    LOOK_IDLE_TIMEOUT_MS = 10_000
+    LOOK_STATEMENT_TIMEOUT_MS = 30_000
+
+    @contextmanager
+    def schedules_transaction(self) -> Iterator[None]:
+        """The look's transaction, bounded by the server (issue 31, item 2).
+
+        It holds the claimed schedule rows (FOR UPDATE) while Python enqueues their ticks, and every
+        other worker's SKIP LOCKED read passes them over. A worker frozen there (SIGSTOP, a VM paused,
+        swap) would leave its session "idle in transaction" for as long as the freeze lasts, and every
+        tick of those schedules would stop for the whole fleet. ``set_config(..., true)`` is SET LOCAL:
+        ``idle_in_transaction_session_timeout`` makes the server end the session (rolling back the
+        look: nothing half-enqueued) once it waits for its frozen client past the bound, and
+        ``statement_timeout`` bounds a statement stuck behind a lock. Local to this transaction only:
+        the worker's other transactions and handlers' own (which may legitimately wait long inside
+        ``atomic()``) are not touched, and nothing leaks through a transaction pooler. One statement
+        more per look that claims (a look with nothing due claims nothing and sends none of this).
+        """
+        from django.db import transaction
+
+        with transaction.atomic(using=self.connection.alias), self.connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, true), "
+                           "set_config('statement_timeout', %s, true)",
+                           [f"{self.LOOK_IDLE_TIMEOUT_MS}ms", f"{self.LOOK_STATEMENT_TIMEOUT_MS}ms"])
+            yield
