@@ -12,9 +12,10 @@ import uuid
 
 import pytest
 
-from django_sqlqueue import UnknownJobType, enqueue, task_runner
+from django_sqlqueue import UnknownJobType, enqueue
 from django_sqlqueue.handlers import registry
 from django_sqlqueue.models import JobType
+from django_sqlqueue.tasks import runner as task_runner
 from testproject.notifications.tasks import send_welcome_email
 
 from . import test_tasks_defs as defs

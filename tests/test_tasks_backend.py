@@ -18,9 +18,10 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskRes
 from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.utils import timezone
 
-from django_sqlqueue import Status, enqueue, task_runner
+from django_sqlqueue import Status, enqueue
 from django_sqlqueue.handlers import registry
 from django_sqlqueue.models import Job, JobType
+from django_sqlqueue.tasks import runner as task_runner
 from django_sqlqueue.tasks.backend import STATUS_MAP, SqlQueueBackend, TaskArgumentsError, exception_entry
 
 from . import test_tasks_defs as defs
