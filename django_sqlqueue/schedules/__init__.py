@@ -526,7 +526,9 @@ def _register_version(alias: str, entries: Mapping[str, Any], clock: datetime) -
         except IntegrityError:  # another worker of the same deploy recorded it just now: read it
             if attempt:
                 raise
-    newer = (rows.filter(first_seen_at__gt=mine.first_seen_at, seen_at__gte=live_after)
+    # (seen_at after clock + LIVE_SECONDS: a clock moved back, as tests do; such a row does not count)
+    newer = (rows.filter(first_seen_at__gt=mine.first_seen_at, seen_at__gte=live_after,
+                         seen_at__lte=clock + timedelta(seconds=LIVE_SECONDS))
              .exclude(fingerprint=fingerprint).order_by("-first_seen_at").values_list("fingerprint", flat=True)[:1])
     return next(iter(newer), "")
 
