@@ -106,12 +106,13 @@ def child(args: argparse.Namespace) -> int:
             first = start_worker(f"stale-a{i}{int(cooperative)}")
             other = None
             try:
-                wait(lambda: any(e == "start" for *_x, e, _a in lines(path)), 60)
+                wait(lambda path=path: any(e == "start" for *_x, e, _a in lines(path)), 60)
                 stale_pid = lines(path)[0][0]
                 os.killpg(first.pid, signal.SIGSTOP)
                 time.sleep(3.0)  # past the dead-after time (2 s): the job may be taken over
                 other = start_worker(f"stale-b{i}{int(cooperative)}")
-                wait(lambda: any(p != stale_pid and e == "start" for p, _w, e, _a in lines(path)), 60)
+                wait(lambda path=path, stale_pid=stale_pid: any(p != stale_pid and e == "start"
+                                                                for p, _w, e, _a in lines(path)), 60)
                 resumed = time.time()
                 os.killpg(first.pid, signal.SIGCONT)
                 time.sleep(3.0)
