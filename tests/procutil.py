@@ -88,3 +88,8 @@ def claim_until_empty(barrier: Any, out: Any, worker: str, batch: int) -> None:
         out.put(f"{worker}: {traceback.format_exc()}")
         raise
     out.put(seen)
+
+
+def board_waiter(board: Any, index: int, seconds: float, out: Any) -> None:
+    """A stand-in slot idling on a WakeBoard (contract.py) in a process of its own; puts (index, woken)."""
+    out.put((index, board.wait(index, seconds, lambda: False)))

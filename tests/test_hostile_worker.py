@@ -238,15 +238,20 @@ def test_a_slot_whose_heartbeat_cannot_connect_stops_claiming(worker_procs, tmp_
                             autocommit=True)
     try:
         a = worker_procs("--worker-name", "starved", "--concurrency", "1", env={**FAST, "SQLQUEUE_DATABASE_URL": starved_url})
-        wu.wait_until(lambda: WorkerRow.objects.filter(name="starved/0", stopped_at=None).exists(), what="a to register")
-        time.sleep(1.0)  # a has all its connections open: main, heartbeat (and listener)
-        # No new connection for the role from now on; the ones open stay. Then cut the heartbeat's.
+        wu.wait_until(lambda: WorkerRow.objects.filter(name="starved/0", stopped_at=None).exists(), 90,
+                      what="a to register")
+        time.sleep(1.0)  # a has both its connections open: the slot's (claims) and the supervisor's (heartbeat)
+        # No new connection for the role from now on; the ones open stay. Then cut the heartbeat's: the
+        # supervisor's connection, the one whose last statement is not the slot's claim.
         admin.execute("ALTER ROLE starved CONNECTION LIMIT 0")
+        wu.wait_until(lambda: admin.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = 'starved' AND "
+                                            "query LIKE %s", ["%SKIP LOCKED%"]).fetchone()[0] == 1,
+                      what="the slot to claim")
         killed = admin.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = 'starved' "
-            "AND query LIKE %s", ['UPDATE "django_sqlqueue_worker"%']).fetchall()
-        assert killed, "no heartbeat connection found"
-        wu.wait_until(lambda: "heartbeat_failed worker=starved/0" in a.stderr(), what="a's heartbeat to fail")
+            "AND query NOT LIKE %s", ["%SKIP LOCKED%"]).fetchall()
+        assert len(killed) == 1, f"not one heartbeat connection: {killed}"
+        wu.wait_until(lambda: "heartbeat_failed worker=starved " in a.stderr(), what="a's heartbeat to fail")
         assert " WARNING " in next(line for line in a.stderr().splitlines() if "heartbeat_failed" in line)
         time.sleep(DEAD_AFTER + 0.5)  # a's row is stale: other workers now take a's jobs as a dead worker's
         path = tmp_path / "ticks.log"
@@ -303,5 +308,5 @@ def test_a_worker_whose_sqlite_file_is_deleted_stops_and_says_so(worker_procs, t
     wu.wait_until(lambda: "worker_started" in w.stderr(), what="the worker to start")
     path.unlink()
     assert w.wait(timeout=60) == 1, w.output()
-    assert "database_file_gone worker=doomed/0" in w.stderr() and str(path) in w.stderr(), w.output()
+    assert "database_file_gone worker=doomed " in w.stderr() and str(path) in w.stderr(), w.output()
     assert "reason=fatal-error" in w.stderr()

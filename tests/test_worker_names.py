@@ -87,8 +87,8 @@ def test_a_restart_on_the_same_host_takes_the_name_and_the_jobs_at_once(dead_pid
 
 def test_a_second_worker_process_under_a_live_name_is_refused(worker_procs) -> None:
     first = worker_procs("--worker-name", "same")
-    wu.wait_until(lambda: WorkerRow.objects.filter(name="same/0", stopped_at__isnull=True).exists(),
-                  what="the first worker to register")
+    wu.wait_until(lambda: WorkerRow.objects.filter(name="same/0", stopped_at__isnull=True).exists(), 90,
+                  what="the first worker to register")  # a slot's start takes 15 s on a busy 2-core machine
     pid = WorkerRow.objects.get(name="same/0").pid
     second = worker_procs("--worker-name", "same", "--burst")
     assert second.wait(timeout=60) == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 
 import pytest
 from django.db import connection
@@ -86,9 +87,12 @@ def test_listen_goes_through_the_listen_database_alias(worker_procs, pg_cluster)
                            ["sqlqueue-listen-alias"])
             return [row[0] for row in cursor.fetchall()]
 
-    # One session per slot on the alias, its last statement the LISTEN; nothing else uses the alias.
-    got = wu.wait_until(lambda: (lambda q: q if len(q) == 2 else None)(listeners()), 30, what="two listeners")
+    # One session for the worker on the alias (not one per slot), its last statement the LISTEN; nothing
+    # else uses the alias.
+    got = wu.wait_until(lambda: (lambda q: q if len(q) == 1 else None)(listeners()), 30, what="the listener")
     assert all(q.startswith("LISTEN ") for q in got), got
+    time.sleep(1.0)
+    assert len(listeners()) == 1, listeners()
     job = Job.objects.enqueue("test.Noop")
     wu.wait_until(lambda: state(job) == Status.COMPLETED, 30, what="the job to complete")
     w.signal(signal.SIGTERM)
@@ -106,3 +110,55 @@ def test_the_listen_alias_must_exist() -> None:
         assert [e.id for e in check_queue_database()] == ["sqlqueue.E001"]
     with override_settings(SQLQUEUE={"LISTEN_DATABASE": "default"}):
         assert check_queue_database() == []
+
+
+# ----- one LISTEN per worker, one slot woken per notification ----------------------------------------------
+def test_a_wake_up_wakes_exactly_one_idle_slot_process() -> None:
+    """The board the supervisor's LISTEN feeds: four slot processes idle on it, one wake-up, one woken."""
+    import multiprocessing
+
+    from django_sqlqueue.worker.contract import WakeBoard
+    from tests.procutil import board_waiter
+
+    ctx = multiprocessing.get_context("spawn")
+    board = WakeBoard(ctx, 4)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=board_waiter, args=(board, i, 20.0, out)) for i in range(4)]
+    for proc in procs:
+        proc.start()
+    wu.wait_until(lambda: sum(board.idle[:]) == 4, 60, what="four idle slots")
+    assert board.wake_one()
+    first = out.get(timeout=30)
+    assert first[1] is True
+    time.sleep(0.5)
+    assert sum(board.idle[:]) == 3  # the others still wait
+    assert board.wake_one() and board.wake_one() and board.wake_one()
+    rest = [out.get(timeout=30) for _ in range(3)]
+    assert sorted(i for i, _ in [first, *rest]) == [0, 1, 2, 3] and all(woken for _, woken in rest)
+    for proc in procs:
+        proc.join(30)
+    # No slot idle: the wake-up is kept for the next slot to idle, once.
+    assert not board.wake_one()
+    assert board.wait(0, 0.0, lambda: False) is True
+    assert board.wait(0, 0.1, lambda: False) is False
+
+
+def test_one_notification_wakes_one_of_four_idle_slots(worker_procs) -> None:
+    """Four idle slots, a trickle of jobs: each enqueue's notification wakes one slot (issue 28: it used to
+    wake all four, which raced to claim the one job)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL: LISTEN/NOTIFY")
+    w = worker_procs("--worker-name", "one", "--concurrency", "4", "--log-level", "DEBUG")
+    wu.wait_until(lambda: w.stderr().count("wakeup=listen") == 4, 90, what=f"four listening slots\n{w.output()}")
+    time.sleep(2.0)
+    before = w.stderr().count("slot_woken")
+    jobs = []
+    for _ in range(5):
+        job = Job.objects.enqueue("test.Noop")
+        wu.wait_until(lambda job=job: state(job) == Status.COMPLETED, 30, what=f"job {job.pk}\n{w.output()}")
+        jobs.append(job)
+        time.sleep(0.5)
+    woken = w.stderr().count("slot_woken") - before
+    assert woken == 5, w.output()
+    w.signal(signal.SIGTERM)
+    assert w.wait(60) == 0, w.output()

@@ -608,6 +608,20 @@ class Dialect:
             + f"AND {j['status_id']} = {int(Status.PROCESSING)}"
         )
 
+    def renew_held_sql(self, counts: Sequence[int]) -> str:
+        """Extend the leases several worker processes (a supervisor's slots) hold, in one statement.
+        Params: lease seconds, every id (the primary-key seek), then for each holder its ``counts[i]``
+        ids, its name and its incarnation: a job is renewed only under the holder that claimed it."""
+        j = self.n.j
+        every = ", ".join(["%s"] * sum(counts))
+        holders = " OR ".join(
+            f"({j['id']} IN ({', '.join(['%s'] * n)}) AND {j['worker']} = %s AND {j['incarnation']} = %s)"
+            for n in counts)
+        return (
+            f"UPDATE {self.n.job} SET {j['lease_expires_at']} = {self.now_plus('%s')} "
+            f"WHERE {j['id']} IN ({every}) AND {j['status_id']} = {int(Status.PROCESSING)} AND ({holders})"
+        )
+
     def reap_candidates_sql(self) -> str:
         """Processing jobs whose lease expired with no attempts left. Params: default max attempts."""
         j = self.n.j

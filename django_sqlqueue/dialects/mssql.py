@@ -367,6 +367,9 @@ class MssqlDialect(Dialect):
         # The caller reads the row count: make sure it is reported, whatever an earlier batch left.
         return "SET NOCOUNT OFF; " + super().renew_leases_sql(count, incarnation)
 
+    def renew_held_sql(self, counts: Sequence[int]) -> str:
+        return "SET NOCOUNT OFF; " + super().renew_held_sql(counts)
+
     # ----- modify and enqueue ---------------------------------------------------------------------
     def update_returning(self, set_sql: str, where_sql: str) -> str:
         return batch(Batch(

@@ -54,6 +54,27 @@ class HousekeepingMixin(RowsMixin):
                 permits.renew(cursor, dialect, list(job_ids), int(lease_seconds))
             return kept
 
+    def renew_held(self, holders: Sequence[tuple[str, str, Sequence[int]]], lease_seconds: int, *,
+                   using: str | None = None) -> int:
+        """:meth:`renew_leases` for several holders at once, in one statement: ``holders`` are
+        (worker name, incarnation, job ids) of a supervisor's slots, whose one connection beats for all.
+        Returns how many leases were renewed (fewer than the ids: some were taken over, or finished)."""
+        holders = [(name, incarnation, list(ids)) for name, incarnation, ids in holders if ids]
+        if not holders:
+            return 0
+        alias = self._alias(using)
+        dialect = get_dialect(connections[alias])
+        every = [job_id for _n, _i, ids in holders for job_id in ids]
+        params: list[Any] = [int(lease_seconds), *every]
+        for name, incarnation, ids in holders:
+            params += [*ids, name, incarnation]
+        with connections[alias].cursor() as cursor:
+            dialect.execute(cursor, dialect.renew_held_sql([len(ids) for _n, _i, ids in holders]), params)
+            kept = cursor.rowcount
+            if kept and jobtypes.limited_type_ids(alias):
+                permits.renew(cursor, dialect, every, int(lease_seconds))  # as renew_leases does
+            return kept
+
     def purge(self, ids: Sequence[int], *, statuses: Iterable[Status | int], cutoff: datetime,
               queues: Sequence[str] = (), using: str | None = None) -> int:
         """Delete those of jobs ``ids`` that :meth:`JobQuerySet.purgeable` still selects, with their

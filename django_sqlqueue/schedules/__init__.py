@@ -2,7 +2,7 @@
 
 A schedule is a row (:class:`~django_sqlqueue.models.Schedule`), declared in ``SQLQUEUE["SCHEDULES"]``
 (synced by :func:`sync_schedules` after ``migrate`` and at worker start) or created in the admin.
-Every worker's supervisor calls :func:`supervisor_look` from its main loop; every
+Every worker's supervisor calls :func:`look_once` on its database thread (its one connection); every
 ``SCHEDULES_CHECK_SECONDS`` that runs :func:`run_due`:
 
 1. the look: ONE statement, two partial-index seeks, no locks (:meth:`Dialect.schedules_probe_sql`):
@@ -787,6 +787,17 @@ class _Looker:
 
 
 _lookers: dict[str, _Looker] = {}
+_looks: dict[str, _Looker] = {}
+
+
+def look_once(using: str) -> float:
+    """One schedule look on the caller's thread and connection (the supervisor's database thread, so a
+    worker holds no connection for its schedules); returns the seconds until the next look is due.
+    Never raises: a failed look is logged and the next one backs off, as the looker thread's do."""
+    looker = _looks.get(using)
+    if looker is None:
+        looker = _looks[using] = _Looker(using)  # its state only (synced, failures): its thread never starts
+    return looker.look()
 
 
 def supervisor_look(using: str, *, stopping: bool = False) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: Counter slots (shared with the supervisor when there is one).
@@ -44,11 +44,113 @@ class WorkerConfig:
     incarnation: str = ""
 
 
+@dataclass(frozen=True)
+class SlotReport:
+    """What a slot tells its supervisor, whose one connection beats for all its slots (beats.py)."""
+
+    #: Jobs the slot holds: id -> lease seconds (the leases the supervisor renews).
+    held: dict[int, float]
+    #: Jobs finished since the slot started (the supervisor adds the difference to the row's jobs_done).
+    done: int
+    #: The job whose handler runs: (id, attempt, monotonic time to first look for a cancel request).
+    running: tuple[int, int, float] | None = None
+    #: Set when the slot could not connect at its start: why (None: connected).
+    connect_error: str | None = None
+
+
+@dataclass(frozen=True)
+class BeatResult:
+    """The supervisor's answer to a slot after a beat (or a look for cancel requests)."""
+
+    #: Monotonic time (system-wide clock: comparable across the worker's processes) at which the beat
+    #: was sent; meaningful only when ``ok``.
+    sent: float = 0.0
+    ok: bool = False
+    #: Held jobs whose lease this beat renewed, and held jobs another worker or incarnation holds now.
+    renewed: tuple[int, ...] = ()
+    lost: tuple[int, ...] = ()
+    #: The slot's worker row belongs to another incarnation now, or was stamped stopped.
+    replaced: bool = False
+    #: Why the slot must stop although its row is its own (the SQLite file was replaced).
+    fatal: str | None = None
+    #: The slot's finished-job count the worker row's jobs_done includes now.
+    done: int = 0
+    #: Cancel requests found for the running attempt: (job id, attempt) -> request.
+    cancels: dict[tuple[int, int], Any] = field(default_factory=dict)
+
+
+class WakeBoard:
+    """The idle slots of one worker and a wake-up for each (picklable into spawned slots).
+
+    The supervisor's one LISTEN wakes ONE idle slot per notification (:meth:`wake_one`), not all of
+    them: the others stay asleep instead of racing to claim the same job. A notification that finds no
+    slot idle is kept (``pending``, at most one per slot) so a slot that was between an empty claim and
+    its wait does not sleep through it.
+    """
+
+    def __init__(self, ctx: Any, slots: int) -> None:
+        self.idle = ctx.Array("b", slots)  # its lock guards idle and pending
+        self.pending = ctx.Value("i", 0, lock=False)
+        # A semaphore per slot, not an Event: its release is one sem_post (an Event's set waits for the
+        # woken process to acknowledge, a round trip between processes on the pickup path).
+        self.bells = [ctx.Semaphore(0) for _ in range(slots)]
+        #: 1 while the supervisor's LISTEN is in place (what a slot's worker_started line says).
+        self.listening = ctx.Value("b", 0, lock=False)
+
+    def wake_one(self, *, keep: bool = True) -> bool:
+        """Wake one idle slot; True if one was. Else, with ``keep``, remember it for the next to idle."""
+        with self.idle.get_lock():
+            for index in range(len(self.bells)):
+                if self.idle[index]:
+                    self.idle[index] = 0
+                    self.bells[index].release()
+                    return True
+            if keep:
+                self.pending.value = min(len(self.bells), self.pending.value + 1)
+            return False
+
+    def ring_all(self) -> None:
+        """Wake every slot (the worker is stopping: they see it at once)."""
+        for bell in self.bells:
+            bell.release()
+
+    def wait(self, index: int, seconds: float, stop: Any) -> bool:
+        """Slot ``index`` idles up to ``seconds``: True when woken (or a wake-up was pending)."""
+        bell = self.bells[index]
+        with self.idle.get_lock():
+            if self.pending.value > 0:
+                self.pending.value -= 1
+                return True
+            self.idle[index] = 1
+        try:
+            end = time.monotonic() + seconds
+            while not stop():
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                # Long waits (an idle worker's slots wake rarely): a stop from the supervisor rings the
+                # bell (ring_all); a signal sent to the slot alone is seen within a second.
+                if bell.acquire(timeout=min(left, 1.0)):
+                    return True
+            return False
+        finally:
+            with self.idle.get_lock():
+                self.idle[index] = 0
+            while bell.acquire(False):  # a wake-up that came after the wait ended: the claim that follows
+                pass  # serves it
+
+
 class SlotChannel:
     """What a slot process shares with the supervisor (picklable into a spawned child)."""
 
-    def __init__(self, ctx: Any, stop: Any, counters: Any, budget: Any) -> None:
+    def __init__(self, ctx: Any, stop: Any, counters: Any, budget: Any, *, link: Any = None,
+                 board: WakeBoard | None = None, index: int = 0) -> None:
         self.stop = stop  # multiprocessing Event: "stop after the current job"
+        #: The slot's end of a pipe to the supervisor: SlotReports go up, BeatResults come back.
+        self.link = link
+        #: Idle slots wait here for the supervisor's LISTEN (None: the slot waits its own way).
+        self.board = board
+        self.index = index
         self.counters = counters  # RawArray of N_COUNTERS, written by the slot only
         self.budget = budget  # shared Value of jobs left to claim (--max-jobs), or None
         # [job id, monotonic deadline, timeout seconds, 1 once the job was cancelled (the deadline is then
@@ -143,5 +245,6 @@ class SlotChannel:
                 lock.release()
 
 
-__all__ = ["CANCELLED", "EXIT_FATAL", "EXIT_FORCED", "EXIT_OK", "EXIT_REPLACED", "FAILED", "N_COUNTERS",
-           "RELEASED", "RETRIED", "SUCCEEDED", "SlotChannel", "WorkerConfig", "default_worker_name"]
+__all__ = ["BeatResult", "CANCELLED", "EXIT_FATAL", "EXIT_FORCED", "EXIT_OK", "EXIT_REPLACED", "FAILED", "N_COUNTERS",
+           "RELEASED", "RETRIED", "SUCCEEDED", "SlotChannel", "SlotReport", "WakeBoard", "WorkerConfig",
+           "default_worker_name"]

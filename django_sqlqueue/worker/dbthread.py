@@ -8,14 +8,17 @@ pooler's queue: PgBouncer's ``query_wait_timeout`` is 120 s, a lock wait), which
 service manager waits between SIGTERM and SIGKILL.
 
 Here each piece of work is a :class:`Call`, run in order on one thread with one connection (the
-supervisor's only connection); the loop submits calls and only looks at whether they have
-finished. That connection gets a connect timeout when the alias's OPTIONS set none, so a hung connect
-ends on its own. A call never raises into the loop: an exception is logged and the thread goes on.
+supervisor's only connection: its heartbeat for all slots, beats.py, and its LISTEN, wakeup.py, share
+it); the loop submits calls and only looks at whether they have finished. Between calls the thread
+runs its ``idle`` hook, if it has one (the LISTEN: it waits on the connection's socket and on a pipe
+that :meth:`DatabaseThread.submit` writes to, so a call never waits for a notification). That
+connection gets a connect timeout when the alias's OPTIONS set none, so a hung connect ends on its own. A call never raises into the loop: an exception is logged and the thread goes on.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -55,21 +58,42 @@ class Call:
 class DatabaseThread:
     """Runs :class:`Call` s one after another on a daemon thread with its own database connection."""
 
-    def __init__(self, using: str, connect_timeout: float) -> None:
+    def __init__(self, using: str, connect_timeout: float,
+                 idle: Callable[[int], None] | None = None) -> None:
         self.using = using
         self.connect_timeout = connect_timeout
         self._queue: queue.Queue[Call | None] = queue.Queue()
         self._pending: list[Call] = []
         self._thread: threading.Thread | None = None
+        #: Run on this thread while no call waits, given a file descriptor that becomes readable when
+        #: one is submitted; it returns then (or whenever it likes: it is called again).
+        self.idle = idle
+        self._poke: tuple[int, int] | None = None
+        if idle is not None:
+            self._poke = os.pipe()
+            os.set_blocking(self._poke[0], False)
+            os.set_blocking(self._poke[1], False)
 
     def submit(self, name: str, fn: Callable[..., Any], *args: Any) -> Call:
         call = Call(name, fn, args)
+        self.start()
+        self._pending = [c for c in self._pending if not c.finished] + [call]
+        self._queue.put(call)
+        self._wake()
+        return call
+
+    def start(self) -> None:
+        """Start the thread now (it connects at once when it has an ``idle`` hook: the LISTEN)."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="sqlqueue-supervisor-db", daemon=True)
             self._thread.start()
-        self._pending = [c for c in self._pending if not c.finished] + [call]
-        self._queue.put(call)
-        return call
+
+    def _wake(self) -> None:
+        if self._poke is not None:
+            try:
+                os.write(self._poke[1], b"x")
+            except (BlockingIOError, OSError):
+                pass  # the pipe is full (the thread will read it) or closed (the thread is gone)
 
     def pending(self) -> list[Call]:
         """Calls submitted and not finished yet (the one running first)."""
@@ -84,6 +108,7 @@ class DatabaseThread:
         if self._thread is None:
             return []
         self._queue.put(None)
+        self._wake()
         self._thread.join(max(0.0, timeout))
         return self.pending()
 
@@ -94,7 +119,7 @@ class DatabaseThread:
         try:
             self._bound_connect()
             while True:
-                call = self._queue.get()
+                call = self._next()
                 if call is None:
                     return
                 started = time.monotonic()
@@ -102,6 +127,25 @@ class DatabaseThread:
                 log.debug("supervisor_db call=%s seconds=%.3f", call.name, time.monotonic() - started)
         finally:
             connections.close_all()  # this thread's connections only
+
+    def _next(self) -> Call | None:
+        if self.idle is None or self._poke is None:
+            return self._queue.get()
+        while True:
+            try:
+                return self._queue.get_nowait()
+            except queue.Empty:
+                pass
+            try:
+                self.idle(self._poke[0])
+            except Exception:  # the hook logs what it expects; never the thread's death
+                log.exception("supervisor_idle_error")
+                time.sleep(1.0)
+            try:
+                while os.read(self._poke[0], 4096):
+                    pass
+            except BlockingIOError:
+                pass
 
     def _bound_connect(self) -> None:
         """Give this thread's connection a connect timeout when the alias's OPTIONS set none.

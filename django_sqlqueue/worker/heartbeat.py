@@ -15,6 +15,14 @@ beat that got through (``ok_at``, measured before the beat was sent) and the slo
   supervisor kills the slot (before the window ends, so that others never run the job alongside it);
 - a beat that finds the worker row under another incarnation (the name was taken over while this
   process was paused) marks the slot *replaced*: it stops at once and exits.
+
+Under a supervisor the slot's thread does no database work (``link``): it reports what the slot holds
+and runs to the supervisor (a :class:`~django_sqlqueue.worker.contract.SlotReport` on a pipe, at once
+after a claim and every ``REPORT_SECONDS``), whose one connection beats for all its slots in one
+statement per table (beats.py), and applies the answers (:class:`BeatResult`). The standing rules
+above are the same; only the clocks come from the supervisor's beats. The supervisor renews a slot's
+leases only while that slot keeps reporting: a stuck or stopped slot process lets its leases lapse,
+exactly as its own heartbeat thread would have.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from django.db.models.expressions import RawSQL
 from ..conf import get_settings
 from ..dialects import get_dialect
 from ..exceptions import WorkerNameInUse
+from .contract import BeatResult, SlotReport
 from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line, pid_alive, process_gone, process_key
 
 log = logging.getLogger("django_sqlqueue.worker")
@@ -43,6 +52,8 @@ CLAIM_SHARE = 0.5
 STOP_SHARE = 0.8
 #: After a failed beat, the next try comes this soon (or at the normal interval, if sooner).
 RETRY_SECONDS = 1.0
+#: Under a supervisor: a slot reports at least this often (its liveness: see beats.py).
+REPORT_SECONDS = 1.0
 
 
 def register(name: str, using: str, incarnation: str = "", queues: Sequence[str] = (),
@@ -163,7 +174,7 @@ class Heartbeat:
     def __init__(self, name: str, using: str, heartbeat_seconds: float, *, exit_with_parent: bool,
                  incarnation: str = "", dead_after: float = 60.0,
                  on_beat: Callable[[Heartbeat], None] | None = None, cancel_check: float = 1.0,
-                 on_cancel: Callable[[int, Any], None] | None = None) -> None:
+                 on_cancel: Callable[[int, Any], None] | None = None, link: Any = None) -> None:
         self.name = name
         self.using = using
         self.heartbeat_seconds = heartbeat_seconds
@@ -172,6 +183,8 @@ class Heartbeat:
         self._held: dict[int, float] = {}  # job id -> lease seconds
         self._claimed: dict[int, float] = {}  # job id -> monotonic time its claim was sent
         self._done = 0  # jobs finished since the last beat (added to the row's jobs_done)
+        self._done_total = 0  # jobs finished since the start; under a supervisor, those it stamped:
+        self._done_acked = 0
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
@@ -196,6 +209,12 @@ class Heartbeat:
         self._next_check = 0.0  # the heartbeat thread's own: when it looks again
         self.cancels: dict[int, Any] = {}
         self._on_cancel = on_cancel
+        #: Under a supervisor: the pipe to it, and when each held job's lease was last renewed (its
+        #: beats may not cover a job claimed after the beat's snapshot, so each job has its own time).
+        self._link = link
+        self._send_lock = threading.Lock()
+        self._renewed: dict[int, float] = {}
+        self._connect_error: str | None = None
 
     # ----- called by the worker's main thread ----------------------------------------------------
     def hold(self, leases: dict[int, float], claimed_at: float | None = None) -> None:
@@ -207,6 +226,8 @@ class Heartbeat:
             for job_id in leases:
                 self._claimed[job_id] = at
                 self.lost.discard(job_id)
+        if self._link is not None:
+            self._report()  # the supervisor renews these from its next beat on
         self._wake.set()  # a short lease may need an earlier renewal than planned
         self._publish()
 
@@ -214,8 +235,10 @@ class Heartbeat:
         with self._lock:
             self._held.pop(job_id, None)
             self._claimed.pop(job_id, None)
+            self._renewed.pop(job_id, None)
             self.lost.discard(job_id)
             self._done += finished
+            self._done_total += finished
 
     def start_running(self, job_id: int, attempt_num: int) -> None:
         """The handler of ``job_id`` starts: look for a cancel request once it has run ``cancel_check``
@@ -235,12 +258,17 @@ class Heartbeat:
             return list(self._held)
 
     def take_done(self) -> int:
+        """Jobs finished and not yet added to the worker row's jobs_done (and count them as added)."""
         with self._lock:
+            if self._link is not None:
+                done, self._done_acked = self._done_total - self._done_acked, self._done_total
+                return done
             done, self._done = self._done, 0
             return done
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name=f"sqlqueue-heartbeat-{self.name}", daemon=True)
+        loop = self._loop if self._link is None else self._linked_loop
+        self._thread = threading.Thread(target=loop, name=f"sqlqueue-heartbeat-{self.name}", daemon=True)
         self._thread.start()
 
     def alive(self) -> bool:
@@ -274,7 +302,10 @@ class Heartbeat:
             lease, claimed = self._held.get(job_id), self._claimed.get(job_id)
         if not row or lease is None or claimed is None:
             return row
-        renewed = max(claimed, self.ok_at or claimed)
+        if self._link is not None:
+            renewed = max(claimed, self._renewed.get(job_id, claimed))
+        else:
+            renewed = max(claimed, self.ok_at or claimed)
         return min(row, renewed + share * lease)
 
     def may_claim(self) -> bool:
@@ -330,6 +361,71 @@ class Heartbeat:
         finally:
             connections.close_all()  # this thread's connections only
 
+    # ----- under a supervisor: no database work, a pipe to the supervisor --------------------------
+    def tell_connect(self, error: str | None) -> None:
+        """The slot could not connect at its start (``error``), or has now (None): the supervisor says
+        once how many of its slots run, instead of every slot saying so (a role's connection limit)."""
+        if self._link is not None and error != self._connect_error:
+            self._connect_error = error
+            self._report()
+
+    def _report(self) -> None:
+        with self._lock:
+            held = dict(self._held)
+            done = self._done_total
+        report = SlotReport(held, done, self._running, self._connect_error)
+        with self._send_lock:
+            try:
+                self._link.send(report)
+            except (OSError, ValueError):
+                pass  # the supervisor is gone: the thread sees it and exits
+
+    def _linked_loop(self) -> None:
+        link = self._link
+        try:
+            while not self._stop:
+                self._report()
+                deadline = time.monotonic() + REPORT_SECONDS
+                while not self._stop and (left := deadline - time.monotonic()) > 0:
+                    if self._parent is not None and os.getppid() != self._parent:
+                        os._exit(1)  # the supervisor is gone, so are we: our jobs are reclaimed by lease or name
+                    if link.poll(left):
+                        self._apply(link.recv())
+        except (EOFError, OSError):  # the supervisor's end is closed: it is gone
+            if not self._stop:
+                os._exit(1)
+        except Exception:  # never die silently: the slot sees the thread gone and restarts
+            log.exception("heartbeat_thread_died worker=%s", self.name)
+
+    def _apply(self, result: BeatResult) -> None:
+        """A beat (or a look for cancel requests) of the supervisor's, for this slot."""
+        if result.ok:
+            if result.replaced and not self.replaced:
+                self.replaced = True
+                log.error("worker_replaced worker=%s incarnation=%s: the worker row belongs to another process "
+                          "now, or was stamped stopped (this one was paused or cut off past "
+                          "WORKER_DEAD_AFTER_SECONDS, or judged gone); stopping without touching its jobs",
+                          self.name, self.incarnation)
+            if result.fatal and self.fatal is None:
+                self.fatal = result.fatal
+            with self._lock:
+                self._done_acked = max(self._done_acked, result.done)
+                for job_id in result.renewed:
+                    if job_id in self._held:
+                        self._renewed[job_id] = max(self._renewed.get(job_id, 0.0), result.sent)
+                taken = set(result.lost) & set(self._held)
+                self.lost |= taken
+            if taken:
+                log.warning("lease_lost worker=%s jobs=%s (taken over by another worker)", self.name,
+                            ",".join(map(str, sorted(taken))))
+            if not self.replaced and not self.fatal:
+                self.ok_at = max(self.ok_at or 0.0, result.sent)
+        running = self._running
+        for (job_id, attempt), request in result.cancels.items():
+            if running is not None and running[:2] == (job_id, attempt):
+                self._found_cancel(job_id, attempt, request)
+        self._publish()
+
     def _check_at(self) -> float:
         running = self._running
         idle = time.monotonic() + self.cancel_check
@@ -352,6 +448,11 @@ class Heartbeat:
             return
         if request is None or self._running is not running:
             return  # none, or the handler returned meanwhile (its outcome stands): the same tuple is the same run
+        self._found_cancel(job_id, attempt, request)
+
+    def _found_cancel(self, job_id: int, attempt: int, request: Any) -> None:
+        if job_id in self.cancels:
+            return
         self.cancels[job_id] = request
         log.warning("cancel_requested worker=%s job=%s attempt=%s by=%r reason=%r", self.name, job_id, attempt,
                     request.requested_by, request.reason)

@@ -7,10 +7,12 @@ claims): a Processing row held by its name under another incarnation is a leftov
 process of the same slot and is reclaimed by the claim at once, while a replaced process (paused past
 the dead-after time while another took its name) finds out at its next beat and stops.
 
-Threads: the main thread claims, runs handlers and records outcomes; the heartbeat thread (its own
-connection, see heartbeat.py) stamps the ``Worker`` row, renews the held jobs' leases and keeps the
-slot's *standing*: no claim without a recent beat, and a running job whose lease may be gone is told
-to stop (and killed by the supervisor); the recorder's watchdog thread (see recorder.py).
+Threads: the main thread claims, runs handlers and records outcomes (the slot's one connection); the
+heartbeat thread keeps the slot's *standing*: no claim without a recent beat, and a running job whose
+lease may be gone is told to stop (and killed by the supervisor). Under a supervisor that thread does
+no database work: it reports to the supervisor, whose one connection beats for every slot (beats.py);
+in-process, it stamps the ``Worker`` row and renews the leases on a connection of its own. The
+recorder's watchdog thread (see recorder.py).
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ class Worker:
                                    exit_with_parent=channel is not None, incarnation=self.incarnation,
                                    dead_after=self.settings.WORKER_DEAD_AFTER_SECONDS,
                                    on_beat=self._on_beat if channel is not None else None,
-                                   cancel_check=self.settings.CANCEL_CHECK_SECONDS, on_cancel=self._on_cancel)
+                                   cancel_check=self.settings.CANCEL_CHECK_SECONDS, on_cancel=self._on_cancel,
+                                   link=channel.link if channel is not None else None)
         self._running_id: int | None = None
         #: The grace period of the running job's handler (seconds to stop by itself once cancelled).
         self._cancel_grace = self.settings.CANCEL_GRACE_SECONDS
@@ -102,6 +105,7 @@ class Worker:
         self._claim_in_doubt = False
         self._standing_lost_since: float | None = None
         self._exit_code = EXIT_OK
+        self._registered = False
 
     # ----- lifecycle ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -119,8 +123,10 @@ class Worker:
     def _run(self) -> int:
         if self._db(register, self.name, self.using, self.incarnation, self.config.queues, self.config.types) is None:
             return EXIT_OK  # told to stop before the database was reachable
+        self._registered = True
+        self.heartbeat.tell_connect(None)
         self.heartbeat.start()  # its first beat at once: nothing is claimed before one gets through
-        self._listener, wake = wakeup.for_worker(self.using, self.config.queues, self.stop_requested, self.name)
+        self._listener, wake = self._waker()
         log.info("worker_started worker=%s pid=%s queues=%s types=%s batch=%s burst=%s wakeup=%s", self.name,
                  os.getpid(), ",".join(self.config.queues) or "*", ",".join(self.config.types) or "*",
                  self.config.batch or f"auto(max {self.sizer.max_size})", self.config.burst, wake)
@@ -131,6 +137,18 @@ class Worker:
         if self.heartbeat.replaced:
             return EXIT_REPLACED
         return EXIT_FATAL if self.heartbeat.fatal else self._exit_code
+
+    def _waker(self) -> tuple[wakeup.Waker | None, str]:
+        """How this slot waits while idle. Under a supervisor it opens no LISTEN of its own: the
+        supervisor's one LISTEN wakes one idle slot per notification (or, if it has none, the slot polls;
+        SQLite's data_version needs no connection of its own)."""
+        channel = self.channel
+        if channel is None or channel.link is None:
+            return wakeup.for_worker(self.using, self.config.queues, self.stop_requested, self.name)
+        if channel.board is not None:  # the supervisor LISTENs (or will, once its connection is back)
+            return wakeup.BoardWaker(channel.board, channel.index), "listen" if channel.board.listening.value else "poll"
+        watcher = wakeup.SqliteWatcher.for_alias(self.using)
+        return (watcher, "data_version") if watcher is not None else (None, "poll")
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Only set flags here: logging or database work inside a signal handler can deadlock.
@@ -185,6 +203,8 @@ class Worker:
                 idle = min(idle * 2, s.POLL_MAX_SECONDS)
                 continue
             idle = s.POLL_MIN_SECONDS
+            if len(jobs) >= self._asked > 1 and self.channel is not None and self.channel.board is not None:
+                self.channel.board.wake_one(keep=False)  # a full batch: more may wait, for another idle slot
             started, ran = time.monotonic(), 0
             for job in jobs:
                 if self.stop_requested():
@@ -239,7 +259,8 @@ class Worker:
         connection commits (``PRAGMA data_version``, see wakeup.py); on SQL Server it simply sleeps.
         """
         if self._listener is not None:
-            self._listener.wait(seconds, self.stop_requested)
+            if self._listener.wait(seconds, self.stop_requested) and isinstance(self._listener, wakeup.BoardWaker):
+                log.debug("slot_woken worker=%s", self.name)
             return
         self._sleep(seconds)
 
@@ -502,7 +523,9 @@ class Worker:
                 if self.stop_requested():
                     tries += 1
                     if tries > retry_while_stopping:
-                        log.warning("worker_gave_up worker=%s call=%s error=%s", self.name,
+                        # A slot that never connected has nothing to hand back: no warning for that.
+                        starved = self.channel is not None and self.channel.link is not None and not self._registered
+                        (log.info if starved else log.warning)("worker_gave_up worker=%s call=%s error=%s", self.name,
                                     getattr(fn, "__name__", fn), one_line(exc))
                         return None
                 self._db_trouble(exc)
@@ -514,7 +537,12 @@ class Worker:
             self._db_down_since = now
         down_for = now - (self._db_down_since or now)
         delay = min(DB_RETRY_MAX, DB_RETRY_MIN * 2 ** min(10, int(down_for).bit_length())) * random.uniform(0.8, 1.2)
-        (log.warning if first else log.info)(
+        starved = self.channel is not None and self.channel.link is not None and not self._registered
+        if starved:
+            # Not connected yet (a role's connection limit, the server's max_connections): the supervisor
+            # says once how many of its slots run; this slot retries with backoff.
+            self.heartbeat.tell_connect(one_line(exc))
+        (log.warning if first and not starved else log.info)(
             "database_unavailable worker=%s error=%s retry_in=%.1f", self.name, one_line(exc), delay)
         close_connection(self.using)
         self._sleep(delay)

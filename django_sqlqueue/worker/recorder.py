@@ -9,7 +9,8 @@ instead of once per job plus once per claim.
 What stays true (at-least-once, and honest history):
 
 - A success waits at most ``RECORD_DELAY_SECONDS`` (plus one statement) before it is committed: when
-  the main thread is busy in a long handler, a watchdog thread (its own connection) records it.
+  the main thread is busy in a long handler, a watchdog thread records it (on a connection of its own,
+  closed again at once: a slot holds one connection, not two).
 - Until it is recorded the job stays Processing under this slot's name, token and lease (the
   heartbeat keeps renewing it), and the supervisor is told it has run (``SlotChannel.unrecorded``),
   so a slot that dies before recording does NOT hand it back as unstarted: it is reclaimed, run
@@ -176,6 +177,9 @@ class Recorder:
                     continue
                 try:
                     self.flush()
+                    # Rare (a success behind a long handler): a connection for it now and then, rather
+                    # than one more held by every slot (a worker holds one per slot plus one).
+                    connections[self.worker.using].close()
                 except DB_DOWN_ERRORS as exc:  # the main thread deals with outages; try again later
                     log.info("record_deferred worker=%s error=%s", self.worker.name, one_line(exc))
                     close_connection(self.worker.using)

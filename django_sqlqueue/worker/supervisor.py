@@ -23,6 +23,14 @@ and their rows marked stopped, so other workers take their jobs at once. A secon
 slots at once and exits 1; their jobs are reclaimed later by lease (or at once by a worker of the
 same name).
 
+Connections: each slot holds one (its claims and jobs); the supervisor holds ONE for everything else:
+the heartbeat of all its slots (beats.py: one statement renews every slot's leases, one stamps every
+slot's row), its LISTEN (wakeup.py: one per worker, waking one idle slot per notification), the
+schedule looks and the rest of its database work. So a worker of S slots holds S + 1 connections (one
+more when ``LISTEN_DATABASE`` names another alias). The supervisor connects before it starts its slots,
+so that a role short of connections runs fewer slots rather than slots without a heartbeat; a slot that
+cannot connect retries with backoff, and the supervisor says once, at WARNING, how many slots run.
+
 The supervisor's database work runs on a thread of its own (:mod:`django_sqlqueue.dbthread`): no
 database wait (a server that does not answer, a pooler's queue, a lock) delays a signal, a timeout kill
 or the grace period. After the slots are gone it waits at most ``CLEANUP_SECONDS`` for that work, and
@@ -46,6 +54,7 @@ from .. import schedules, signals
 from ..exceptions import IllegalTransition, JobNotFound, StaleJob
 from ..ops import tracing
 from ..states import Status
+from .beats import Beats
 from .contract import (
     CANCELLED,
     EXIT_FATAL,
@@ -57,6 +66,7 @@ from .contract import (
     RETRIED,
     SUCCEEDED,
     SlotChannel,
+    WakeBoard,
     WorkerConfig,
 )
 from .dbthread import Call, DatabaseThread
@@ -134,17 +144,26 @@ class Supervisor:
     _exit_code: int = EXIT_OK
     _reaping: Call | None = None
     _sweeping: Call | None = None
+    _looking: Call | None = None
+    _next_look: float = 0.0
+    _starved_said: bool = False
+    _starved_since: float | None = None
 
     def run(self) -> Summary:
         from django.db import connections
 
         from ..conf import get_settings
 
-        self._using = self.config.using or get_settings().DATABASE
-        self._db = DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS)
+        settings = get_settings()
+        self._using = self.config.using or settings.DATABASE
         started = time.monotonic()
         ctx = multiprocessing.get_context("spawn")
         self._ctx = ctx
+        self._beats = Beats(self._using, self.config.name, settings.HEARTBEAT_SECONDS,
+                            settings.WORKER_DEAD_AFTER_SECONDS, settings.CANCEL_CHECK_SECONDS)
+        self._board: WakeBoard | None = None
+        self._listen_thread: Any = None
+        self._db = self._database_thread(ctx, settings)
         budget = ctx.Value("q", self.config.max_jobs) if self.config.max_jobs is not None else None
         self._budget = budget
         self._slots = [Slot(i, f"{self.config.name}/{i}", ctx.Event(), ctx.RawArray("q", N_COUNTERS))
@@ -153,8 +172,9 @@ class Supervisor:
         bar = self._progress_bar()
         next_reap = started + 5.0
         next_sweep = started + SWEEP_SECONDS
-        connections.close_all()  # nothing to inherit, but do not hold a connection while idle
+        connections.close_all()  # nothing to inherit: the database thread holds the supervisor's connection
         try:
+            self._connect_first()
             for slot in self._slots:
                 self._start(slot, budget)
             while not all(s.done for s in self._slots):
@@ -173,7 +193,10 @@ class Supervisor:
                 if now >= next_sweep and not self._stopping:
                     self._sweep()
                     next_sweep = now + SWEEP_SECONDS
-                schedules.supervisor_look(self._using, stopping=self._stopping)  # its own thread; never raises
+                self._beats.tick(self._db, now, stopping=self._stopping)
+                self._say_starved(now)
+                if now >= self._next_look and not self._stopping:
+                    self._look_schedules()
                 if bar is not None:
                     bar.update(self._summary(0).processed - bar.n)
                 time.sleep(TICK_SECONDS)
@@ -182,6 +205,8 @@ class Supervisor:
                 if slot.proc is not None and slot.proc.is_alive():
                     slot.proc.kill()
                     slot.proc.join()
+            if self._listen_thread is not None:
+                self._listen_thread.close()
             self._finish_db()
             for signum, previous in saved.items():
                 signal.signal(signum, previous)
@@ -190,6 +215,85 @@ class Supervisor:
                 bar.close()
             connections.close_all()
         return self._summary(time.monotonic() - started)
+
+    def _database_thread(self, ctx: Any, settings: Any) -> DatabaseThread:
+        """The supervisor's one connection, and how it wakes idle slots: LISTEN on that connection (its
+        idle hook), or on LISTEN_DATABASE's (a thread of its own), or not at all (the slots poll)."""
+        from django.db import connections
+
+        from ..dialects import capabilities
+        from . import wakeup
+
+        listens = bool(settings.NOTIFY_CHANNEL) and capabilities(connections[self._using].vendor).can_listen
+        if not listens:
+            return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS)
+        self._board = WakeBoard(ctx, self.concurrency)
+        listen_alias = settings.LISTEN_DATABASE or self._using
+        if listen_alias != self._using:
+            listener = wakeup.PgListener.for_alias(self._using, settings.NOTIFY_CHANNEL, self.config.queues,
+                                                   listen_using=listen_alias)
+            if listener is not None:
+                listener.worker = self.config.name
+                self._listen_thread = wakeup.ListenerThread(listener, self._board)
+            return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS)
+        self._shared_listener = wakeup.SharedListener(self._using, settings.NOTIFY_CHANNEL, self.config.queues,
+                                                      self._board, self.config.name)
+        return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS, idle=self._shared_listener.idle)
+
+    def _connect_first(self) -> None:
+        """Start connecting (and LISTENing) before the slots start: a slot takes a second or more to
+        boot, so a role short of connections runs fewer slots, never slots that no heartbeat covers."""
+        listener = getattr(self, "_shared_listener", None)
+        if listener is not None:
+            self._db.start()  # its idle hook connects and LISTENs at once
+        else:
+            self._db.submit("connect", self._connect_now)
+            if self._listen_thread is not None and self._listen_thread.start():
+                assert self._board is not None
+                self._board.listening.value = 1
+        if self._board is not None:
+            log.info("worker_listening worker=%s slots=%s (one LISTEN for the worker: each notification wakes "
+                     "one idle slot)", self.config.name, self.concurrency)
+
+    def _connect_now(self) -> None:
+        from django.db import connections
+
+        try:
+            connections[self._using].ensure_connection()
+            self._beats.baseline()
+        except DatabaseError as exc:
+            self._db_failed("supervisor_connect_failed", exc, quiet=True)
+
+    def _say_starved(self, now: float) -> None:
+        """Once, at WARNING: the worker runs fewer slots than asked, because the others cannot connect."""
+        connected, reported, error = self._beats.connect_errors()
+        if error is None or connected == reported:
+            if self._starved_since is not None and connected == self.concurrency:
+                log.info("worker_slots_connected worker=%s slots=%s", self.config.name, connected)
+            self._starved_since = None
+            return
+        if self._starved_since is None:
+            self._starved_since = now
+        # Give every slot its first try (or a few seconds) before counting.
+        if reported < self.concurrency and now - self._starved_since < 5.0:
+            return
+        if not self._starved_said:
+            self._starved_said = True
+            log.warning("worker_starved worker=%s slots_connected=%s of %s error=%s (the database refuses more "
+                        "connections: the worker runs the slots it could connect and retries the others with "
+                        "backoff; it needs %s connections: one per slot and one for the supervisor, see "
+                        "docs/scaling.md)", self.config.name, connected, self.concurrency, error,
+                        self.concurrency + 1)
+
+    def _look_schedules(self) -> None:
+        """The schedule look, on the supervisor's connection (no thread or connection of its own)."""
+        if self._looking is not None and not self._looking.finished:
+            return
+        self._next_look = time.monotonic() + 3600.0  # until the look says when the next one is due
+        self._looking = self._db.submit("schedules", self._look_schedules_now)
+
+    def _look_schedules_now(self) -> None:
+        self._next_look = time.monotonic() + schedules.look_once(self._using)
 
     def _finish_db(self) -> None:
         """Give the database work still queued (hand-backs, stopped stamps) ``CLEANUP_SECONDS``, no more."""
@@ -220,6 +324,8 @@ class Supervisor:
             slot.stop.set()
             if slot.proc is None:
                 slot.done = True
+        if self._board is not None:
+            self._board.ring_all()
 
     def _kill_remaining(self) -> None:
         for slot in self._slots:
@@ -235,10 +341,14 @@ class Supervisor:
         from ..queue import new_incarnation
 
         slot.incarnation = new_incarnation()
-        slot.channel = SlotChannel(self._ctx, slot.stop, slot.counters, budget)
+        ours, theirs = self._ctx.Pipe(duplex=True)
+        slot.channel = SlotChannel(self._ctx, slot.stop, slot.counters, budget, link=theirs, board=self._board,
+                                   index=slot.index)
         slot.proc = self._ctx.Process(target=slot_main, args=(self._slot_config(slot), slot.channel, self.log_level),
                                       name=f"sqlqueue-slot-{slot.index}")
         slot.proc.start()
+        theirs.close()  # the slot has its copy: its death closes the pipe
+        self._beats.attach(slot.index, slot.name, slot.incarnation, ours)
         slot.pid = slot.proc.pid
         slot.started = time.monotonic()
         log.debug("slot_started worker=%s pid=%s", slot.name, slot.proc.pid)
@@ -268,8 +378,10 @@ class Supervisor:
         if running or code != declared:
             code = f"{code} (undeclared)"  # a death, whatever the code
         if code == EXIT_OK and (self._stopping or self.config.burst or self._budget_spent()):
+            self._beats.detach(slot.index)
             slot.done = True
         elif code in (EXIT_FATAL, EXIT_REPLACED):
+            self._beats.detach(slot.index)
             self._exit_code = 1
             slot.done = True
             if not self._stopping:
@@ -402,6 +514,7 @@ class Supervisor:
 
         Submitted to the database thread; the slot restarts only once this has finished.
         """
+        self._beats.detach(slot.index)  # no more beats for its jobs: they are reclaimed at once
         # Its running job and the successes it had not recorded yet (batched, see recorder.py) were
         # started: they stay Processing and are reclaimed as a new attempt, not handed back.
         started = [running, *(slot.channel.unrecorded_ids() if slot.channel is not None else [])]

@@ -17,6 +17,15 @@ a LISTEN left behind on a pooled server connection by a failed check is never no
 ``SQLQUEUE["LISTEN_DATABASE"]`` names the database alias to LISTEN through (a direct connection or a
 session pool) when the queue's own alias goes through a transaction pooler.
 
+Under a supervisor (``run_queue_worker``) the worker LISTENs ONCE, not once per slot: on the
+supervisor's own connection (:class:`SharedListener`, run by its database thread between calls), or on
+one connection to ``LISTEN_DATABASE`` when that is set (:class:`ListenerThread`). Each notification for
+the worker's queues wakes exactly one idle slot (:class:`~django_sqlqueue.worker.contract.WakeBoard`);
+a slot that claimed a full batch wakes the next idle one, so a burst of jobs spreads over the slots.
+Because it is the connection that also sends, the check of the shared LISTEN also asks that its test
+notification came from the very server session it listens on (its backend pid): through a pooler the
+client's session is not one server session, the check fails and the worker polls, as above.
+
 SQLite has no notifications, but every connection can ask, for nothing (no disk read, no lock), whether
 another connection committed since it last asked: ``PRAGMA data_version``. An idle slot asks every
 ``SqliteWatcher.interval`` seconds and claims as soon as something changed, instead of sleeping out a
@@ -27,6 +36,8 @@ from __future__ import annotations
 
 import logging
 import secrets
+import select
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -312,3 +323,164 @@ class SqliteWatcher:
 
     def close(self) -> None:
         self._seen = None
+
+
+class BoardWaker:
+    """A slot's wait under a supervisor that LISTENs for it: woken through the worker's WakeBoard."""
+
+    def __init__(self, board: Any, index: int) -> None:
+        self.board = board
+        self.index = index
+
+    def wait(self, seconds: float, stop: Callable[[], bool]) -> bool:
+        return bool(self.board.wait(self.index, seconds, stop))
+
+    def close(self) -> None:
+        pass
+
+
+def _wanted(payload: str, queues: set[str]) -> bool:
+    return not queues or bool(queues & set(payload.split(",")))
+
+
+class SharedListener:
+    """LISTEN on the supervisor's own connection; each notification wakes one idle slot.
+
+    Its :meth:`idle` is the database thread's idle hook (dbthread.py): between the supervisor's calls it
+    waits on the connection's socket and on the thread's wake-up pipe. It (re)LISTENs whenever the
+    thread's connection is new (the first time, and after a reconnect), after a check (module docstring).
+    """
+
+    def __init__(self, using: str, channel: str, queues: Sequence[str], board: Any, worker: str) -> None:
+        self.using = using
+        self.channel = channel
+        self.queues = set(queues)
+        self.board = board
+        self.worker = worker
+        self.disabled = False
+        self._listening: Any = None  # the psycopg connection the LISTEN is on
+        self._retry_at = 0.0
+
+    @property
+    def listening(self) -> bool:
+        return self._listening is not None and not self.disabled
+
+    def idle(self, poke: int) -> None:
+        conn = self._connection()
+        if conn is None:
+            select.select([poke], [], [], 1.0)
+            return
+        try:
+            notes = list(conn.notifies(timeout=0))  # those that came in during the calls, first
+            if not notes:
+                ready = select.select([conn.fileno(), poke], [], [], 5.0)[0]
+                if conn.fileno() in ready:
+                    notes = list(conn.notifies(timeout=0))
+        except Exception as exc:  # the connection broke: the next call or idle turn reconnects
+            self._lost(exc)
+            return
+        for note in notes:
+            if note.channel == self.channel and _wanted(note.payload, self.queues):
+                self.board.wake_one()
+
+    def _connection(self) -> Any:
+        from django.db import connections
+
+        if self.disabled or time.monotonic() < self._retry_at:
+            return None
+        wrapper = connections[self.using]
+        try:
+            wrapper.ensure_connection()
+        except Exception as exc:
+            self._lost(exc)
+            return None
+        conn = wrapper.connection
+        if conn is not self._listening:
+            try:
+                self._listen(conn)
+            except Exception as exc:
+                self._lost(exc)
+                return None
+        return None if self.disabled else conn
+
+    def _listen(self, conn: Any) -> None:
+        from psycopg import sql
+
+        if not conn.autocommit:
+            raise RuntimeError("the supervisor's connection is not in autocommit: LISTEN needs it")
+        check = f"sqlqueue_check_{secrets.token_hex(8)}"  # used once: see the module docstring
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(check)))
+        conn.execute("SELECT pg_notify(%s, %s)", [check, "check"])
+        started = time.monotonic()
+        arrived = False
+        for note in conn.notifies(timeout=CHECK_SECONDS, stop_after=1):
+            arrived = arrived or (note.channel == check and note.pid == conn.pgconn.backend_pid)
+        conn.execute(sql.SQL("UNLISTEN {}").format(sql.Identifier(check)))
+        if not arrived:
+            self.disabled = True
+            log.warning(
+                "listen_check_failed worker=%s listen_database=%s channel=%s seconds=%s (the test notification "
+                "did not come back from the server session this connection listens on: polling instead, so "
+                "pickup takes up to POLL_MAX_SECONDS. Behind PgBouncer, LISTEN never receives: set "
+                "SQLQUEUE['LISTEN_DATABASE'] to an alias with a direct connection or a session pool, see "
+                "docs/pgbouncer.md)", self.worker, self.using, self.channel, CHECK_SECONDS)
+            return
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+        self._listening = conn
+        self.board.listening.value = 1
+        log.debug("listen_checked worker=%s ms=%.1f", self.worker, (time.monotonic() - started) * 1000)
+        # Jobs enqueued while no LISTEN was in place would wait for a poll: let one slot look now.
+        self.board.wake_one()
+
+    def _lost(self, exc: BaseException) -> None:
+        from .support import close_connection
+
+        log.info("listen_unavailable worker=%s error=%s (polling until it is back)", self.worker,
+                 " ".join(str(exc).split())[:200])
+        self._listening = None
+        self.board.listening.value = 0
+        self._retry_at = time.monotonic() + 5.0
+        close_connection(self.using)
+
+
+class ListenerThread:
+    """The supervisor's LISTEN on ``LISTEN_DATABASE`` (its own connection, one per worker): a thread that
+    wakes one idle slot per notification."""
+
+    def __init__(self, listener: PgListener, board: Any) -> None:
+        self.listener = listener
+        self.board = board
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sqlqueue-listen", daemon=True)
+
+    def start(self) -> bool:
+        """Connect and check now; True when it listens."""
+        try:
+            self.listener.start(self._stop.is_set)
+        except ListenCheckFailed:
+            return False
+        finally:
+            self._close_check_connection()
+        self._thread.start()
+        return self.listener.listening
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self.listener.wait(5.0, self._stop.is_set):
+                self.board.wake_one()
+            self._close_check_connection()
+
+    def _close_check_connection(self) -> None:
+        """The check's notification goes through the queue's alias, on this thread's Django connection:
+        closed again, so the worker keeps no connection for it."""
+        from django.db import connections
+
+        alias = self.listener.notify_using
+        if alias is not None and connections[alias].connection is not None:
+            connections[alias].close()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+        self.listener.close()

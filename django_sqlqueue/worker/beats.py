@@ -1,0 +1,350 @@
+"""The supervisor's heartbeat: its one connection beats for all its slots.
+
+A slot used to hold a connection for its own heartbeat (and one for its LISTEN). Now each slot reports
+what it holds and runs (:class:`~django_sqlqueue.worker.contract.SlotReport`, on a pipe: at once after a
+claim, and every ``REPORT_SECONDS``) and the supervisor, on its database thread (dbthread.py), beats for
+all of them: ONE statement renews the leases every slot holds (per lease length; one in the common case),
+ONE stamps every slot's worker row. The answers (:class:`BeatResult`) go back to the slots, whose
+standing rules (heartbeat.py) are unchanged: no claim without a recent good beat, a running job whose
+lease may be lost is killed before the lease ends.
+
+Safety, with the beats out of the slot process:
+
+- A beat that fails renews nothing for any slot: all of them lose standing together, their leases
+  lapse, and a late finish is refused by the job's token, as with a slot's own failing heartbeat.
+- The supervisor renews a slot's leases and stamps its row only while that slot keeps reporting
+  (``STALE_SECONDS``): a slot process that is stopped (SIGSTOP), frozen, or whose threads cannot run lets
+  its leases lapse, as its own heartbeat thread would have. The last "safe until" it published stands,
+  and the supervisor kills it when that passes (supervisor.py ``_check_timeout``).
+- A slot stuck in its handler keeps reporting (its reporting thread runs): its lease is renewed, and
+  the job's timeout (the supervisor's SIGKILL at the type's ``timeout_seconds``) bounds it, as before.
+
+Cancel requests of running attempts are looked for here too (every ``CANCEL_CHECK_SECONDS`` while a job
+runs longer than that), and sent to the slot running the attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import DatabaseError, connections
+from django.db.models import Case, F, IntegerField, Q, Value, When
+
+from ..dialects import get_dialect
+from .contract import BeatResult, SlotReport
+from .dbthread import Call, DatabaseThread
+from .heartbeat import REPORT_SECONDS, RETRY_SECONDS
+from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line
+
+log = logging.getLogger("django_sqlqueue.supervisor")
+
+#: A slot that has not reported for this long gets no beats (its leases lapse: see the docstring).
+STALE_SECONDS = 5 * REPORT_SECONDS
+#: Most job ids in one renewal statement (SQL Server takes 2,100 parameters).
+MAX_IDS = 900
+
+
+@dataclass
+class SlotBeat:
+    """The supervisor's view of one slot process (one incarnation)."""
+
+    name: str
+    incarnation: str
+    link: Any  # the supervisor's end of the slot's pipe
+    report: SlotReport | None = None
+    reported_at: float = 0.0
+    #: The slot's finished-job count that the worker row includes.
+    stamped: int = 0
+    next_cancel_check: float = 0.0
+    gone: bool = False
+
+
+@dataclass(frozen=True)
+class _Member:
+    name: str
+    incarnation: str
+    held: dict[int, float]
+    done: int  # to add to jobs_done
+    done_total: int
+
+
+@dataclass
+class Beats:
+    """Collects the slots' reports, beats for them on the database thread, and answers them."""
+
+    using: str
+    worker: str
+    heartbeat_seconds: float
+    dead_after: float
+    cancel_check: float
+    slots: dict[int, SlotBeat] = field(default_factory=dict)
+    _call: Call | None = None
+    _beat: tuple[list[SlotBeat], list[_Member]] | None = None
+    _outcome: dict[str, Any] = field(default_factory=dict)
+    _cancel_call: Call | None = None
+    _cancels: dict[str, dict[tuple[int, int], Any]] = field(default_factory=dict)
+    _next_beat: float = 0.0
+    _last_sent: float | None = None
+    _failing_since: float | None = None
+    _said_failing: bool = False
+    _identity: Any = None
+    _fatal: str | None = None
+
+    # ----- slots come and go (the supervisor's loop) ---------------------------------------------------
+    def attach(self, index: int, name: str, incarnation: str, link: Any) -> None:
+        self.detach(index)
+        self.slots[index] = SlotBeat(name, incarnation, link)
+
+    def detach(self, index: int) -> None:
+        slot = self.slots.pop(index, None)
+        if slot is not None:
+            slot.gone = True
+            try:
+                slot.link.close()
+            except OSError:
+                pass
+
+    def connect_errors(self) -> tuple[int, int, str | None]:
+        """(slots connected, slots that reported, the last connect error): for the "starved" line."""
+        connected, reported, error = 0, 0, None
+        for slot in self.slots.values():
+            if slot.report is None:
+                continue
+            reported += 1
+            if slot.report.connect_error is None:
+                connected += 1
+            else:
+                error = slot.report.connect_error
+        return connected, reported, error
+
+    # ----- every turn of the supervisor's loop ----------------------------------------------------
+    def tick(self, db: DatabaseThread, now: float, *, stopping: bool = False) -> None:
+        self._collect(now)
+        self._answer()
+        members = self._members(now) if self._call is None and now >= self._next_beat else []
+        if members:
+            self._beat = (list(self.slots.values()), members)
+            self._outcome = {}
+            self._call = db.submit("heartbeat", self._beat_now, members, self._outcome)
+        if self._cancel_call is None and not stopping:
+            running = self._running(now)
+            if running:
+                self._cancels = {}
+                self._cancel_call = db.submit("cancel_check", self._cancels_now, running, self._cancels)
+
+    def _collect(self, now: float) -> None:
+        for slot in self.slots.values():
+            try:
+                while slot.link.poll():
+                    report = slot.link.recv()
+                    if slot.report is None or slot.report.connect_error is not None:
+                        self._next_beat = now  # a new slot claims nothing before its first beat: at once
+                    elif report.held.keys() - slot.report.held.keys():
+                        # New jobs: beat sooner if their lease is shorter than the beats planned so far.
+                        self._next_beat = min(self._next_beat, (self._last_sent or 0.0) + self.interval(report))
+                    slot.report, slot.reported_at = report, now
+            except (EOFError, OSError):
+                slot.gone = True  # the slot died: the supervisor's loop sees it and detaches it
+
+    def _members(self, now: float) -> list[_Member]:
+        members = []
+        for slot in self.slots.values():
+            report = slot.report
+            if slot.gone or report is None or now - slot.reported_at > STALE_SECONDS:
+                continue
+            if report.connect_error is not None:
+                continue  # not registered: no row to stamp, nothing held
+            members.append(_Member(slot.name, slot.incarnation, report.held, max(0, report.done - slot.stamped),
+                                   report.done))
+        return members
+
+    def interval(self, extra: SlotReport | None = None) -> float:
+        """A quarter of the shortest of the dead-after time and every held lease (as heartbeat.py)."""
+        leases = [lease for slot in self.slots.values() if slot.report is not None
+                  for lease in slot.report.held.values()]
+        if extra is not None:
+            leases += list(extra.held.values())
+        window = min([self.dead_after, *leases])
+        interval = min(self.heartbeat_seconds, window / 4)
+        if self._failing_since is not None:
+            interval = min(interval, RETRY_SECONDS)
+        return max(0.05, interval)
+
+    def _answer(self) -> None:
+        """Send the results of a finished beat (and of a look for cancel requests) to their slots."""
+        if self._call is not None and self._call.finished:
+            slots, members = self._beat or ([], [])
+            sent, results = self._outcome.get("sent", 0.0), self._outcome.get("results", {})
+            done = {m.name: m.done_total for m in members}
+            for slot in slots:
+                result = results.get(slot.name)
+                if result is None:
+                    continue
+                if result.ok:
+                    slot.stamped = max(slot.stamped, done[slot.name])
+                self._send(slot, result)
+            if self._outcome.get("ok"):
+                self._last_sent = sent
+            self._call, self._beat = None, None
+            self._next_beat = time.monotonic() + self.interval()
+        if self._cancel_call is not None and self._cancel_call.finished:
+            by_name = {slot.name: slot for slot in self.slots.values()}
+            for name, found in self._cancels.items():
+                if found and name in by_name:
+                    self._send(by_name[name], BeatResult(cancels=found))
+            self._cancel_call = None
+
+    def _send(self, slot: SlotBeat, result: BeatResult) -> None:
+        if slot.gone:
+            return
+        try:
+            slot.link.send(result)
+        except (OSError, ValueError):
+            slot.gone = True
+
+    def _running(self, now: float) -> list[tuple[str, int, int]]:
+        out = []
+        for slot in self.slots.values():
+            running = slot.report.running if slot.report is not None else None
+            if running is None or now < running[2] or now < slot.next_cancel_check:
+                continue
+            slot.next_cancel_check = now + self.cancel_check
+            out.append((slot.name, running[0], running[1]))
+        return out
+
+    # ----- on the database thread -------------------------------------------------------------------
+    def _beat_now(self, members: list[_Member], outcome: dict[str, Any]) -> None:
+        """One beat for every reporting slot: renew their leases, stamp their rows, find what was lost."""
+        try:
+            connections[self.using].ensure_connection()  # connecting is not part of the beat
+            sent = time.monotonic()
+            results = self._statements(members, sent)
+        except DB_DOWN_ERRORS as exc:
+            self._failed(exc)
+            outcome["results"] = {m.name: BeatResult() for m in members}
+            return
+        except DatabaseError as exc:
+            log.warning("heartbeat_error worker=%s error=%s", self.worker, one_line(exc))
+            close_connection(self.using)
+            self._failing_since = self._failing_since or time.monotonic()
+            outcome["results"] = {m.name: BeatResult() for m in members}
+            return
+        if self._failing_since is not None:
+            log.warning("heartbeat_back worker=%s after=%.1fs", self.worker, sent - self._failing_since)
+        self._failing_since, self._said_failing = None, False
+        outcome.update(ok=True, sent=sent, results=results)
+
+    def _failed(self, exc: BaseException) -> None:
+        """WARNING once per outage (the slots' jobs are at risk), INFO for the retries."""
+        now = time.monotonic()
+        first = self._failing_since is None
+        self._failing_since = self._failing_since or now
+        last_ok = "never" if self._last_sent is None else f"{now - self._last_sent:.1f}s ago"
+        (log.warning if first or not self._said_failing else log.info)(
+            "heartbeat_failed worker=%s slots=%s error=%s last_ok=%s", self.worker, len(self.slots),
+            one_line(exc), last_ok)
+        self._said_failing = True
+        close_connection(self.using)
+
+    def _statements(self, members: list[_Member], sent: float) -> dict[str, BeatResult]:
+        from ..models import Job, Worker
+
+        renewed: dict[str, set[int]] = {m.name: set() for m in members}
+        lost: dict[str, set[int]] = {m.name: set() for m in members}
+        by_lease: dict[int, list[_Member]] = {}
+        for m in members:
+            for lease in {max(1, round(v)) for v in m.held.values()}:
+                by_lease.setdefault(lease, []).append(m)
+        for lease, group in by_lease.items():
+            holders = [(m.name, m.incarnation, [i for i, v in m.held.items() if max(1, round(v)) == lease])
+                       for m in group]
+            for chunk in _chunks(holders):
+                ids = {i for _n, _inc, chunk_ids in chunk for i in chunk_ids}
+                kept = Job.objects.renew_held(chunk, lease, using=self.using)
+                taken: set[int] = set()
+                if kept < len(ids):
+                    taken = self._find_taken(chunk)
+                for name, _inc, chunk_ids in chunk:
+                    lost[name] |= taken & set(chunk_ids)
+                    renewed[name] |= set(chunk_ids) - taken
+        stamped = 0
+        if members:
+            rows = Worker.objects.using(self.using).filter(
+                _any(Q(name=m.name, incarnation=m.incarnation) for m in members), stopped_at__isnull=True)
+            done = [When(name=m.name, then=Value(m.done)) for m in members if m.done]
+            extra = Case(*done, default=Value(0), output_field=IntegerField()) if done else Value(0)
+            stamped = rows.update(last_heartbeat=db_now(self.using), jobs_done=F("jobs_done") + extra)
+        replaced: set[str] = set()
+        if stamped < len(members):
+            live = set(Worker.objects.using(self.using).filter(
+                name__in=[m.name for m in members], stopped_at__isnull=True).values_list("name", "incarnation"))
+            replaced = {m.name for m in members if (m.name, m.incarnation) not in live}
+        self._check_identity()
+        return {m.name: BeatResult(sent=sent, ok=True, renewed=tuple(sorted(renewed[m.name])),
+                                   lost=tuple(sorted(lost[m.name])), replaced=m.name in replaced,
+                                   fatal=self._fatal, done=m.done_total)
+                for m in members}
+
+    def _find_taken(self, holders: list[tuple[str, str, list[int]]]) -> set[int]:
+        """Of these held jobs, those another worker or incarnation holds now (a job its slot finished
+        meanwhile is still under its name and incarnation: not taken)."""
+        from ..models import Job
+
+        owner = {i: (name, inc) for name, inc, ids in holders for i in ids}
+        rows = Job.objects.using(self.using).filter(pk__in=list(owner)).values_list("pk", "worker", "incarnation")
+        return {pk for pk, worker, inc in rows if (worker, inc) != owner[pk]}
+
+    def baseline(self) -> None:
+        """Note the database file's identity now (the supervisor's connection was just opened, before
+        the slots start): a file deleted before the first beat must not become the baseline."""
+        if self._identity is None:
+            self._check_identity()
+
+    def _check_identity(self) -> None:
+        """SQLite: the database file deleted or replaced under the worker (heartbeat.py says why)."""
+        identity = get_dialect(connections[self.using]).database_identity()
+        if self._identity is None:
+            self._identity = identity
+        elif identity != self._identity and self._fatal is None:
+            name = connections[self.using].settings_dict.get("NAME")
+            self._fatal = f"the database file {name} was deleted or replaced under this worker"
+            log.error("database_file_gone worker=%s path=%s: its open connection would write to a file nobody "
+                      "reads; stopping", self.worker, name)
+
+    def _cancels_now(self, running: list[tuple[str, int, int]], found: dict[str, dict[tuple[int, int], Any]]) -> None:
+        from ..models import Job
+
+        for name, job_id, attempt in running:
+            try:
+                request = Job.objects.cancel_request_for(job_id, attempt, using=self.using)
+            except DatabaseError as exc:  # down, or the table not migrated yet: never the beat's death
+                log.info("cancel_check_failed worker=%s job=%s error=%s", name, job_id, one_line(exc))
+                close_connection(self.using)
+                return
+            if request is not None:
+                found[name] = {(job_id, attempt): request}
+
+
+def _any(conditions: Any) -> Q:
+    out = Q()
+    for condition in conditions:
+        out |= condition
+    return out
+
+
+def _chunks(holders: list[tuple[str, str, list[int]]]) -> list[list[tuple[str, str, list[int]]]]:
+    """Split the holders so that no statement carries more than MAX_IDS ids (a holder may be split)."""
+    out: list[list[tuple[str, str, list[int]]]] = [[]]
+    size = 0
+    for name, inc, ids in holders:
+        for start in range(0, len(ids), MAX_IDS):
+            part = ids[start:start + MAX_IDS]
+            if size + len(part) > MAX_IDS and out[-1]:
+                out.append([])
+                size = 0
+            out[-1].append((name, inc, part))
+            size += len(part)
+    return [chunk for chunk in out if chunk]
