@@ -60,7 +60,8 @@ class QueueSettings:
     #: Recurring schedules declared in code: ``{name: {"type" | "task": ..., "cron" | "every": ...}}``,
     #: synced into the Schedule table at migrate and worker start (see schedules.py, docs/schedules.md).
     #: Entries are checked by a system check; a bad one is skipped by the worker, never fatal.
-    SCHEDULES: dict[str, Any] = field(default_factory=dict)
+    #: A dict of name -> entry; anything else is reported by the check (E202) and synced as nothing.
+    SCHEDULES: Any = field(default_factory=dict)
     #: How often each worker (its supervisor) looks for due schedule rows; 0 turns looking off.
     SCHEDULES_CHECK_SECONDS: float = 1.0
     #: Cancelling a running job: a slot whose job has run this long looks for a cancel request of it
@@ -134,8 +135,9 @@ def get_settings() -> QueueSettings:
 
 
 def _hashable(value: Any) -> Any:
-    """A dict setting (SCHEDULES) as its JSON text, so the cache key stays hashable; others as they are."""
-    if isinstance(value, dict):
+    """A dict setting (SCHEDULES, or a malformed list in its place) as its JSON text, so the cache key stays
+    hashable; others as they are."""
+    if isinstance(value, dict | list):
         return ("dict", json.dumps(value, sort_keys=True, default=repr))
     return value
 
@@ -162,8 +164,9 @@ def _build(user: Any) -> QueueSettings:
     if isinstance(result.DATABASE, str) and result.DATABASE not in databases:
         problems.append(f"SQLQUEUE['DATABASE'] names {result.DATABASE!r}, which is not in DATABASES"
                         f"{did_you_mean(result.DATABASE, list(databases))}")
-    if not isinstance(result.SCHEDULES, dict):
-        problems.append(f"SQLQUEUE['SCHEDULES'] must be a dict of name -> entry, got {result.SCHEDULES!r}")
+    # A SCHEDULES that is not a dict is NOT refused here: every enqueue and every worker reads these
+    # settings, and bad schedule input must stop nothing but the schedules (docs/schedules.md). The
+    # system check reports it (sqlqueue.E202) and the workers sync nothing while it stays malformed.
     if isinstance(result.BATCH_MAX, int | float) and (not isinstance(result.BATCH_MAX, int) or result.BATCH_MAX > 1000):
         problems.append(f"SQLQUEUE['BATCH_MAX'] must be an integer from 1 to 1000, got {result.BATCH_MAX!r}")
     if isinstance(result.RETENTION_BATCH_SIZE, int | float) and (

@@ -507,6 +507,26 @@ class ScheduleRun(models.Model):
         return f"{self.schedule_id}@{self.tick_at:%Y-%m-%d %H:%M:%S}"
 
 
+class ScheduleDeploy(models.Model):
+    """One version of ``SQLQUEUE["SCHEDULES"]`` (its fingerprint) that a sync has seen, and when.
+
+    A rolling deploy runs old and new settings side by side; an old worker that restarts then would sync
+    the old settings over the new ones. A sync applies its settings only when no other version that is
+    newer (``first_seen_at``) is still live (``seen_at``, refreshed by each worker's periodic re-sync);
+    see :func:`django_sqlqueue.schedules.sync_schedules`.
+    """
+
+    fingerprint = models.CharField(max_length=64, unique=True)
+    first_seen_at = models.DateTimeField()
+    seen_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name = _("schedule settings version")
+
+    def __str__(self) -> str:
+        return self.fingerprint[:12]
+
+
 class JobDependency(models.Model):
     """``job`` waits (status Waiting) until ``depends_on`` has finished; see docs/workflows.md.
 

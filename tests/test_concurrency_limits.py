@@ -323,7 +323,7 @@ def test_the_postgresql_limited_claim_locks_permits_and_jobs_skip_locked() -> No
     permit_cte = sql[sql.index("permit AS ("):sql.index("limited AS (")]
     assert permit_cte.endswith("FOR UPDATE OF p SKIP LOCKED), ")
     # The permit is free by its own columns (what FOR UPDATE re-checks after waiting), never a count.
-    assert '(p."held_until" IS NULL OR p."held_until" < now())' in permit_cte and "count(" not in sql.lower()
+    assert '(p."held_until" IS NULL OR p."held_until" < statement_timestamp())' in permit_cte and "count(" not in sql.lower()
     limited_cte = sql[sql.index("limited AS ("):sql.index("picked AS (")]
     assert limited_cte.endswith("FOR UPDATE OF j SKIP LOCKED) l), ") and "CROSS JOIN LATERAL" in limited_cte
     assert "held AS (UPDATE" in sql

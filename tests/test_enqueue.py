@@ -160,3 +160,21 @@ def test_hostile_queue_name_is_data(noop_type: JobType) -> None:
     name = "q'); DROP TABLE django_sqlqueue_job; --"
     job = enqueue("Noop", queue=name)
     assert Job.objects.claim("w", 5, queues=[name])[0].pk == job.pk
+
+
+def test_a_delay_counts_from_the_database_clock_not_the_hosts(noop_type: JobType, monkeypatch) -> None:
+    """Issue 31, item 8: with the enqueuing host's clock an hour behind the database's, delay=3600 made
+    the job due at once. The delay now counts from the database clock (like every due test), so the
+    host's clock does not matter: the job is due an hour from the database's now."""
+    from django_sqlqueue.schedules import db_clock
+
+    real_now = timezone.now
+    monkeypatch.setattr(timezone, "now", lambda: real_now() - timedelta(hours=1))  # this host is 1 h behind
+    job = enqueue("Noop", delay=3600)
+    many = Job.objects.enqueue_many([JobSpec("Noop", {}, delay=3600), JobSpec("Noop", {}, delay=0)])
+    monkeypatch.undo()
+    db_now = db_clock("default")
+    for j in (job, many[0]):
+        ahead = (Job.objects.get(pk=j.pk).scheduled_for - db_now).total_seconds()
+        assert 3500 < ahead <= 3600, ahead
+    assert [j.pk for j in Job.objects.claim("w", 10)] == [many[1].pk]  # only the delay=0 one is due

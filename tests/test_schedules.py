@@ -10,7 +10,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from django.core.management import call_command
-from django.core.management.base import SystemCheckError
+from django.core.management.base import CommandError, SystemCheckError
 from django.db import connection
 from django.test import override_settings
 
@@ -170,6 +170,29 @@ def test_system_check_names_every_bad_entry():
             call_command("check", tags=["compatibility"])
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("malformed", [["digest"], "digest", 7], ids=["list", "string", "int"])
+def test_a_malformed_schedules_setting_is_a_check_error_and_syncs_nothing(malformed):
+    """Not a dict (issue 31, item 9): check reports E202 (and not E001: the rest of the queue's settings
+    load, so enqueue and the workers keep going); a sync writes nothing, and above all does not read it
+    as "no schedules" (which would undeclare every declared row)."""
+    from django_sqlqueue.ops.checks import check_queue_database
+
+    declare({"digest": {"type": "test.Noop", "every": 60}})
+    with override_settings(SQLQUEUE={"SCHEDULES": malformed}):
+        assert check_queue_database() == []
+        errors = check_schedules()
+        assert [e.id for e in errors] == ["sqlqueue.E202"] and "must be a dict" in errors[0].msg
+        with pytest.raises(SystemCheckError, match="sqlqueue.E202"):
+            call_command("check", tags=["compatibility"])
+        result = sync_schedules()
+        assert "must be a dict" in result.skipped and not result.undeclared
+        with pytest.raises(CommandError, match="not synced"):
+            call_command("queue_schedules", "--sync")
+    row = Schedule.objects.get(name="digest")
+    assert row.declared and row.enabled and row.next_run_at is not None
+
+
 @pytest.mark.django_db  # deciding "unknown type or task" may read the task flag of a type row
 def test_a_task_on_another_backend_is_refused():
     with override_settings(TASKS={"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}):
@@ -179,6 +202,16 @@ def test_a_task_on_another_backend_is_refused():
 
 # ----- the look against the database ------------------------------------------------------------------------
 T0 = utc(2026, 6, 1, 7, 0)
+
+
+@pytest.fixture(autouse=True)
+def _no_recorded_settings_versions(request, _django_db_helper):
+    """Start from no recorded SCHEDULES version: the one ``migrate`` recorded at the real time would be
+    newer than the moved clocks (T0) these tests sync with, and every such sync would defer to it."""
+    if request.node.get_closest_marker("django_db"):
+        from django_sqlqueue.models import ScheduleDeploy
+
+        ScheduleDeploy.objects.all().delete()
 
 
 def declare(entries: dict, now: datetime = T0) -> schedules.SyncResult:
@@ -265,7 +298,7 @@ def test_a_task_schedule_enqueues_through_the_backend_and_get_result_reads_it():
 
 
 @pytest.mark.django_db
-def test_sync_keeps_an_operators_disable_moves_on_timing_change_and_disables_removed_entries():
+def test_sync_keeps_an_operators_disable_moves_on_timing_change_and_parks_removed_entries():
     entries = {"a": {"type": "test.Noop", "every": 60}, "b": {"type": "test.Noop", "every": 60}}
     assert sorted(declare(entries).created) == ["a", "b"]
     Schedule.objects.filter(name="a").update(enabled=False)  # the operator's edit
@@ -274,8 +307,45 @@ def test_sync_keeps_an_operators_disable_moves_on_timing_change_and_disables_rem
     a, b = Schedule.objects.get(name="a"), Schedule.objects.get(name="b")
     assert result.updated == ["a"] and result.undeclared == ["b"]
     assert (a.enabled, a.every_seconds, a.next_run_at) == (False, 120, later + timedelta(seconds=120))
-    assert (b.enabled, b.declared) == (False, False)
+    assert (b.enabled, b.declared, b.next_run_at) == (True, False, None) and "parked" in b.last_error
+    assert run_due(now=later + timedelta(days=1)).enqueued == 0  # a parked row never runs
     assert declare({"a": {"type": "test.Noop", "every": 120}}, now=later).updated == []  # idempotent
+
+
+@pytest.mark.django_db
+def test_a_rolling_deploy_never_lets_the_old_settings_undo_the_new():
+    """Issue 31, item 1. Old settings declare a; the new ones add b. During the rollout an old worker
+    restarts and syncs the old settings: that must change nothing (before: b was disabled and
+    undeclared, and once declared again stayed disabled for good, enabled being the operator's). An
+    operator's disable survives deploys; a schedule removed and later added back runs again."""
+    a = {"type": "test.Noop", "every": 60}
+    b = {"type": "test.Echo", "every": 60}
+    old, new = {"a": a}, {"a": a, "b": b}
+    minute = timedelta(minutes=1)
+    declare(old, now=T0)  # the old deploy's workers
+    assert declare(new, now=T0 + minute).created == ["b"]  # the first new worker
+    restarted = declare(old, now=T0 + 2 * minute)  # an old worker restarts during the rollout
+    assert restarted.deferred == schedules.settings_fingerprint(new) and not restarted.undeclared
+    row = Schedule.objects.get(name="b")
+    assert (row.declared, row.enabled) == (True, True) and row.next_run_at == T0 + 2 * minute
+    assert run_due(now=T0 + 3 * minute).enqueued == 2  # a and b tick
+    # The rollout ends; the new workers keep syncing (RESYNC_SECONDS). Nothing changes.
+    later = T0 + 20 * minute
+    assert declare(new, now=later).undeclared == [] and Schedule.objects.get(name="b").enabled
+    # An operator's disable survives deploys.
+    Schedule.objects.filter(name="a").update(enabled=False)
+    assert declare(new, now=later + minute).updated == [] and not Schedule.objects.get(name="a").enabled
+    # b removed in code (the same settings as the old deploy's, gone for longer than LIVE_SECONDS: a new
+    # deploy, not a stale worker), then added back: it is parked, then runs again.
+    removed = declare(old, now=later + 10 * minute)
+    assert removed.undeclared == ["b"] and not removed.deferred
+    assert Schedule.objects.get(name="b").next_run_at is None
+    back = later + 20 * minute
+    assert declare(new, now=back).updated == ["b"]
+    row = Schedule.objects.get(name="b")
+    assert (row.declared, row.enabled, row.last_error) == (True, True, "") and row.next_run_at == back + minute
+    # A rollback (an older version, once the newer one is no longer seen) applies too.
+    assert declare(old, now=back + 10 * minute).undeclared == ["b"]
 
 
 @pytest.mark.django_db

@@ -102,6 +102,94 @@ def test_a_bad_declared_schedule_does_not_stop_the_worker(worker_procs):
     assert not Schedule.objects.filter(name="broken").exists()
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("malformed", [["tick"], "tick"], ids=["list", "string"])
+def test_a_malformed_schedules_setting_stops_no_worker(worker_procs, malformed):
+    """SQLQUEUE["SCHEDULES"] that is not a dict (issue 31, item 9): the worker runs jobs and the schedules
+    the table already has, logs an ERROR, and syncs nothing (a declared row is not undeclared)."""
+    Schedule.objects.create(name="kept", job_type="test.Noop", every_seconds=60, timezone="UTC", declared=True,
+                            next_run_at=schedules.db_clock("default") - timedelta(minutes=2))
+    job = Job.objects.enqueue("test.Noop", {})
+    proc = worker_procs("--worker-name", "sched-malformed",
+                        env={"SQLQUEUE_TEST_SCHEDULES": json.dumps(malformed), "SQLQUEUE_TEST_SCHEDULES_CHECK": "0.2"})
+    wu.wait_until(lambda: ScheduleRun.objects.filter(schedule__name="kept").exists(), 60, what="the kept tick")
+    wu.wait_until(lambda: Job.objects.get(pk=job.pk).state is Status.COMPLETED, 60, what="the job")
+    assert proc.proc.poll() is None, proc.output()  # still running
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, proc.output()
+    assert "schedules_setting_invalid" in proc.stderr() and "must be a dict" in proc.stderr(), proc.output()
+    kept = Schedule.objects.get(name="kept")
+    assert kept.declared and kept.enabled
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_frozen_inside_a_look_does_not_stop_the_fleets_ticks(worker_procs):
+    """Issue 31, item 2: a supervisor SIGSTOPped while its look's transaction holds the claimed schedule
+    rows (FOR UPDATE). The other worker's SKIP LOCKED reads pass those rows over; without a bound on the
+    frozen session they were passed over for as long as the freeze lasted. The look's transaction sets
+    idle_in_transaction_session_timeout locally: the server ends the frozen session, its look rolls back,
+    and the other worker enqueues the ticks while the first is still frozen. Once thawed, the first worker
+    reconnects and goes on."""
+    import os
+
+    from django.db import connection, transaction
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL's idle_in_transaction_session_timeout: SQLite has no server to end a frozen "
+                    "holder's transaction (docs/schedules.md)")
+    names = [f"frozen{i}" for i in range(5)]
+    Schedule.objects.bulk_create(
+        Schedule(name=n, job_type="test.Noop", every_seconds=1, timezone="UTC", queue="not-served",
+                 next_run_at=schedules.db_clock("default")) for n in names)
+    runs, table = ScheduleRun._meta.db_table, Schedule._meta.db_table
+    env = {"SQLQUEUE_TEST_SCHEDULES_CHECK": "0.2"}
+    frozen = worker_procs("--worker-name", "sched-frozen", "--queue", "default", env=env)
+
+    def activity(where: str) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # (else a transaction reads one snapshot)
+            cursor.execute(f"SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND {where}")
+            return cursor.fetchone()[0]
+
+    wu.wait_until(lambda: ScheduleRun.objects.filter(schedule__name__in=names).exists(), 90, what="a first look")
+    # Catch the look inside its transaction, deterministically: the run rows' table is locked, so the
+    # look waits at its first ScheduleRun insert, holding the claimed schedule rows. Freeze it there.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"LOCK TABLE {connection.ops.quote_name(runs)} IN EXCLUSIVE MODE")
+        wu.wait_until(lambda: activity(f"wait_event_type = 'Lock' AND query LIKE '%%{runs}%%'"), 60,
+                      what="the look to wait inside its transaction")
+        os.killpg(frozen.pid, signal.SIGSTOP)
+    try:
+        # Lock gone: the server finishes the insert; the frozen client leaves its session idle in transaction.
+        wu.wait_until(lambda: activity("state = 'idle in transaction'"), 30, what="the frozen look's session")
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                           "WHERE a.state = 'idle in transaction' AND l.relation = to_regclass(%s)",
+                           [connection.ops.quote_name(table)])
+            assert cursor.fetchone()[0] >= 1, "the frozen look holds no schedule rows: nothing was proved"
+        since = schedules.db_clock("default")
+        other = worker_procs("--worker-name", "sched-thawed", "--queue", "default", env=env)
+        # Every schedule, those the frozen look held included, gets a new tick from the other worker while
+        # the first is still frozen (the bound is 10 s; a loaded machine is given more).
+        wu.wait_until(lambda: ScheduleRun.objects.filter(schedule__name__in=names, enqueued_at__gt=since)
+                      .values("schedule_id").distinct().count() == len(names), 90,
+                      what="new ticks of every schedule, the frozen look's included")
+        assert frozen.proc.poll() is None
+    finally:
+        os.killpg(frozen.pid, signal.SIGCONT)
+    # Thawed: its connection was ended under it; the look fails once, reconnects and the worker goes on.
+    wu.wait_until(lambda: "schedule_look_failed" in frozen.stderr(), 60, what="the thawed look's error")
+    other.signal(signal.SIGTERM)
+    assert other.wait(60) == 0, other.output()
+    job = Job.objects.enqueue("test.Noop", {})  # only the thawed worker is left to run it
+    wu.wait_until(lambda: Job.objects.get(pk=job.pk).state is Status.COMPLETED, 60, what="the thawed worker's job")
+    frozen.signal(signal.SIGTERM)
+    assert frozen.wait(60) == 0, frozen.output()
+    counts = ScheduleRun.objects.values_list("schedule_id", "tick_at")
+    assert len(set(counts)) == len(counts)  # (the unique key says so too: no tick twice)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.django_db(transaction=True)
 def test_a_look_waiting_on_a_lock_does_not_hold_up_the_supervisor(worker_procs):

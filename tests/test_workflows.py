@@ -430,3 +430,37 @@ def test_the_backstop_fires_the_other_batches_when_one_callback_cannot_be_enqueu
     assert Batch.objects.get(pk=good.pk).finished_at is not None
     assert len(Batch.objects.get(pk=good.pk).callback_ids) == 1
     assert Batch.objects.get(pk=bad.pk).finished_at is None  # left for a later pass, the failure logged
+
+
+def test_a_job_claimed_in_a_transaction_begun_before_its_dependency_finished_starts_after_that_finish(
+        noop_type) -> None:
+    """Recorded times follow the order of events (issue 31, item 10). A claim runs in a transaction that
+    began earlier (completions ride in the next claim's transaction); the dependency finishes on another
+    connection meanwhile. With PostgreSQL's now() (the transaction's start) the dependent's started_at
+    came out before its dependency's finished_at; each vendor must stamp the statement's own time."""
+    import threading
+
+    from django.db import connection, connections
+
+    if connection.vendor == "sqlite":  # (and 'now' is per statement there: see dialects/sqlite.py)
+        pytest.skip("SQLite has no row locks: it serialises writers (BEGIN IMMEDIATE) instead")
+
+    def finish_elsewhere() -> None:
+        try:
+            done.append(finish(a))
+        finally:
+            connections.close_all()  # this thread's own connection
+
+    a = enqueue("Noop")
+    b = enqueue("Noop", after=[a])
+    done: list[Job] = []
+    with transaction.atomic():
+        with connection.cursor() as cursor:  # the transaction has begun (PostgreSQL's now() is fixed from here)
+            cursor.execute("SELECT 1")  # (no table read: SQLite takes no lock, the other connection may write)
+        finisher = threading.Thread(target=finish_elsewhere)
+        finisher.start()
+        finisher.join()
+        assert done, "the dependency was not finished"
+        assert [j.pk for j in Job.objects.claim("w", 10)] == [b.pk]
+    a_row, b_row = Job.objects.get(pk=a.pk), Job.objects.get(pk=b.pk)
+    assert a_row.finished_at <= b_row.started_at, (a_row.finished_at, b_row.started_at)

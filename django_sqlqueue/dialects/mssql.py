@@ -168,6 +168,9 @@ class MssqlDialect(Dialect):
 
     def now(self) -> str:
         # The server's UTC clock; with USE_TZ the columns are datetimeoffset and this converts at +00:00.
+        # A runtime constant: evaluated once per reference when its statement starts, never per row and
+        # never at the transaction's start, so each statement of a claim or completion batch stamps its
+        # own time and recorded history follows the order of events (issue 31; PostgreSQL's now() did not).
         return "SYSUTCDATETIME()"
 
     def now_plus(self, seconds_sql: str) -> str:

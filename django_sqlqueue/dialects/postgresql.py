@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from psycopg.types.json import Jsonb
@@ -34,15 +36,22 @@ class PostgresDialect(Dialect):
         return f"CREATE INDEX IF NOT EXISTS {qn(name)} ON {qn(table)} USING gin ({qn(column)} jsonb_path_ops)"
 
     def now(self) -> str:
-        # Transaction start time: every stamp in one claim or modify agrees, and the claim's
-        # "due" test uses the server's clock, never a worker host's.
-        return "now()"
+        # The server's clock, never a worker host's, and the STATEMENT's start time, not now()'s
+        # transaction start: a claim or completion may run in a transaction that began earlier (a
+        # completion rides in the next claim's transaction; a caller's atomic() block), and with now()
+        # a job released by a dependency's completion could record a started_at before that
+        # dependency's finished_at (issue 31, item 10). statement_timestamp() is fixed for the whole
+        # statement, so every stamp of one claim or one completion still agrees; it is STABLE like
+        # now(), so "scheduled_for <= it" still seeks the index (clock_timestamp() is VOLATILE: it
+        # would move between rows and is not an index bound). A later statement never reads an earlier
+        # time than a statement that committed before it began: the history respects causality.
+        return "statement_timestamp()"
 
     def now_plus(self, seconds_sql: str) -> str:
-        return f"(now() + ({seconds_sql}) * interval '1 second')"
+        return f"(statement_timestamp() + ({seconds_sql}) * interval '1 second')"
 
     def ms_since(self, column_sql: str) -> str:
-        return f"CAST(EXTRACT(EPOCH FROM (now() - {column_sql})) * 1000 AS bigint)"
+        return f"CAST(EXTRACT(EPOCH FROM (statement_timestamp() - {column_sql})) * 1000 AS bigint)"
 
     def epoch_bucket_sql(self, column_sql: str, seconds: int) -> str:
         return f"CAST(FLOOR(EXTRACT(EPOCH FROM {column_sql}) / {int(seconds)}) AS bigint)"
@@ -200,8 +209,8 @@ class PostgresDialect(Dialect):
         # notifications of one transaction into one); NOTIFY is delivered on commit, so a worker never
         # wakes for a job it cannot see yet. (A data-modifying CTE with the notify in the outer SELECT
         # would do the same, at a higher cost per enqueue.)
-        # Only the id and now() come back: enqueued_at and updated_at ARE now() (the transaction's
-        # start) and so is scheduled_for unless one was sent; each timestamp read costs a parse.
+        # Only the id and the clock come back: enqueued_at and updated_at ARE the statement's
+        # statement_timestamp() and so is scheduled_for unless one was sent; each timestamp read costs a parse.
         sql = self.insert_sql(columns, len(rows), False, returning=("id", "enqueued_at")) + ", pg_notify(%s, %s)"
         params = [p for row in rows for p in self.insert_params(columns, row, False)]
         cursor.execute(sql, [*params, channel, queues])
@@ -238,14 +247,14 @@ class PostgresDialect(Dialect):
 
         COPY cannot return rows, so the ids are drawn from the table's identity sequence first
         (``nextval``, safe beside concurrent inserts) and the database clock is read in the same
-        transaction: ``now()`` is the transaction's start time, exactly the value an INSERT would
+        transaction: the SELECT's ``statement_timestamp()``, the value an INSERT in its place would
         have stamped. Only for rows without a dedupe key (those need ``ON CONFLICT``).
         """
         Job = queue_model("Job")
         n = len(rows)
         cursor.execute(
-            # now() in the first row only: one timestamp to parse, not one per job
-            "SELECT CASE WHEN g = 1 THEN now() END, nextval(pg_get_serial_sequence(%s, %s)) "
+            # the clock in the first row only: one timestamp to parse, not one per job
+            "SELECT CASE WHEN g = 1 THEN statement_timestamp() END, nextval(pg_get_serial_sequence(%s, %s)) "
             "FROM generate_series(1, %s) g",
             [Job._meta.db_table, Job._meta.pk.column, n],
         )
@@ -324,3 +333,31 @@ class PostgresDialect(Dialect):
         # WHERE clause on the locked row's latest version), so each tick is claimed by one worker.
         sql, params = super().claim_schedules_sql(limit, now)
         return sql + " FOR UPDATE OF s SKIP LOCKED", params
+
+    #: The look's transaction may sit between two statements for at most this long (ms) before the
+    #: server ends the session, and one of its statements may run at most this long.
+    LOOK_IDLE_TIMEOUT_MS = 10_000
+    LOOK_STATEMENT_TIMEOUT_MS = 30_000
+
+    @contextmanager
+    def schedules_transaction(self) -> Iterator[None]:
+        """The look's transaction, bounded by the server (issue 31, item 2).
+
+        It holds the claimed schedule rows (FOR UPDATE) while Python enqueues their ticks, and every
+        other worker's SKIP LOCKED read passes them over. A worker frozen there (SIGSTOP, a VM paused,
+        swap) would leave its session "idle in transaction" for as long as the freeze lasts, and every
+        tick of those schedules would stop for the whole fleet. ``set_config(..., true)`` is SET LOCAL:
+        ``idle_in_transaction_session_timeout`` makes the server end the session (rolling back the
+        look: nothing half-enqueued) once it waits for its frozen client past the bound, and
+        ``statement_timeout`` bounds a statement stuck behind a lock. Local to this transaction only:
+        the worker's other transactions and handlers' own (which may legitimately wait long inside
+        ``atomic()``) are not touched, and nothing leaks through a transaction pooler. One statement
+        more per look that claims (a look with nothing due claims nothing and sends none of this).
+        """
+        from django.db import transaction
+
+        with transaction.atomic(using=self.connection.alias), self.connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, true), "
+                           "set_config('statement_timeout', %s, true)",
+                           [f"{self.LOOK_IDLE_TIMEOUT_MS}ms", f"{self.LOOK_STATEMENT_TIMEOUT_MS}ms"])
+            yield

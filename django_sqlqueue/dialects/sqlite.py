@@ -46,6 +46,9 @@ class SqliteDialect(Dialect):
                           for line in lines)
 
     def now(self) -> str:
+        # SQLite fixes 'now' once per statement (every reference in one sqlite3_step run reads the same
+        # time), not per transaction: a claim or completion stamps its own statement's time, so a job
+        # released by a dependency's completion never records a start before that finish (issue 31).
         return f"strftime({_FMT}, 'now')"
 
     def now_plus(self, seconds_sql: str) -> str:

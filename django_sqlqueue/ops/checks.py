@@ -142,12 +142,16 @@ def check_job_types_follow_code(app_configs: Any = None, databases: Any = None,
     return messages
 @checks.register(checks.Tags.compatibility)
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """Each bad ``SQLQUEUE["SCHEDULES"]`` entry, by name (no database needed): a worker skips it."""
-    from ..schedules import declared_errors
+    """Each bad ``SQLQUEUE["SCHEDULES"]`` entry, by name (no database needed): a worker skips it. A
+    setting that is not a dict at all is one error (E202): a worker then syncs nothing and runs jobs."""
+    from ..schedules import declared_errors, setting_error
 
     try:
-        get_settings()
+        qs = get_settings()
     except SqlQueueConfigError:
         return []  # reported by check_queue_database
+    if error := setting_error(qs.SCHEDULES):
+        return [checks.Error(error, obj="SQLQUEUE['SCHEDULES']", id="sqlqueue.E202",
+                             hint='Write SQLQUEUE["SCHEDULES"] = {"name": {"type": ..., "every": ...}, ...}.')]
     return [checks.Error(f"schedule {name!r}: {message}", obj="SQLQUEUE['SCHEDULES']", id="sqlqueue.E201")
             for name, message in declared_errors()]

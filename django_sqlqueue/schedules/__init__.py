@@ -23,6 +23,7 @@ time zone; ticks are stored in UTC.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -53,6 +54,12 @@ CLAIM_LIMIT = 100
 KEEP_RUNS = 100
 #: Longest back-off between looks after errors (the database is down, the table is not migrated yet).
 MAX_LOOK_BACKOFF = 60.0
+#: A running worker syncs its settings again this often: it keeps its settings version marked live, and
+#: puts its schedules back if an older version's sync got in meanwhile.
+RESYNC_SECONDS = 60.0
+#: A settings version no sync has seen for this long is no longer live: an older one may apply again (a
+#: rollback), and the same version seen again later counts as new (a schedule removed and added back).
+LIVE_SECONDS = 300.0
 
 
 class ScheduleError(InvalidArgument):
@@ -280,10 +287,22 @@ def parse_entry(name: Any, entry: Any) -> ScheduleDef:
     )
 
 
+def setting_error(entries: Any) -> str:
+    """Why ``SQLQUEUE["SCHEDULES"]`` as a whole cannot be read ("" when it is a dict of entries)."""
+    if isinstance(entries, Mapping):
+        return ""
+    return (f"SQLQUEUE['SCHEDULES'] must be a dict of name -> entry, got {type(entries).__name__} "
+            f"{one_line(repr(entries))[:200]}; no schedule is synced while it is malformed (the rows keep "
+            f"what the last good setting wrote), and jobs still run")
+
+
 def declared_errors(entries: Any = None) -> list[tuple[str, str]]:
-    """(name, message) for each bad entry of ``SQLQUEUE["SCHEDULES"]`` (the system check's list)."""
+    """(name, message) for each bad entry of ``SQLQUEUE["SCHEDULES"]`` (the system check's list);
+    a malformed setting as a whole is :func:`setting_error`'s (this returns [] for it)."""
     if entries is None:
         entries = get_settings().SCHEDULES
+    if setting_error(entries):
+        return []
     out = []
     for name, entry in entries.items():
         try:
@@ -431,6 +450,10 @@ class SyncResult:
     updated: list[str] = field(default_factory=list)
     undeclared: list[str] = field(default_factory=list)
     invalid: list[tuple[str, str]] = field(default_factory=list)
+    #: Why nothing was synced: the setting as a whole is malformed ("" otherwise).
+    skipped: str = ""
+    #: The fingerprint of a newer settings version still live, when this sync deferred to it ("" otherwise).
+    deferred: str = ""
 
 
 def sync_schedules(using: str | None = None, *, entries: Mapping[str, Any] | None = None,
@@ -438,17 +461,33 @@ def sync_schedules(using: str | None = None, *, entries: Mapping[str, Any] | Non
     """Make the Schedule table match ``SQLQUEUE["SCHEDULES"]`` (called after migrate and at worker start).
 
     A declared schedule's definition (target, payload, queue, priority, timing, misfire, expiry) is
-    rewritten from the settings; ``enabled`` is set only when the row is created, so an operator's
-    disable survives deploys. A timing change moves ``next_run_at``. A row declared before and no
-    longer in the settings is disabled and becomes an ordinary admin row. An admin row whose name a
-    settings entry takes becomes declared. Bad entries are logged and skipped (the system check names
-    them); idempotent, and safe while other workers do the same.
+    rewritten from the settings; ``enabled`` is the operator's: set only when the row is created, never
+    written by a sync after that, so an operator's disable survives deploys. A timing change moves
+    ``next_run_at``. A row declared before and no longer in the settings is parked (``declared`` off,
+    no next run, ``last_error`` says why) and becomes an ordinary admin row; declared again later, it
+    gets a next run and runs again (or stays disabled, if an operator disabled it). An admin row whose
+    name a settings entry takes becomes declared. Bad entries are logged and skipped (the system check
+    names them); idempotent, and safe while other workers do the same.
+
+    A rolling deploy runs two versions of the settings at once, and an old worker that restarts during
+    it syncs the old one. So each sync first records its version (a fingerprint of the setting) in
+    :class:`ScheduleDeploy` and applies it only if no newer version (first seen later) is live (seen by
+    a sync within ``LIVE_SECONDS``): the old worker's sync changes nothing (``deferred``). Running
+    workers sync again every ``RESYNC_SECONDS``, which keeps their version live and converges the table
+    to the newest live version. A version unseen for ``LIVE_SECONDS`` that comes back (a rollback, an
+    entry removed and then added back) counts as new.
     """
     from ..models import Schedule
 
     alias = using or get_settings().DATABASE
     entries = get_settings().SCHEDULES if entries is None else entries
     result = SyncResult()
+    if error := setting_error(entries):
+        # Not "no schedules declared": that would undeclare every row. A malformed setting is unknown
+        # intent, so nothing is written; the check (sqlqueue.E202) stops the deploy's `check`/`migrate`.
+        result.skipped = error
+        log.error("schedules_setting_invalid error=%s", error)
+        return result
     defs: dict[str, ScheduleDef] = {}
     for name, entry in entries.items():
         try:
@@ -457,6 +496,12 @@ def sync_schedules(using: str | None = None, *, entries: Mapping[str, Any] | Non
             result.invalid.append((str(name), str(exc)))
             log.error("schedule_invalid name=%s error=%s (skipped; see manage.py check)", name, exc)
     clock = _utc(now) if now is not None else db_clock(alias)
+    newer = _register_version(alias, entries, clock)
+    if newer:
+        result.deferred = newer
+        log.warning("schedules_sync_deferred newer=%s (a newer SQLQUEUE['SCHEDULES'] is live: this worker's older "
+                    "settings change nothing; restart it with the new code)", newer[:12])
+        return result
     for attempt in range(2):
         try:
             # Read first, write only what changed: a worker start with nothing to change takes no write
@@ -473,6 +518,45 @@ def sync_schedules(using: str | None = None, *, entries: Mapping[str, Any] | Non
             if attempt:
                 raise
     return result
+
+
+def settings_fingerprint(entries: Mapping[str, Any]) -> str:
+    """The version of a ``SCHEDULES`` setting: a hash of its canonical JSON (timedeltas by their repr)."""
+    text = json.dumps(entries, sort_keys=True, default=repr, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _register_version(alias: str, entries: Mapping[str, Any], clock: datetime) -> str:
+    """Record that this settings version is live now; return the fingerprint of a newer live version
+    ("" when this one is the newest live one, so its sync may apply)."""
+    from ..models import ScheduleDeploy
+
+    rows = ScheduleDeploy.objects.using(alias)
+    fingerprint = settings_fingerprint(entries)
+    live_after = clock - timedelta(seconds=LIVE_SECONDS)
+    for attempt in range(2):
+        try:
+            with transaction.atomic(using=alias):
+                mine = rows.filter(fingerprint=fingerprint).first()
+                if mine is None:
+                    mine = rows.create(fingerprint=fingerprint, first_seen_at=clock, seen_at=clock)
+                    # (versions nobody has seen for a month are history)
+                    rows.filter(seen_at__lt=clock - timedelta(days=30)).delete()
+                else:
+                    changes: dict[str, Any] = {"seen_at": max(clock, mine.seen_at)}
+                    if mine.seen_at < live_after:  # back after a while: a new deploy of the same settings
+                        changes["first_seen_at"] = clock
+                    rows.filter(pk=mine.pk).update(**changes)
+                    mine.first_seen_at = changes.get("first_seen_at", mine.first_seen_at)
+            break
+        except IntegrityError:  # another worker of the same deploy recorded it just now: read it
+            if attempt:
+                raise
+    # (seen_at after clock + LIVE_SECONDS: a clock moved back, as tests do; such a row does not count)
+    newer = (rows.filter(first_seen_at__gt=mine.first_seen_at, seen_at__gte=live_after,
+                         seen_at__lte=clock + timedelta(seconds=LIVE_SECONDS))
+             .exclude(fingerprint=fingerprint).order_by("-first_seen_at").values_list("fingerprint", flat=True)[:1])
+    return next(iter(newer), "")
 
 
 def _sync_plan(model: Any, alias: str, defs: dict[str, ScheduleDef], clock: datetime
@@ -512,9 +596,14 @@ def _sync_apply(model: Any, alias: str, plan: tuple[list[dict[str, Any]], list[t
         row.save(using=alias, update_fields=[*changes, "updated_at"])
         result.updated.append(row.name)
     if gone:
-        rows.filter(declared=True, name__in=gone).update(declared=False, enabled=False)
+        # Parked, not disabled: ``enabled`` stays the operator's, so declaring it again brings it back
+        # as it was (issue 31: a sync that disabled it left it disabled for good).
+        rows.filter(declared=True, name__in=gone).update(
+            declared=False, next_run_at=None,
+            last_error="no longer in SQLQUEUE['SCHEDULES']: parked (save it in the admin to run it as an admin "
+                       "schedule, or declare it again)")
         result.undeclared.extend(gone)
-        log.warning("schedules_undeclared names=%s (no longer in SQLQUEUE['SCHEDULES']: disabled)", ",".join(gone))
+        log.warning("schedules_undeclared names=%s (no longer in SQLQUEUE['SCHEDULES']: parked)", ",".join(gone))
 
 
 # ----- the look ----------------------------------------------------------------------------------------

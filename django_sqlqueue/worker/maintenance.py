@@ -138,6 +138,7 @@ class Maintenance:
     #: When a failed take next looks whether the lease row exists at all (a new database, a deleted row).
     _insert_check_at: float = 0.0
     _synced: str | None = None
+    _resync_at: float = 0.0
     _tasks: list[Task] = field(default_factory=list)
     #: Retention: per status, the finish time where its next batch starts (see retention_batch).
     _retention_from: dict[Status, datetime] = field(default_factory=dict)
@@ -223,11 +224,14 @@ class Maintenance:
 
     # ----- the passes ----------------------------------------------------------------------------------
     def _sync_schedules(self) -> None:
-        """Write ``SQLQUEUE["SCHEDULES"]`` into the table once per worker (and again if it changes)."""
-        from ..schedules import sync_schedules
+        """Write ``SQLQUEUE["SCHEDULES"]`` into the table at the worker's start, when it changes, and again
+        every ``schedules.RESYNC_SECONDS`` in every worker, holder or not: that keeps this deploy's
+        settings version live, so an older deploy's worker (a crashed pod restarted mid-rollout) defers
+        to it and anything it changed is put back (see ``schedules.sync_schedules``)."""
+        from ..schedules import RESYNC_SECONDS, sync_schedules
 
         key = json.dumps(get_settings().SCHEDULES, sort_keys=True, default=repr)
-        if self._synced == key:
+        if self._synced == key and time.monotonic() < self._resync_at:
             return
         try:
             sync_schedules(self.using)
@@ -235,6 +239,7 @@ class Maintenance:
             self._failed("schedule_sync_failed", exc)
             return
         self._synced = key
+        self._resync_at = time.monotonic() + RESYNC_SECONDS
 
     def _schedules(self) -> float:
         from ..schedules import run_due

@@ -31,6 +31,11 @@ class Command(BaseCommand):
         using = get_settings().DATABASE
         if options["sync"]:
             result = schedules.sync_schedules(using)
+            if result.skipped:
+                raise CommandError(f"not synced: {result.skipped}")
+            if result.deferred:
+                self.stderr.write(f"not synced: a newer SQLQUEUE['SCHEDULES'] (version {result.deferred[:12]}) is "
+                                  f"live; these settings are older")
             for name, error in result.invalid:
                 self.stderr.write(f"skipped {name}: {error}")
             self.stdout.write(f"synced: created={len(result.created)} updated={len(result.updated)} "
