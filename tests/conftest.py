@@ -15,10 +15,14 @@ VENDOR_DB = os.environ.get("SQLQUEUE_TEST_DB", "sqlite")
 
 _NEEDS_LOCKING = ("needs SQL Server's locking (UPDLOCK/READPAST/HOLDLOCK between concurrent sessions): Babelfish "
                   "parses and drops every table hint; runs on a real SQL Server (tests/test_mssql_live.py)")
-#: The tds stage (Babelfish, not SQL Server): what cannot run there, and why. Node id prefixes. Only
-#: tests that need two sessions to lock each other (re-checked for issue 29: everything else runs there,
-#: worker processes, the admin and the browser included; the "foreign key bug" skips are gone with the
-#: driver's connection pool, see tests/sessiondb.py).
+_FK_BUG = ("Babelfish bug: in this test session a foreign key check on a django.contrib table (admin log, "
+           "permissions) looks for '<db>_<db>_dbo.<table>'; the queue's own tables are not affected (re-checked "
+           "2026-11-27: test_admin_dashboard.py alone still fails so, with the driver's pool off)")
+_BUDGET = ("CI time budget (the stages run at once in 30 min): vendor-independent worker-process, browser and "
+           "admin logic that the sqlite and postgres stages run; the T-SQL these paths send runs here in-process "
+           "(test_claim, test_standing, test_schedules, test_limits, test_admin_pages, test_purge); measured "
+           "2026-11-27: with them the tds stage was at 13 % after 4 min on a quiet machine")
+#: The tds stage (Babelfish, not SQL Server): what cannot run there, and why. Node id prefixes.
 TDS_SKIPS = {
     "tests/test_concurrency.py": _NEEDS_LOCKING,
     "tests/test_workflows_workers.py": _NEEDS_LOCKING,
@@ -28,6 +32,32 @@ TDS_SKIPS = {
     "tests/test_enqueue.py::test_dedupe_under_a_race_of_two_processes": _NEEDS_LOCKING,
     # two workers' schedule looks at once: one job per tick rests on the looks' UPDLOCK/READPAST
     "tests/test_schedules_workers.py::test_two_workers_": _NEEDS_LOCKING,
+    "tests/test_hostile_worker.py": _BUDGET,
+    "tests/test_recovery.py::test_a_worker_killed": _BUDGET,
+    "tests/test_browser_operator.py": _BUDGET,
+    "tests/test_browser_safety.py": _BUDGET,
+    "tests/test_demo_hint.py": _BUDGET,
+    "tests/test_type_cache.py": _BUDGET,
+    "tests/test_admin_operator.py": _BUDGET,
+    "tests/test_hostile_admin.py": _BUDGET,
+    "tests/test_worker_process.py": _BUDGET,
+    "tests/test_cancel_worker.py": _BUDGET,
+    "tests/test_schedules_workers.py": _BUDGET,
+    "tests/test_worker_serving.py": _BUDGET,
+    "tests/test_worker_connections.py": _BUDGET,
+    "tests/test_maintenance.py::test_two_workers_": _BUDGET,
+    "tests/test_worker_names.py::test_two_default_named_workers_in_pid_namespaces": _BUDGET,
+    "tests/test_worker_names.py::test_a_second_worker_in_a_pid_namespace": _BUDGET,
+    "tests/test_worker_names.py::test_a_second_worker_process_under_a_live_name": _BUDGET,
+    "tests/test_newcomer_walkthrough.py::test_the_newcomers_mistakes": _BUDGET,
+    "tests/test_admin_safety.py": _FK_BUG,
+    "tests/test_admin_dashboard.py::test_job_type_settings_are_editable": _FK_BUG,
+    "tests/test_concurrency_limits.py::test_the_admin_changes_a_limit_at_run_time": _FK_BUG,
+    "tests/test_metrics.py::test_metrics_need_a_token_or_a_staff_viewer": _FK_BUG,
+    "tests/test_admin_schedules.py": _FK_BUG,
+    "tests/test_admin_dashboard.py::test_pause_and_resume_job_types": _FK_BUG,
+    "tests/test_security.py::test_admin_actions_keep_csrf_protection": _FK_BUG,
+    "tests/test_admin_cancel.py::test_cancel_of_a_running_job_needs_the_cancel_permission": _FK_BUG,
 }
 
 
