@@ -143,7 +143,7 @@ def test_a_worker_frozen_inside_a_look_does_not_stop_the_fleets_ticks(worker_pro
         Schedule(name=n, job_type="test.Noop", every_seconds=1, timezone="UTC", queue="not-served",
                  next_run_at=schedules.db_clock("default")) for n in names)
     runs, table = ScheduleRun._meta.db_table, Schedule._meta.db_table
-    env = {"SQLQUEUE_TEST_SCHEDULES_CHECK": "0.2"}
+    env = {"SQLQUEUE_TEST_SCHEDULES_CHECK": "0.2", "SQLQUEUE_TEST_MAINTENANCE_LEASE": "3"}
     frozen = worker_procs("--worker-name", "sched-frozen", "--queue", "default", env=env)
 
     def activity(where: str) -> int:

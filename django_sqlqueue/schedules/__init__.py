@@ -201,7 +201,9 @@ def load_schedule_task(path: str) -> Any:
     # A path written in SQLQUEUE["SCHEDULES"] is the developer's own code: imported wherever it lives.
     # One typed into the admin is an operator's: only a task module of an installed app (or a task the
     # backend enqueued before) may be imported for it -- any other path would run any module's code.
-    declared = path in {e.get("task") for e in get_settings().SCHEDULES.values() if isinstance(e, Mapping)}
+    entries = get_settings().SCHEDULES  # not a dict: a check error (E202), never an exception here
+    declared = isinstance(entries, Mapping) and path in {
+        e.get("task") for e in entries.values() if isinstance(e, Mapping)}
     try:
         task_obj = load_task(path, trusted=declared)
     except Exception as exc:

@@ -24,8 +24,9 @@ What the holder runs, each pass costing index seeks that do not grow with the ba
   an index range of the finish-time index; again a second later while batches come back full, otherwise
   after ``RETENTION_IDLE_SECONDS``. At most one batch per status a second: a bounded rate.
 
-Every worker still syncs the declared schedules (``SQLQUEUE["SCHEDULES"]``) once at its start, holder or
-not: a deploy's new definitions reach the table with the first new worker.
+Every worker still syncs the declared schedules (``SQLQUEUE["SCHEDULES"]``) at its start and again every
+``schedules.RESYNC_SECONDS``, holder or not: a deploy's new definitions reach the table with the first new
+worker, and the rolling-deploy guard needs each deploy's version kept live.
 """
 
 from __future__ import annotations
@@ -210,7 +211,9 @@ class Maintenance:
         except Exception as exc:  # noqa: BLE001  (one pass failing must not stop the others)
             task.failures += 1
             delay = min(MAX_BACKOFF_SECONDS, 2.0 ** min(task.failures, 6))
-            self._failed(f"maintenance_{task.name}_failed", exc, next_in=delay)
+            # The schedule look keeps the event name docs/schedules.md gives (it was a thread of its own).
+            event = "schedule_look_failed" if task.name == "schedules" else f"maintenance_{task.name}_failed"
+            self._failed(event, exc, next_in=delay)
         else:
             task.failures = 0
         task.due_at = now + delay

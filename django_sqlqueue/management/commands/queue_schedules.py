@@ -51,7 +51,8 @@ class Command(BaseCommand):
         if not rows:
             self.stdout.write(self._none_hint(options["names"]))
         elif not options["names"]:
-            missing = sorted(set(get_settings().SCHEDULES) - {s.name for s in rows})
+            entries = get_settings().SCHEDULES  # not a dict: check E202 says so; nothing is declared then
+            missing = sorted(set(entries) - {s.name for s in rows}) if isinstance(entries, dict) else []
             if missing:
                 self.stdout.write(f"declared in SQLQUEUE['SCHEDULES'] but not in the table yet: {', '.join(missing)} "
                                   f"(manage.py migrate, a worker's start or queue_schedules --sync writes them)")
@@ -59,7 +60,8 @@ class Command(BaseCommand):
     @staticmethod
     def _none_hint(names: list[str]) -> str:
         """"no schedules", and what to do: before the first sync, the declared ones are not rows yet."""
-        declared = sorted(get_settings().SCHEDULES)
+        entries = get_settings().SCHEDULES
+        declared = sorted(entries) if isinstance(entries, dict) else []
         if names:
             return f"no schedule named {', '.join(names)}"
         if declared:
