@@ -95,6 +95,8 @@ _POSTGRES_ONLY = [
     r"needs the test session's own PostgreSQL cluster \(SQLQUEUE_TEST_DB=postgres\)$",  # pg_cluster fixture
     r"a PostgreSQL client against a silent server: runs in the postgres stage$",  # test_supervisor_db
     r"LISTEN/NOTIFY is PostgreSQL only$",  # test_worker_run: the NOTIFY wake-up
+    r"PostgreSQL: pg_stat_activity and roles with a connection limit$",  # test_worker_connections: starved
+    r"PostgreSQL: LISTEN/NOTIFY",  # test_worker_wakeup: one notification wakes one idle slot
 ]
 _SQLITE_ONLY = [
     r"PRAGMA data_version is SQLite only$",  # test_worker_run: SQLite's change counter wake-up
@@ -117,6 +119,8 @@ SKIP_ALLOWLIST: dict[str, list[str]] = {
     "sqlite": [
         *_POSTGRES_ONLY, *_SQL_SERVER_ONLY, *_NO_SQL_SERVER,
         r"PostgreSQL: a TCP connection to cut$",  # test_hostile_worker: the connection killed under a worker
+        # test_worker_connections: counts a worker's sessions (PostgreSQL and over TDS; SQLite has none)
+        r"a server that lists its sessions \(pg_stat_activity, sys\.dm_exec_sessions\)$",
         # test_schedules_workers: a look frozen in its transaction, ended by the server
         r"PostgreSQL's idle_in_transaction_session_timeout: SQLite has no server ",
         # test_concurrency: row locks skipped, not waited for (SQLite serialises writers instead)
