@@ -22,6 +22,8 @@ _BUDGET = ("CI time budget (the stages run at once in 30 min): vendor-independen
            "admin logic that the sqlite and postgres stages run; the T-SQL these paths send runs here in-process "
            "(test_claim, test_standing, test_schedules, test_limits, test_admin_pages, test_purge); measured "
            "2026-11-27: with them the tds stage was at 13 % after 4 min on a quiet machine")
+_BABELFISH_DDL = ("Babelfish gap: ALTER TABLE ... SET (LOCK_ESCALATION = ...) is not supported there, and this test "
+                  "migrates back and forward over migration 0014")
 #: The tds stage (Babelfish, not SQL Server): what cannot run there, and why. Node id prefixes.
 TDS_SKIPS = {
     "tests/test_concurrency.py": _NEEDS_LOCKING,
@@ -50,6 +52,10 @@ TDS_SKIPS = {
     "tests/test_worker_names.py::test_a_second_worker_in_a_pid_namespace": _BUDGET,
     "tests/test_worker_names.py::test_a_second_worker_process_under_a_live_name": _BUDGET,
     "tests/test_newcomer_walkthrough.py::test_the_newcomers_mistakes": _BUDGET,
+    # Migrating back and forward in a test: Babelfish refuses 0014's ALTER TABLE ... SET (LOCK_ESCALATION)
+    # ("not currently supported in Babelfish", seen 2026-11-27; the session's own migrate runs it once).
+    "tests/test_limits.py::test_rows_out_of_bounds_are_clamped_when_read_and_by_the_migration": _BABELFISH_DDL,
+    "tests/test_schedules.py::test_migrate_syncs_the_declared_schedules": _BABELFISH_DDL,
     "tests/test_admin_safety.py": _FK_BUG,
     "tests/test_admin_dashboard.py::test_job_type_settings_are_editable": _FK_BUG,
     "tests/test_concurrency_limits.py::test_the_admin_changes_a_limit_at_run_time": _FK_BUG,
