@@ -364,28 +364,60 @@ class Soak:
         w.leaving = True
         self.workers.remove(w)
         started = time.monotonic()
-        os.killpg(w.proc.pid, signal.SIGSTOP)
+        self._stop_outside_write_lock(w)
         self.note(f"SIGSTOP worker {w.name} (pid {w.proc.pid} and its slots) for {self.c.dead_after + 1.5} s")
         try:
             time.sleep(self.c.dead_after + 1.5)
             twin = self.start_worker(w.name)
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:  # every slot of the twin registered under the name
+            # Every slot of the twin registered under the name before the paused one resumes: otherwise
+            # nothing replaced it, and it rightly goes on. A bound for a hang (a loaded machine takes tens
+            # of seconds to boot a worker), not a speed.
+            deadline = time.monotonic() + 150
+            registered = False
+            while not registered and time.monotonic() < deadline:
                 pids = slot_pids(twin.proc.pid)
-                if len(pids) == self.c.concurrency and self._db(lambda p=pids: Worker.objects.filter(
-                        name__startswith=f"{w.name}/", pid__in=p).count()) == self.c.concurrency:
-                    break
+                registered = len(pids) == self.c.concurrency and self._db(lambda p=pids: Worker.objects.filter(
+                    name__startswith=f"{w.name}/", pid__in=p).count()) == self.c.concurrency
                 time.sleep(0.1)
+            if not registered:
+                self.note(f"the twin of {w.name} did not register its slots within 150 s")
         finally:
             os.killpg(w.proc.pid, signal.SIGCONT)
         try:
-            code = w.proc.wait(timeout=30)
+            code = w.proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
             code = None
             self.kill_group(w)
         self.chaos["pause_twin"] = {"worker": w.name, "exit": code, "seconds": round(time.monotonic() - started, 1)}
         self.note(f"{w.name} resumed next to its twin and exited with {code}")
         return True
+
+    def _stop_outside_write_lock(self, w: WorkerProc) -> None:
+        """SIGSTOP the worker's group; on SQLite, at a moment when it does not hold the write lock.
+
+        SQLite has one writer: a process paused inside a write transaction stops every other writer,
+        the twin included, until it resumes (which no queue can change). Such a pause would test nothing
+        but the busy timeout, so the group is resumed and paused again until the lock is free.
+        """
+        import sqlite3
+
+        path = self.c.db == "sqlite" and urlparse(self.url).path
+        for _ in range(50):
+            os.killpg(w.proc.pid, signal.SIGSTOP)
+            if not path:
+                return
+            probe = sqlite3.connect(path, timeout=0.2, isolation_level=None)
+            try:
+                probe.execute("BEGIN IMMEDIATE")
+                probe.execute("ROLLBACK")
+                return
+            except sqlite3.OperationalError:  # "database is locked": the paused worker holds it
+                os.killpg(w.proc.pid, signal.SIGCONT)
+                time.sleep(0.1)
+            finally:
+                probe.close()
+        os.killpg(w.proc.pid, signal.SIGSTOP)
+        self.note(f"{w.name} held SQLite's write lock at each of 50 tries: paused with it")
 
     # ----- PostgreSQL connection faults --------------------------------------------------------------------
     WORKER_ROLE = "soak_worker"
@@ -429,8 +461,13 @@ class Soak:
         started = time.monotonic()
         with connection.cursor() as cursor:
             cursor.execute(f"ALTER ROLE {role} CONNECTION LIMIT 0")
+            # The heartbeat is the supervisor's: its one connection also asks for cancel requests and
+            # holds the maintenance lease, so its last statement is any of those (a slot's is a claim, a
+            # finish or a handler's).
             cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s "
-                           "AND query LIKE %s", [role, 'UPDATE "django_sqlqueue_worker"%'])
+                           "AND (query LIKE %s OR query LIKE %s OR query LIKE %s)",
+                           [role, '%"django_sqlqueue_worker"%', '%"django_sqlqueue_cancelrequest"%',
+                            '%"django_sqlqueue_maintenancelease"%'])
             cut = len(cursor.fetchall())
         self.note(f"connection starvation: {role} may not connect, {cut} heartbeat connections cut")
         try:

@@ -36,7 +36,7 @@ def _vendor() -> str:
     return "postgres" if connection.vendor == "postgresql" else "sqlite"
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)  # a bound for a hang: the pause + twin step alone may wait minutes under load
 def test_short_soak_loses_nothing_and_runs_nothing_twice(tmp_path) -> None:
     db = _vendor()
     config = SoakConfig.ci(db)
@@ -149,7 +149,10 @@ def test_a_restarted_slot_that_dies_does_not_hand_back_its_predecessors_job(work
         # locked row; SQLite: it waits for the write lock).
         _hold(job)
         second = worker_procs("--worker-name", "gen")
-        slots = wu.wait_until(lambda: slot_pids(second.pid), 90, what="the new slot")
+        try:
+            slots = wu.wait_until(lambda: slot_pids(second.pid), 90, what="the new slot")
+        except AssertionError as exc:  # what the worker was doing meanwhile
+            raise AssertionError(f"{exc}\n{second.output()}") from None
         if connection.vendor == "postgresql":
             # The new slot is set up: it registered the name under its own incarnation (its claims
             # then skip the held row).

@@ -61,14 +61,20 @@ def may_import(name: str, *, imported_ok: bool = True) -> bool:
 
 
 def _flagged_as_task(name: str) -> bool:
-    from django.db import DatabaseError, transaction
+    from contextlib import nullcontext
+
+    from django.db import DatabaseError, connections, transaction
 
     from ..conf import get_settings
     from ..models import JobType
 
     alias = get_settings().DATABASE
+    # Inside a caller's transaction: a savepoint, so that a failure leaves it usable. Outside one: no
+    # transaction at all, since on SQLite (BEGIN IMMEDIATE) atomic() takes the write lock, and a worker
+    # starting beside a long writer would wait out the busy timeout for each task row it reads.
+    guard = transaction.atomic(using=alias) if connections[alias].in_atomic_block else nullcontext()
     try:
-        with transaction.atomic(using=alias):  # a savepoint in a caller's transaction: a failure leaves it usable
+        with guard:
             return JobType.objects.using(alias).filter(name=name, is_task=True).exists()
     except DatabaseError:  # no tables yet, or the database is away: not known to be a task
         return False
