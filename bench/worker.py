@@ -185,9 +185,10 @@ def profile(db: str, n: int, batch: int) -> None:
     prof.disable()
     wall = time.monotonic() - started
     stats = pstats.Stats(prof)
-    parts = {"claim": ("queue/claim.py", "claim"), "handler dispatch": ("runner.py", "run"),
-             "finish": ("worker.py", "_record")}
-    total = sum(v[3] for k, v in stats.stats.items() if k[2] == "_loop" and k[0].endswith("worker.py"))  # type: ignore[attr-defined]
+    # The worker's claim call (with the completions it carries), the handler's run, the recording.
+    parts = {"claim": ("worker/loop.py", "claim"), "handler dispatch": ("worker/runner.py", "run"),
+             "finish": ("worker/loop.py", "_record")}
+    total = sum(v[3] for k, v in stats.stats.items() if k[2] == "_loop" and k[0].endswith("worker/loop.py"))  # type: ignore[attr-defined]
     shares = {}
     for label, (file, func) in parts.items():
         shares[label] = sum(v[3] for k, v in stats.stats.items()  # type: ignore[attr-defined]
