@@ -23,70 +23,39 @@ import random
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from throwaway import parser, run_children, setup_child, start_worker, wait
 
 KINDS = {"cooperative": "test.CancelAware", "deaf (killed after grace)": "test.Sleep"}
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--db", choices=["sqlite", "postgres", "both"], default="both")
+    p = parser(__doc__)
     p.add_argument("--n", type=int, default=8, help="cancels per kind of handler (default 8)")
-    p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
     print(f"cancel -> Cancelled, seconds; {args.n} cancels per row; default settings; cpu count {os.cpu_count()}")
     print(f"{'db':9} {'handler':27} {'min':>5} {'p50':>5} {'max':>5}  all")
-    for db in (["sqlite", "postgres"] if args.db == "both" else [args.db]):
-        with tempfile.TemporaryDirectory(prefix="sqlqueue-bench-cancel-") as tmp:
-            cluster = None
-            if db == "sqlite":
-                url = f"sqlite:///{tmp}/bench.sqlite3"
-            else:
-                from tests.pgcluster import PgCluster
-
-                cluster = PgCluster().start()
-                url = cluster.url
-            try:
-                env = {**os.environ, "SQLQUEUE_DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "testproject.settings",
-                       "SQLQUEUE_LOG_LEVEL": "WARNING", "BENCH_TMP": tmp}
-                rc = subprocess.run([sys.executable, __file__, "--child", db, "--n", str(args.n)], env=env,
-                                    cwd=REPO).returncode
-                if rc:
-                    return rc
-            finally:
-                if cluster is not None:
-                    cluster.destroy()
-    return 0
+    return run_children(__file__, args.db, "sqlqueue-bench-cancel-", ["--n", str(args.n)])
 
 
 def child(args: argparse.Namespace) -> int:
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    setup_child()
     from django_sqlqueue.models import Job
     from django_sqlqueue.states import Status
 
     log = Path(os.environ["BENCH_TMP"]) / "jobs.log"
     log.touch()
-    worker = subprocess.Popen([sys.executable, str(REPO / "manage.py"), "run_queue_worker", "--no-progress",
-                               "--log-level", "WARNING", "--worker-name", "bench-cancel"], cwd=REPO,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    worker = start_worker("bench-cancel")
     try:
         for label, type_name in KINDS.items():
             took = []
             for _ in range(args.n):
                 job = Job.objects.enqueue(type_name, {"seconds": 30, "log": str(log)})
-                wait(lambda job=job: f"{job.pk} 1 start" in log.read_text(), 60)
+                wait(lambda job=job: f"{job.pk} 1 start" in log.read_text(), 60, 0.05)
                 time.sleep(random.uniform(1.2, 2.7))
                 started = time.monotonic()
                 Job.objects.cancel(job.pk, by="bench", reason="latency")
@@ -101,14 +70,6 @@ def child(args: argparse.Namespace) -> int:
         except subprocess.TimeoutExpired:
             worker.kill()
     return 0
-
-
-def wait(predicate, timeout: float, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out after {timeout} s")
-        time.sleep(interval)
 
 
 if __name__ == "__main__":

@@ -22,48 +22,24 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from throwaway import parser, run_children, setup_child, start_worker, wait
 
 KINDS = {"cooperative (should_stop)": True, "deaf": False}
 FAST = {"SQLQUEUE_TEST_DEAD_AFTER": "2", "SQLQUEUE_TEST_HEARTBEAT": "0.2"}
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--db", choices=["sqlite", "postgres", "both"], default="both")
+    p = parser(__doc__)
     p.add_argument("--n", type=int, default=5, help="rounds per kind of handler (default 5)")
-    p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
     print(f"resume -> the stale handler's last line, ms; {args.n} rounds per row; cpu count {os.cpu_count()}")
     print(f"{'db':9} {'handler':27} {'min':>6} {'p50':>6} {'max':>6}  all")
-    for db in (["sqlite", "postgres"] if args.db == "both" else [args.db]):
-        with tempfile.TemporaryDirectory(prefix="sqlqueue-bench-stale-") as tmp:
-            cluster = None
-            if db == "sqlite":
-                url = f"sqlite:///{tmp}/bench.sqlite3"
-            else:
-                from tests.pgcluster import PgCluster
-
-                cluster = PgCluster().start()
-                url = cluster.url
-            try:
-                env = {**os.environ, "SQLQUEUE_DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "testproject.settings",
-                       "SQLQUEUE_LOG_LEVEL": "WARNING", "BENCH_TMP": tmp, **FAST}
-                rc = subprocess.run([sys.executable, __file__, "--child", db, "--n", str(args.n)], env=env,
-                                    cwd=REPO).returncode
-                if rc:
-                    return rc
-            finally:
-                if cluster is not None:
-                    cluster.destroy()
-    return 0
+    return run_children(__file__, args.db, "sqlqueue-bench-stale-", ["--n", str(args.n)], FAST)
 
 
 def lines(path: Path) -> list[tuple[int, float, str, int]]:
@@ -72,12 +48,6 @@ def lines(path: Path) -> list[tuple[int, float, str, int]]:
         pid, when, event, attempt = line.split()
         out.append((int(pid), float(when), event, int(attempt)))
     return out
-
-
-def start_worker(name: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(REPO / "manage.py"), "run_queue_worker", "--no-progress",
-                             "--log-level", "WARNING", "--worker-name", name, "--concurrency", "1"], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -89,12 +59,7 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def child(args: argparse.Namespace) -> int:
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    setup_child()
     from django_sqlqueue.models import Job
 
     tmp = Path(os.environ["BENCH_TMP"])
@@ -103,16 +68,16 @@ def child(args: argparse.Namespace) -> int:
         for i in range(args.n):
             path = tmp / f"ticks-{int(cooperative)}-{i}.log"
             job = Job.objects.enqueue("test.Ticker", {"ticks": str(path), "seconds": 20, "cooperative": cooperative})
-            first = start_worker(f"stale-a{i}{int(cooperative)}")
+            first = start_worker(f"stale-a{i}{int(cooperative)}", "--concurrency", "1")
             other = None
             try:
-                wait(lambda path=path: any(e == "start" for *_x, e, _a in lines(path)), 60)
+                wait(lambda path=path: any(e == "start" for *_x, e, _a in lines(path)), 60, 0.02)
                 stale_pid = lines(path)[0][0]
                 os.killpg(first.pid, signal.SIGSTOP)
                 time.sleep(3.0)  # past the dead-after time (2 s): the job may be taken over
-                other = start_worker(f"stale-b{i}{int(cooperative)}")
+                other = start_worker(f"stale-b{i}{int(cooperative)}", "--concurrency", "1")
                 wait(lambda path=path, stale_pid=stale_pid: any(p != stale_pid and e == "start"
-                                                                for p, _w, e, _a in lines(path)), 60)
+                                                                for p, _w, e, _a in lines(path)), 60, 0.02)
                 resumed = time.time()
                 os.killpg(first.pid, signal.SIGCONT)
                 time.sleep(3.0)
@@ -126,14 +91,6 @@ def child(args: argparse.Namespace) -> int:
         print(f"{args.child:9} {label:27} {min(took):6.1f} {statistics.median(took):6.1f} {max(took):6.1f}  "
               + " ".join(f"{t:.1f}" for t in took), flush=True)
     return 0
-
-
-def wait(predicate, timeout: float, interval: float = 0.02) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out after {timeout} s")
-        time.sleep(interval)
 
 
 if __name__ == "__main__":

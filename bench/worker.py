@@ -23,65 +23,35 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from throwaway import REPO, parser, run_children, setup_child
 
 
 # ----- parent: one child process per database ---------------------------------------------------------
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__doc__)
     p.add_argument("--jobs", type=int, default=20_000)
-    p.add_argument("--db", choices=["sqlite", "postgres", "both"], default="both")
     p.add_argument("--concurrency", default="1,2,4", help="comma-separated list (default 1,2,4)")
     p.add_argument("--batch", default="1,50", help="comma-separated list (default 1,50)")
     p.add_argument("--profile-only", action="store_true")
     p.add_argument("--no-profile", action="store_true")
-    p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
-    dbs = ["sqlite", "postgres"] if args.db == "both" else [args.db]
     print(f"{args.jobs} no-op jobs per run; cpu count {os.cpu_count()}")
     print(f"{'db':9} {'conc':>4} {'batch':>5} {'wall s':>7} {'wall jobs/s':>11} {'worker jobs/s':>13}  peak RSS MiB "
           f"(supervisor; slots; resource tracker)")
-    for db in dbs:
-        with tempfile.TemporaryDirectory(prefix="sqlqueue-bench-") as tmp:
-            cluster = None
-            if db == "sqlite":
-                url = f"sqlite:///{tmp}/bench.sqlite3"
-            else:
-                from tests.pgcluster import PgCluster
-
-                cluster = PgCluster().start()
-                url = cluster.url
-            try:
-                env = {**os.environ, "SQLQUEUE_DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "testproject.settings",
-                       "SQLQUEUE_LOG_LEVEL": "WARNING"}
-                cmd = [sys.executable, __file__, "--child", db, "--jobs", str(args.jobs),
-                       "--concurrency", args.concurrency, "--batch", args.batch]
-                cmd += ["--profile-only"] if args.profile_only else []
-                cmd += ["--no-profile"] if args.no_profile else []
-                rc = subprocess.run(cmd, env=env, cwd=REPO).returncode
-                if rc:
-                    return rc
-            finally:
-                if cluster is not None:
-                    cluster.destroy()
-    return 0
+    cmd = ["--jobs", str(args.jobs), "--concurrency", args.concurrency, "--batch", args.batch]
+    cmd += ["--profile-only"] if args.profile_only else []
+    cmd += ["--no-profile"] if args.no_profile else []
+    return run_children(__file__, args.db, "sqlqueue-bench-", cmd)
 
 
 # ----- child: Django set up against one database -------------------------------------------------------
 def child(args: argparse.Namespace) -> int:
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0)
+    setup_child()
     db = args.child
     if not args.profile_only:
         for conc in [int(c) for c in args.concurrency.split(",")]:

@@ -83,6 +83,21 @@ def test_enqueue_spells_out_its_options() -> None:
     assert list(params) == list(manager)  # the same options as Job.objects.enqueue, in its order
 
 
+def test_enqueue_and_the_manager_take_the_same_options_with_the_same_defaults() -> None:
+    """``django_sqlqueue.enqueue`` copies the manager's options by hand (issue 32: explicit keywords, not
+    ``**kwargs``), so nothing but this test stops the two from drifting apart: an option added to one
+    only, a default changed in one only, or a keyword-only option turned positional."""
+    import inspect
+
+    def options(func: object) -> list[tuple[str, object, object]]:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(func).parameters.values()]  # type: ignore[arg-type]
+
+    shortcut, manager = options(sqlqueue.enqueue), options(Job.objects.enqueue)
+    assert shortcut == manager
+    keyword_only = [name for name, kind, _default in manager if kind is inspect.Parameter.KEYWORD_ONLY]
+    assert {"queue", "delay", "using", "concurrency_key"} <= set(keyword_only)  # the options are all there
+
+
 def test_a_handler_that_takes_no_argument_is_refused_at_registration() -> None:
     with pytest.raises(InvalidArgument, match=r"must take job \(def f\(job\)\)"):
         handler("NoArgs")(lambda: None)

@@ -244,6 +244,11 @@ def _back_to_job(request: HttpRequest, outcome: Outcome) -> HttpResponse | None:
     return None
 
 
+def _transition(modeladmin: Any, request: HttpRequest, queryset: QuerySet, **how: Any) -> HttpResponse | None:
+    """An action's body: :func:`run_transition` with ``how``, then back to the job page it was posted from."""
+    return _back_to_job(request, run_transition(modeladmin, request, queryset, **how))
+
+
 def _keep_schedule(job: Job) -> dict[str, Any]:
     return {"scheduled_for": job.scheduled_for}
 
@@ -366,8 +371,8 @@ def confirm_page(modeladmin: Any, request: HttpRequest, queryset: QuerySet, *, v
 @admin.action(permissions=["retry"], description=gettext_lazy("Retry now"))
 def retry_now(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
     """Error / Failed / Cancelled / Paused / PartiallyCompleted -> Pending, due now."""
-    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Retry now"),
-                                                permission="retry_job", target=Status.PENDING))
+    return _transition(modeladmin, request, queryset, verb=_("Retry now"), permission="retry_job",
+                       target=Status.PENDING)
 
 
 @admin.action(permissions=["reschedule"], description=gettext_lazy("Retry at…"))
@@ -389,9 +394,8 @@ def reset_attempts(modeladmin: Any, request: HttpRequest, queryset: QuerySet) ->
     def options(job: Job) -> dict[str, Any]:
         return {"reset_attempts": True, **(_keep_schedule(job) if job.state == Status.ERROR else {})}
 
-    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Reset attempts"),
-                                                permission="reschedule_job", target=Status.PENDING,
-                                                options=options, note=_("attempts reset to 0")))
+    return _transition(modeladmin, request, queryset, verb=_("Reset attempts"), permission="reschedule_job",
+                       target=Status.PENDING, options=options, note=_("attempts reset to 0"))
 
 
 def _confirm(modeladmin: Any, request: HttpRequest, queryset: QuerySet, permission: str, verb: str,
@@ -425,16 +429,15 @@ def cancel(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpRes
         return Job.objects.cancel(job, by=by, reason=_("cancelled in the admin"), token=token,
                                   using=job._state.db)
 
-    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Cancel"),
-                                                permission="cancel_job", target=Status.CANCELLED,
-                                                on_running=ask_worker))
+    return _transition(modeladmin, request, queryset, verb=_("Cancel"), permission="cancel_job",
+                       target=Status.CANCELLED, on_running=ask_worker)
 
 
 @admin.action(permissions=["pause"], description=gettext_lazy("Pause"))
 def pause(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
     """Pending / Error -> Paused: workers leave it alone until resumed."""
-    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Pause"),
-                                                permission="pause_job", target=Status.PAUSED))
+    return _transition(modeladmin, request, queryset, verb=_("Pause"), permission="pause_job",
+                       target=Status.PAUSED)
 
 
 @admin.action(permissions=["pause"], description=gettext_lazy("Resume"))
@@ -444,9 +447,8 @@ def resume(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpRes
     def refuse(job: Job) -> str | None:
         return None if job.state == Status.PAUSED else _("not Paused (%(status)s)") % {"status": job.state.label}
 
-    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Resume"),
-                                                permission="pause_job", target=Status.PENDING,
-                                                options=_keep_schedule, refuse=refuse))
+    return _transition(modeladmin, request, queryset, verb=_("Resume"), permission="pause_job",
+                       target=Status.PENDING, options=_keep_schedule, refuse=refuse)
 
 
 @admin.action(permissions=["cancel"], description=gettext_lazy("Mark terminated"))
@@ -461,8 +463,8 @@ def mark_terminated(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -
                       "A running job's worker is stopped from writing its result."), _("Yes, terminate them"))
     if page is not None:
         return page
-    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Mark terminated"),
-                                                permission="cancel_job", target=Status.TERMINATED))
+    return _transition(modeladmin, request, queryset, verb=_("Mark terminated"), permission="cancel_job",
+                       target=Status.TERMINATED)
 
 
 @admin.action(permissions=["retry"], description=gettext_lazy("Requeue orphaned jobs"))
@@ -489,10 +491,9 @@ def requeue(modeladmin: Any, request: HttpRequest, queryset: QuerySet) -> HttpRe
         return None
 
     user = getattr(request.user, "get_username", lambda: "?")()
-    return _back_to_job(request, run_transition(modeladmin, request, queryset, verb=_("Requeue"),
-                                                permission="retry_job", target=Status.PENDING, refuse=refuse,
-                                                take_running=True,
-                                                note=_("requeued by operator %(user)s") % {"user": user}))
+    return _transition(modeladmin, request, queryset, verb=_("Requeue"), permission="retry_job",
+                       target=Status.PENDING, refuse=refuse, take_running=True,
+                       note=_("requeued by operator %(user)s") % {"user": user})
 
 
 JOB_ACTIONS = [retry_now, retry_at, reset_attempts, requeue, cancel, pause, resume, mark_terminated]
