@@ -132,12 +132,15 @@ def test_crafted_selected_ids_are_refused_with_a_message(browser, live_server, s
     job = secrets["failed"][0]
     page.goto(f"{live_server.url}/admin/django_sqlqueue/job/?status=4")
     for bad in ("abc", "99999999999999999999999"):
-        page.evaluate("""bad => {
-            const box = document.querySelector('#result_list input.action-select');
-            box.checked = true; box.value = bad;
-            document.querySelector('select[name=action]').value = 'retry_now';
-            document.querySelector('button[name=index]').click();
-        }""", bad)
+        # The POST's answer is a new page: wait for it (wait_for_load_state alone may see the old one,
+        # which is loaded already, and read it while the new one replaces it).
+        with page.expect_navigation():
+            page.evaluate("""bad => {
+                const box = document.querySelector('#result_list input.action-select');
+                box.checked = true; box.value = bad;
+                document.querySelector('select[name=action]').value = 'retry_now';
+                document.querySelector('button[name=index]').click();
+            }""", bad)
         page.wait_for_load_state()
         assert "Nothing was changed" in page.locator("ul.messagelist").inner_text(), bad
         assert page.locator("#result_list").count() == 1  # back on the list, not a server error
