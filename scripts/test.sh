@@ -102,11 +102,17 @@ fi
 tds=0
 if "$PY" -c 'import sys; from tests.babelfish import kit; sys.exit(0 if kit() else 1)'; then
     tds=1
-    stages+=(pytest-tds)
+    # In two parts at once, each its own session and test database (tests/conftest.py _keep_shard): one
+    # session keeps about one core busy, Babelfish's turn and the client's alternating. The server is
+    # started first, so that the two sessions do not both start it.
+    "$PY" -m tests.babelfish start >/dev/null || echo "test.sh: Babelfish did not start; the tds stages will say why" >&2
     # Babelfish now and then fails a statement it ran many times before with this planner error (never
     # SQL Server's): such a test runs once more from its start; any other failure fails the stage.
-    bg_stage pytest-tds env SQLQUEUE_TEST_DB=tds "$PY" -m pytest --reruns 1 \
-        --only-rerun 'missing FROM-clause entry for table ""' "$@"
+    for part in 1 2; do
+        stages+=("pytest-tds-$part")
+        bg_stage "pytest-tds-$part" env SQLQUEUE_TEST_DB=tds SQLQUEUE_TEST_SHARD="$part/2" "$PY" -m pytest \
+            --reruns 1 --only-rerun 'missing FROM-clause entry for table ""' "$@"
+    done
 fi
 wait
 [ "$tds" -eq 1 ] && { "$PY" -m tests.babelfish stop || true; }

@@ -198,10 +198,34 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
 def pytest_collection_modifyitems(config, items) -> None:
     skips, label = {"tds": (TDS_SKIPS, "tds stage (Babelfish)"), "postgres": (PG_SKIPS, "postgres stage")}.get(
         VENDOR_DB, ({}, ""))
+    runs: dict[str, int] = {}
     for item in items:
         reason = next((why for prefix, why in skips.items() if item.nodeid.startswith(prefix)), None)
         if reason:
             item.add_marker(pytest.mark.skip(reason=f"{label}: {reason}"))
+        runs[item.nodeid.split("::")[0]] = runs.get(item.nodeid.split("::")[0], 0) + (0 if reason else 1)
+    shard = os.environ.get("SQLQUEUE_TEST_SHARD", "")
+    if shard:
+        _keep_shard(config, items, runs, shard)
+
+
+def _keep_shard(config, items, runs: dict[str, int], shard: str) -> None:
+    """``SQLQUEUE_TEST_SHARD=K/N``: keep the test files of part K of N (scripts/test.sh runs the tds stage
+    in two parts at once, each with its own test database: one session keeps one core busy, Babelfish's
+    and the client's turns alternating). Whole files, dealt by their count of tests that run here (most
+    first, to the lighter part), so that both sessions collect the same split."""
+    k, _, n = shard.partition("/")
+    part, parts = int(k), int(n)
+    if not 1 <= part <= parts:
+        raise pytest.UsageError(f"SQLQUEUE_TEST_SHARD must be K/N with 1 <= K <= N, not {shard!r}")
+    loads = [0] * parts
+    owner: dict[str, int] = {}
+    for path in sorted(runs, key=lambda p: (-runs[p], p)):
+        owner[path] = loads.index(min(loads)) + 1
+        loads[owner[path] - 1] += runs[path]
+    kept = [item for item in items if owner[item.nodeid.split("::")[0]] == part]
+    config.hook.pytest_deselected(items=[item for item in items if owner[item.nodeid.split("::")[0]] != part])
+    items[:] = kept
 
 
 @pytest.fixture
