@@ -37,6 +37,9 @@ def test_db_env() -> dict[str, str]:
     return env
 
 
+test_db_env.__test__ = False  # type: ignore[attr-defined]  # a helper: a module importing it is not a test of it
+
+
 @contextmanager
 def child_env():
     """Point spawned children at the test database for the duration of the block."""
