@@ -299,13 +299,4 @@ def _babelfish_fresh_connection(request):
 
     post_migrate.disconnect(create_contenttypes)
     post_migrate.disconnect(create_permissions, dispatch_uid="django.contrib.auth.management.create_permissions")
-    # Django closes every connection after each transactional test (TransactionTestCase's
-    # _should_reload_connections). On Babelfish a new session parses and plans each T-SQL batch anew, and
-    # the claim's first run in a session took 4-6 s (measured 2026-11-27; 0.04 s after): that, once per
-    # transactional test, was most of the stage's time. The tds session keeps its connection instead;
-    # the reason Django reconnects (session settings that a rolled-back statement undid) does not apply
-    # to mssql-django in autocommit.
-    from django.test import TransactionTestCase
-
-    TransactionTestCase._should_reload_connections = lambda self: False  # type: ignore[method-assign]
     yield

@@ -98,10 +98,10 @@ class DatabaseOperations(MssqlDatabaseOperations):
     def execute_sql_flush(self, sql_list: list[str]) -> None:
         """Once more on a new session when Babelfish's name-resolution bug hits the flush.
 
-        The tds session keeps its connection between transactional tests (tests/conftest.py says why).
         Now and then a session starts to look for ``<db>_<db>_dbo.<table>`` in the foreign key checks
-        of a DELETE (the Babelfish bug the stage's skips name; seen 2026-11-27 after the live-server
-        tests and a test with a second thread); a new session resolves names right again.
+        of a DELETE (the Babelfish bug the stage's skips name; seen 2026-11-27 in a session kept
+        between tests, after the live-server tests and a test with a second thread); a new session
+        resolves names right again.
         """
         from django.db import ProgrammingError
 
