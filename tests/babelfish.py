@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -38,8 +39,14 @@ def start() -> str:
     found = kit()
     if found is None:
         raise RuntimeError("no Babelfish kit (../shared/babelfish/start.sh or SQLQUEUE_BABELFISH_KIT)")
-    out = subprocess.run(["bash", str(found / "start.sh"), SERVER_DIR], capture_output=True, text=True,
-                         timeout=300)
+    import fcntl
+
+    # One start at a time on this machine: two test sessions starting a stopped server at once race in
+    # pg_ctl ("another server might be running"); the second one then finds it running and reuses it.
+    with open(os.path.join(tempfile.gettempdir(), "sqlqueue-babelfish-start.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        out = subprocess.run(["bash", str(found / "start.sh"), SERVER_DIR], capture_output=True, text=True,
+                             timeout=300)
     lines = out.stdout.strip().splitlines()
     if out.returncode != 0 or not lines or not lines[-1].startswith("mssql://"):
         raise RuntimeError(f"babelfish start.sh failed (exit {out.returncode}):\n{out.stdout}\n{out.stderr}")
