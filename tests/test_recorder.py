@@ -40,23 +40,29 @@ def test_batches_are_recorded_completed_with_history(batch: int) -> None:
     assert Worker.objects.get(name="rec").jobs_done == 20
 
 
-def test_a_success_is_recorded_while_the_next_job_runs_long(job_log) -> None:
+def test_a_success_is_recorded_while_the_next_job_runs_long(job_log, tmp_path) -> None:
+    # The slow job runs until the watcher has seen the quick one Completed (at most 60 s): a slow first
+    # statement (Babelfish compiles a new session's batches in seconds) cannot turn order into a race.
+    gate = tmp_path / "seen"
     quick = Job.objects.enqueue("test.Noop", priority=5)
-    slow = Job.objects.enqueue("test.Sleep", {"seconds": 3, "log": str(job_log.path)})
+    slow = Job.objects.enqueue("test.Sleep", {"seconds": 60, "until": str(gate), "log": str(job_log.path)})
     seen: list[tuple[bool, list[str]]] = []
 
     def watch() -> None:  # the quick job must be Completed while the slow one still runs
         from django.db import connection
 
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            completed = Job.objects.get(pk=quick.pk).status_id == Status.COMPLETED
-            slow_events = [event for _, event in job_log.events(slow.pk)]  # read after: no "end" yet means
-            if completed or "end" in slow_events:                           # it was recorded before the end
-                seen.append((completed, slow_events))
-                break
-            time.sleep(0.02)
-        connection.close()
+        deadline = time.monotonic() + 90
+        try:
+            while time.monotonic() < deadline:
+                completed = Job.objects.get(pk=quick.pk).status_id == Status.COMPLETED
+                slow_events = [event for _, event in job_log.events(slow.pk)]  # read after: no "end" yet
+                if completed or "end" in slow_events:                          # means recorded before the end
+                    seen.append((completed, slow_events))
+                    break
+                time.sleep(0.02)
+        finally:
+            gate.touch()
+            connection.close()
 
     t = threading.Thread(target=watch)
     t.start()

@@ -50,12 +50,22 @@ def always_fail(job: JobContext) -> Any:
 
 @sqlqueue.handler("test.Sleep")
 def sleep(job: JobContext) -> Any:
-    """Sleep ``seconds`` (``then`` seconds in later attempts), logging "start" first and "end" last."""
+    """Sleep ``seconds`` (``then`` seconds in later attempts), logging "start" first and "end" last.
+
+    ``until`` (a file path): end as soon as that file exists, ``seconds`` being then only the bound, so a
+    test can order "the job still runs" against what it watches without guessing a duration.
+    """
     _log(job, "start")
     seconds = float(job.payload.get("seconds", 1))
     if job.attempt_num > 1 and "then" in job.payload:
         seconds = float(job.payload["then"])
-    time.sleep(seconds)
+    gate = job.payload.get("until")
+    if gate is None:
+        time.sleep(seconds)
+    else:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and not os.path.exists(gate):
+            time.sleep(0.02)
     _log(job, "end")
     return {"slept": seconds}
 
@@ -119,10 +129,14 @@ def ticker(job: JobContext) -> Any:
 
     tick("start")
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while True:
+        # The check comes before every unit of work, the last ("end") included: a process resumed from a
+        # pause past its lease finds its time up and must still not log work the twin now owns.
         if cooperative and job.should_stop():
             tick("stopped")
             raise Retry("told to stop")
+        if time.monotonic() >= end:
+            break
         tick("tick")
         time.sleep(0.02)
     tick("end")
