@@ -650,3 +650,25 @@ class MaintenanceLease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}: {self.holder or '-'} until {self.expires_at:%Y-%m-%d %H:%M:%S}"
+
+
+class QueuePause(models.Model):
+    """A paused queue: while its row exists, no worker claims that queue's jobs (fleet-wide, at once).
+
+    The claim's shared filter holds ``NOT EXISTS`` on this table (dialects/base.py ``common_filters``),
+    one primary-key seek per candidate row, as it does for a paused job type; jobs already running
+    finish. Written by ``Job.objects.pause_queue`` / ``resume_queue``, the ``queue_pause`` and
+    ``queue_resume`` commands and the admin (adding a row pauses, deleting it resumes).
+    """
+
+    queue = models.CharField(max_length=100, primary_key=True)
+    paused_at = models.DateTimeField()
+    paused_by = models.CharField(max_length=200, blank=True, default="")
+    reason = models.CharField(max_length=500, blank=True, default="")
+
+    class Meta:
+        verbose_name = _("paused queue")
+        ordering = ["queue"]
+
+    def __str__(self) -> str:
+        return self.queue

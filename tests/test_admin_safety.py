@@ -39,7 +39,7 @@ from tests.test_admin_support import (  # noqa: F401  (fixtures)
 pytestmark = pytest.mark.django_db
 
 SECRET = "sk_live_CALLBACK"
-VIEW_ONLY = ("view_job", "view_jobtype", "view_worker", "view_schedule", "view_batch")
+VIEW_ONLY = ("view_job", "view_jobtype", "view_worker", "view_schedule", "view_batch", "view_queuepause")
 FAILURES = "admin:django_sqlqueue_failures"
 
 

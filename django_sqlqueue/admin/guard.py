@@ -20,6 +20,8 @@ from django.contrib.admin import helpers
 from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ERROR_FLAG
+from django.db.models import IntegerField
+from django.db.models.fields import AutoFieldMixin
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.utils.translation import gettext as _
@@ -45,7 +47,7 @@ class GuardedChangelist(DeclaredFiltersOnly):
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         if ERROR_FLAG in request.GET:  # an old "?e=1" bookmark: it meant "refused", never "everything"
             return refusal_page(self, request, _("This address carries the mark of a refused filter (e=1)."))
-        if request.method == "POST":
+        if request.method == "POST" and isinstance(self.model._meta.pk, AutoFieldMixin | IntegerField):  # type: ignore[attr-defined]
             bad = [v for v in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME) if parse_id(v) is None]
             if bad:
                 self.message_user(request, _("Nothing was changed: %(values)s is not the id of a %(model)s.") % {  # type: ignore[attr-defined]

@@ -534,4 +534,5 @@ admin.site.register(Worker, WorkerAdmin)
 # project with its own index template keeps it and may include "admin/django_sqlqueue/index_link.html".
 if admin.site.index_template is None:
     admin.site.index_template = "admin/django_sqlqueue/index.html"
+from . import queues as admin_queues  # noqa: E402, F401  (registers the QueuePause admin)
 from . import schedules as admin_schedules  # noqa: E402, F401  (registers the Schedule admin)

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
 from django.db.models.functions import TruncMinute
@@ -89,6 +90,7 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
         totals[status_id] += n
     types = dict(JobType.objects.values_list("pk", "name"))
     paused = set(JobType.objects.filter(paused=True).values_list("pk", flat=True))
+    paused_queues = set(job_model.objects.paused_queues())
     statuses = list(Status)
 
     def table(groups: dict[Any, dict[int, int]], key: str, label: Any) -> list[dict[str, Any]]:
@@ -96,7 +98,9 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
         for value, counts in groups.items():
             out.append({
                 "label": label(value),
-                "paused": key == "type" and value in paused,
+                "paused": value in (paused if key == "type" else paused_queues),
+                "pause_url": (reverse("admin:django_sqlqueue_queuepause_change", args=[quote(value)])
+                              if key == "queue" and value in paused_queues else ""),
                 "url": changelist_url(**{key: value}),
                 "total": sum(counts.values()),
                 "cells": [{"n": counts.get(int(s), 0), "url": changelist_url(**{key: value, "status": int(s)})}

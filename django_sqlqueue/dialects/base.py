@@ -99,14 +99,15 @@ class Names:
     """Quoted table and column names, all taken from model meta (once per connection's dialect)."""
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
-        Job, JobAttempt, JobType, LimitPermit, Worker = map(queue_model, ("Job", "JobAttempt", "JobType",
-                                                                     "LimitPermit", "Worker"))
+        Job, JobAttempt, JobType, LimitPermit, QueuePause, Worker = map(
+            queue_model, ("Job", "JobAttempt", "JobType", "LimitPermit", "QueuePause", "Worker"))
         qn = connection.ops.quote_name
         self.job = qn(Job._meta.db_table)
         self.attempt = qn(JobAttempt._meta.db_table)
         self.jobtype = qn(JobType._meta.db_table)
         self.worker_table = qn(Worker._meta.db_table)
         self.permit = qn(LimitPermit._meta.db_table)
+        self.queuepause = qn(QueuePause._meta.db_table)
 
         def cols(model: Any) -> dict[str, str]:
             return {f.attname: qn(f.column) for f in model._meta.concrete_fields}
@@ -116,6 +117,7 @@ class Names:
         self.t = cols(JobType)
         self.w = cols(Worker)
         self.p = cols(LimitPermit)
+        self.qp = cols(QueuePause)
         self.job_columns = [self.j[c] for c in JOB_COLUMNS]
 
 
@@ -274,8 +276,9 @@ class Dialect:
 
     def common_filters(self, req: ClaimRequest, limited: bool = False) -> tuple[str, list[Any]]:
         """The predicates every candidate branch shares (alias ``j``): type not paused (and, outside the
-        ``limited`` branch, without a limit: those jobs are claimed only with a permit), attempts left,
-        the worker's queue and type filters. Returns (SQL, params)."""
+        ``limited`` branch, without a limit: those jobs are claimed only with a permit), queue not paused
+        (a primary-key seek into the queue pause table, empty unless an operator paused one), attempts
+        left, the worker's queue and type filters. Returns (SQL, params)."""
         n, j, t = self.n, self.n.j, self.n.t
         held_back = f"pt.{t['paused']} = {self.true_literal}"
         if not limited:
@@ -284,6 +287,7 @@ class Dialect:
         filters: list[str] = [
             f"NOT EXISTS (SELECT 1 FROM {n.jobtype} pt WHERE pt.{t['id']} = j.{j['job_type_id']} "
             f"AND {held_back})",
+            f"NOT EXISTS (SELECT 1 FROM {n.queuepause} qp WHERE qp.{n.qp['queue']} = j.{j['queue']})",
             f"j.{j['attempt_num']} < {self.effective('j', 'max_attempts', '%s')}",
         ]
         params: list[Any] = [req.default_max_attempts]

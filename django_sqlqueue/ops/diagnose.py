@@ -33,7 +33,7 @@ from . import health
 from .timefmt import ago, stamp, until
 
 if TYPE_CHECKING:
-    from ..models import Job, Worker
+    from ..models import Job, QueuePause, Worker
 
 #: Dependencies of a Waiting job named one by one; the rest are counted.
 NAMED_DEPENDENCIES = 10
@@ -72,6 +72,16 @@ class _Fleet:
     def serving(self, queue: str, type_name: str) -> list[Worker]:
         return [w for w in self.live if health.serves(w, queue, type_name)]
 
+    _pauses: dict[str, QueuePause] | None = field(default=None, repr=False)
+
+    def queue_pause(self, queue: str) -> QueuePause | None:
+        """The pause of ``queue`` (who, when, why), or None: the claim passes over a paused queue's jobs."""
+        if self._pauses is None:
+            from ..models import Job
+
+            self._pauses = Job.objects.paused_queues(using=self.using)
+        return self._pauses.get(queue)
+
 
 def diagnose(job: Job, *, now: datetime | None = None) -> Diagnosis:
     """Why ``job`` is, or is not, running now (see the module docstring)."""
@@ -105,6 +115,9 @@ def _diagnose(job: Job, fleet: _Fleet, *, depth: int, seen: set[int]) -> Diagnos
         lines.extend(_running(job, info, fleet))
     if state is not Status.PROCESSING and info.paused:
         lines.append(_("Its job type %(type)s is paused: no worker takes its jobs.") % {"type": info.name})
+    pause = fleet.queue_pause(job.queue)
+    if state is not Status.PROCESSING and pause is not None:
+        lines.append(queue_paused_line(pause))
     max_attempts = job.max_attempts or info.max_attempts
     if job.attempt_num >= max_attempts and (state is not Status.PROCESSING or health.is_orphan(job, now)):
         lines.append(_("No attempts left (all %(n)d used): the reaper marks it Failed; Retry or Reset attempts "
@@ -126,6 +139,15 @@ def _diagnose(job: Job, fleet: _Fleet, *, depth: int, seen: set[int]) -> Diagnos
                              "not claim such jobs (handlers are found in each installed app's jobs.py; tasks "
                              "by their import path).") % {"type": info.name})
     return found
+
+
+def queue_paused_line(pause: QueuePause) -> str:
+    """"Its queue emails is paused (by alice, 3 minutes ago: provider down): ..." """
+    who = _(" by %(who)s") % {"who": pause.paused_by} if pause.paused_by else ""
+    why = f": {pause.reason}" if pause.reason else ""
+    return _("Its queue %(queue)s is paused%(who)s %(ago)s ago%(why)s: no worker takes its jobs until it is "
+             "resumed.") % {"queue": pause.queue, "who": who, "ago": ago(pause.paused_at, timezone.now()),
+                            "why": why}
 
 
 def _due(job: Job, type_name: str, fleet: _Fleet) -> Diagnosis:
@@ -171,6 +193,9 @@ def _running(job: Job, info: jobtypes.TypeInfo, fleet: _Fleet) -> list[str]:
         return lines + _cancel_pending(job)
     if info.paused:
         return [why, _("Its type is paused: nobody takes it over until it is resumed.")]
+    pause = fleet.queue_pause(job.queue)
+    if pause is not None:
+        return [why, queue_paused_line(pause)]
     serving = fleet.serving(job.queue, info.name)
     if serving:
         return [why, _("The next claim by one of %(n)d live worker(s) serving queue %(queue)s takes it over (or "
@@ -270,8 +295,8 @@ def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Wor
     :func:`waiting_pairs`) are matched against the live workers in Python, and only the unserved ones
     are counted: due claimable rows and orphaned rows of that queue and type, each a range of the
     (status, type, queue) index. Counting due rows over every queue at once would read every due row's
-    table row (the claim index holds no queue or type): 0.4 s at 150,000 due jobs. Paused types are
-    left out (nobody is meant to run them).
+    table row (the claim index holds no queue or type): 0.4 s at 150,000 due jobs. Paused types and
+    queues are left out (nobody is meant to run them).
     """
     from ..models import JobType
 
@@ -280,8 +305,10 @@ def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Wor
     if any(not (w.queues or []) and not (w.types or []) for w in workers):
         return []
     types = dict(JobType.objects.using(using).filter(paused=False).values_list("pk", "name"))
+    paused = set(job_model.objects.paused_queues(using=using))
     candidates = sorted(p for p in (pairs if pairs is not None else waiting_pairs(job_model))
-                        if p[1] in types and not any(health.serves(w, p[0], types[p[1]]) for w in workers))
+                        if p[1] in types and p[0] not in paused
+                        and not any(health.serves(w, p[0], types[p[1]]) for w in workers))
     claimable = index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})") & Q(scheduled_for__lte=now)
     orphaned = health.orphaned_q(now, using)
     out = []

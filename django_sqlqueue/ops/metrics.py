@@ -165,6 +165,12 @@ class QueueCollector:
             unserved.add_metric([u.queue, u.type_name], u.jobs)
         yield unserved
 
+        paused = GaugeMetricFamily("sqlqueue_queue_paused", "1 for each paused queue (queue_pause; the admin)",
+                                   labels=["queue"])
+        for queue in Job.objects.paused_queues(using=db):
+            paused.add_metric([queue], 1.0)
+        yield paused
+
         took = GaugeMetricFamily("sqlqueue_scrape_seconds", "Time this scrape's queries took")
         took.add_metric([], time.perf_counter() - started)
         yield took

@@ -20,6 +20,7 @@ from .claim import CLAIM_RETRIES, ClaimMixin
 from .enqueue import INSERT_COLUMNS, EnqueueMixin, JobSpec
 from .housekeeping import HousekeepingMixin, purge_references, purge_statuses
 from .modify import CLAIM_ONLY, ModifyMixin
+from .pauses import PauseMixin
 from .values import (
     MAX_DELAY_SECONDS,
     MAX_ERROR_CHARS,
@@ -58,12 +59,12 @@ class JobQuerySet(models.QuerySet):
         return qs.filter(queue__in=list(queues)) if queues else qs
 
 
-class JobManager(EnqueueMixin, ClaimMixin, ModifyMixin, CancelMixin, HousekeepingMixin,
+class JobManager(EnqueueMixin, ClaimMixin, ModifyMixin, CancelMixin, HousekeepingMixin, PauseMixin,
                  models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
     """Enqueue, claim and modify jobs. ``using`` picks the database (default: SQLQUEUE['DATABASE']).
 
     One part per concern: :class:`~.enqueue.EnqueueMixin`, :class:`~.claim.ClaimMixin` (claim and batched
     completion), :class:`~.modify.ModifyMixin` (every other transition), :class:`~.cancel.CancelMixin` (cancel, of a running job too),
     :class:`~.housekeeping.HousekeepingMixin`
-    (leases, purge, reap), all on :class:`~.rows.RowsMixin` (database choice, rows to Job objects).
+    (leases, purge, reap), :class:`~.pauses.PauseMixin` (pause and resume a queue), all on :class:`~.rows.RowsMixin` (database choice, rows to Job objects).
     """

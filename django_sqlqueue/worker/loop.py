@@ -574,7 +574,7 @@ class Worker:
 
     def _due_soon(self) -> bool:
         """Burst mode: is a matching job due now or within ``wait_due`` seconds (so worth waiting)?"""
-        from ..models import Job
+        from ..models import Job, QueuePause
 
         horizon = timezone.now() + timedelta(seconds=self.config.wait_due)
         due = Q(status_id__in=CLAIMABLE, scheduled_for__lte=horizon)
@@ -582,7 +582,8 @@ class Worker:
             due |= Q(status_id=Status.PROCESSING, lease_expires_at__lte=horizon)
         if self.serving.nothing:
             return False
-        qs = Job.objects.using(self.using).filter(due).exclude(job_type__paused=True)
+        qs = (Job.objects.using(self.using).filter(due).exclude(job_type__paused=True)
+              .exclude(queue__in=QueuePause.objects.using(self.using).values("queue")))
         if self.config.queues:
             qs = qs.filter(queue__in=self.config.queues)
         if self.serving.claim_types:
