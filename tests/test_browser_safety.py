@@ -63,7 +63,7 @@ def secrets(operator_data, monkeypatch):  # noqa: F811  (the imported fixture)
     viewer = User.objects.create_user("viewer", password="viewer-password", is_staff=True)
     viewer.user_permissions.set(Permission.objects.filter(
         content_type__app_label="django_sqlqueue",
-        codename__in=["view_job", "view_jobtype", "view_worker", "view_schedule", "view_batch"]))
+        codename__in=["view_job", "view_jobtype", "view_worker", "view_schedule", "view_batch", "view_queuepause"]))
     JobType.objects.get_or_create(name="CrmSync")
     JobType.objects.get_or_create(name="Notify")
     schedule = Schedule.objects.create(name="crm-sync", job_type="CrmSync", every_seconds=60, queue="crm",
@@ -186,6 +186,46 @@ def test_failures_dashboard_and_throughput_fit_390_px(browser, live_server, secr
         if name == "failures":  # docs/img/failures-390-*.png with SQLQUEUE_DOC_SCREENSHOTS=1
             picture(page, f"failures-390-{'dark' if dark else 'light'}")
     assert all(w <= 390 for w in widths.values()), widths
+
+
+# ----- paused queues --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("width", [1400, 390])
+def test_pause_a_queue_see_it_on_the_dashboard_and_resume_it(browser, live_server, secrets, width) -> None:
+    page = open_page(browser, width=width)
+    login(page, live_server)
+    base = f"{live_server.url}/admin/django_sqlqueue"
+    page.goto(f"{base}/queuepause/add/")
+    page.fill("#id_queue", "emails")
+    page.fill("#id_reason", "provider down")
+    with page.expect_navigation():
+        page.click("input[name=_save]")
+    assert "claiming its jobs at" in page.locator("ul.messagelist").inner_text()
+    assert "provider down" in page.locator("#result_list").inner_text()
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    assert Job.objects.claim("w-browser", 5, queues=["emails"]) == []  # the claim passes over it
+    page.goto(f"{base}/job/dashboard/")
+    badge = page.locator("#sqlqueue-by-queue a.sqlqueue-paused")
+    assert badge.count() == 1 and badge.inner_text() == "queue paused"
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    badge.click()
+    page.wait_for_url(re.compile(r"/queuepause/emails/change/"))
+    assert "ops" in page.locator(".field-paused_by").inner_text()
+    # The view-only user sees the pause, and no action to end it.
+    viewer = open_page(browser, width=width)
+    login_as(viewer, live_server, "viewer", "viewer-password")
+    viewer.goto(f"{base}/queuepause/")
+    assert "emails" in viewer.locator("#result_list").inner_text()
+    assert viewer.locator("select[name=action]").count() == 0
+    viewer.context.close()
+    # The superuser resumes it with the action.
+    page.goto(f"{base}/queuepause/")
+    page.locator("#result_list input.action-select").first.check()
+    page.select_option("select[name=action]", "resume_queues")
+    with page.expect_navigation():
+        page.locator("button[name=index]").click()
+    assert "1 queue resumed." in page.locator("ul.messagelist").inner_text()
+    assert not Job.objects.paused_queues()
+    page.context.close()
 
 
 # ----- badge contrast -------------------------------------------------------------------------------------
