@@ -445,7 +445,7 @@ def test_throughput_rates_wait_and_runtime(admin_client) -> None:
 
 
 def test_percentile_nearest_rank() -> None:
-    from django_sqlqueue.admin.throughput import percentile
+    from django_sqlqueue.ops.health import percentile
 
     assert percentile([], 50) is None
     assert percentile([5, 1, 3], 50) == 3 and percentile(list(range(1, 101)), 95) == 95

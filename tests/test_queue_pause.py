@@ -197,3 +197,53 @@ def test_the_metrics_list_paused_queues(admin_client) -> None:
     text = admin_client.get(reverse(URL)).content.decode()
     assert sample(text, "sqlqueue_queue_paused", queue="emails") == 1.0
     assert sample(text, "sqlqueue_queue_paused", queue="default") is None
+
+
+# ----- per-queue latency: oldest due job and wait percentiles (issue 27) -----------------------------------
+def _latency_data() -> None:
+    from tests.test_admin_support import make_job
+
+    now = timezone.now()
+    old = make_job(queue="emails")
+    Job.objects.filter(pk=old.pk).update(scheduled_for=now - timedelta(minutes=10))
+    make_job(queue="emails")  # due now: younger than the oldest
+    future = make_job(queue="reports")  # nothing due in reports
+    Job.objects.filter(pk=future.pk).update(scheduled_for=now + timedelta(hours=1))
+    for wait_s, queue in ((2, "emails"), (4, "emails"), (30, "emails"), (1, "reports")):
+        done = make_job(Status.COMPLETED, queue=queue)
+        Job.objects.filter(pk=done.pk).update(scheduled_for=now - timedelta(seconds=60 + wait_s),
+                                              started_at=now - timedelta(seconds=60),
+                                              finished_at=now - timedelta(seconds=30))
+
+
+def test_the_dashboard_shows_each_queues_oldest_due_job_and_its_wait(admin_client) -> None:
+    _latency_data()
+    response = admin_client.get(reverse("admin:django_sqlqueue_dashboard"))
+    rows = {r["label"]: r for r in response.context["queue_rows"]}
+    assert rows["emails"]["oldest_due"] == "10\xa0minutes"
+    assert rows["reports"]["oldest_due"] == ""  # its one job is due in an hour
+    assert rows["emails"]["wait"] == "4.0 s / 30.0 s"  # nearest rank of (2, 4, 30)
+    assert rows["reports"]["wait"] == "1.0 s / 1.0 s"
+
+
+def test_the_metrics_give_each_queues_oldest_due_age_and_wait_histogram(admin_client) -> None:
+    pytest.importorskip("prometheus_client")
+    from tests.test_metrics import URL, sample
+
+    _latency_data()
+    text = admin_client.get(reverse(URL)).content.decode()
+    age = sample(text, "sqlqueue_queue_oldest_due_age_seconds", queue="emails")
+    assert age is not None and 600 <= age < 900
+    assert sample(text, "sqlqueue_queue_oldest_due_age_seconds", queue="reports") is None
+    assert sample(text, "sqlqueue_job_wait_seconds_bucket", queue="emails", le="5.0") == 2.0
+    assert sample(text, "sqlqueue_job_wait_seconds_gcount", queue="emails") == 3.0
+    assert sample(text, "sqlqueue_job_wait_seconds_gcount", queue="reports") == 1.0
+
+
+def test_the_throughput_page_gives_wait_per_queue(admin_client) -> None:
+    _latency_data()
+    response = admin_client.get(reverse("admin:django_sqlqueue_throughput") + "?window=1h")
+    by_queue = {r["queue"]: r for r in response.context["wait_by_queue"]}
+    assert (by_queue["emails"]["n"], by_queue["emails"]["p50"], by_queue["emails"]["max"]) == (3, 4.0, 30.0)
+    assert by_queue["reports"]["p95"] == 1.0
+    assert response.context["wait_n"] == 4

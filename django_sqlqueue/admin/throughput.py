@@ -31,6 +31,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from ..dialects import get_dialect
+from ..ops.health import percentile
 from ..states import Status
 
 #: Jobs read (newest finished first) for the wait and run-time percentiles.
@@ -56,15 +57,6 @@ WINDOWS = {
     "24h": Window("24h", "24 hours", timedelta(hours=24), timedelta(minutes=15)),
     "7d": Window("7d", "7 days", timedelta(days=7), timedelta(hours=2)),
 }
-
-
-def percentile(values: list[float], p: float) -> float | None:
-    """The ``p``-th percentile (0-100) by nearest rank; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(p / 100 * len(ordered)))
-    return ordered[rank - 1]
 
 
 def _series(qs: Any, field: str, start: datetime, window: Window) -> list[int]:
@@ -106,21 +98,27 @@ def waits_and_runtimes(job_model: Any, now: datetime, window: Window) -> dict[st
 
     rows = list(job_model.objects.filter(finished_at__gte=now - window.span, finished_at__lte=now,
                                          started_at__isnull=False)
-                .order_by("-finished_at").values_list("job_type_id", "scheduled_for", "started_at", "duration_ms")
+                .order_by("-finished_at")
+                .values_list("job_type_id", "queue", "scheduled_for", "started_at", "duration_ms")
                 [: SAMPLE_LIMIT + 1])
     sampled = len(rows) > SAMPLE_LIMIT
     rows = rows[:SAMPLE_LIMIT]
-    waits = [max(0.0, (started - due).total_seconds()) for _t, due, started, _d in rows if due and started]
+    waits: dict[str, list[float]] = defaultdict(list)
     per_type: dict[int, list[float]] = defaultdict(list)
-    for type_id, _due, _started, ms in rows:
+    for type_id, queue, due, started, ms in rows:
+        if due and started:
+            waits[queue].append(max(0.0, (started - due).total_seconds()))
         if ms is not None:
             per_type[type_id].append(ms / 1000)
     names = dict(JobType.objects.values_list("pk", "name"))
     runtime = sorted(({"type": names.get(t, f"#{t}"), "n": len(v), "p50": percentile(v, 50),
                        "p95": percentile(v, 95), "max": max(v)} for t, v in per_type.items()),
                      key=lambda r: -r["n"])
-    return {"wait_p50": percentile(waits, 50), "wait_p95": percentile(waits, 95), "wait_n": len(waits),
-            "runtime": runtime, "sampled": sampled, "sample_limit": SAMPLE_LIMIT}
+    every = [w for v in waits.values() for w in v]
+    by_queue = [{"queue": q, "n": len(v), "p50": percentile(v, 50), "p95": percentile(v, 95), "max": max(v)}
+                for q, v in sorted(waits.items())]
+    return {"wait_p50": percentile(every, 50), "wait_p95": percentile(every, 95), "wait_n": len(every),
+            "wait_by_queue": by_queue, "runtime": runtime, "sampled": sampled, "sample_limit": SAMPLE_LIMIT}
 
 
 def chart(series: dict[str, list[int]], window: Window) -> dict[str, Any]:

@@ -23,7 +23,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from ..ops.health import oldest_due  # noqa: F401 (moved to ops.health, beside the metrics that read it too)
+from ..ops.health import (
+    oldest_due,  # noqa: F401 (moved to ops.health, beside the metrics that read it too)
+    oldest_due_by_queue,
+    percentile,
+    waits_by_queue,
+)
 from ..states import CLAIMABLE, FINISHED, Status
 from .stamps import ago
 
@@ -58,8 +63,25 @@ def dashboard_view(request: HttpRequest, modeladmin: Any) -> TemplateResponse:
         "media": modeladmin.media,
     }
     context.update(stuck_work(modeladmin.model, now, pairs=context.pop("waiting_pairs")))
+    queue_latency(modeladmin.model, now, context["queue_rows"])
     context["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 1)
     return TemplateResponse(request, "admin/django_sqlqueue/dashboard.html", context)
+
+
+#: The dashboard's per-queue wait percentiles cover the jobs finished in this many seconds (as the metrics').
+LATENCY_WINDOW_SECONDS = 300
+
+
+def queue_latency(job_model: type[Job], now: datetime, queue_rows: list[dict[str, Any]]) -> None:
+    """Each queue row gets the age of its oldest due job and its wait p50 / p95 over the last 5 minutes."""
+    jobs = job_model.objects.all()
+    oldest = oldest_due_by_queue(jobs, now)
+    waits = waits_by_queue(jobs, now - timedelta(seconds=LATENCY_WINDOW_SECONDS), now)
+    for row in queue_rows:
+        queue = row["label"]
+        row["oldest_due"] = ago(oldest[queue], now) if queue in oldest else ""
+        row["wait"] = (f"{percentile(waits[queue], 50):.1f} s / {percentile(waits[queue], 95):.1f} s"
+                       if queue in waits else "")
 
 
 def changelist_url(**params: Any) -> str:

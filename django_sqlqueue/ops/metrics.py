@@ -93,7 +93,7 @@ class QueueCollector:
         from ..dialects.predicates import index_predicate
         from ..models import Job, JobType, Worker
         from .diagnose import unserved_due_work
-        from .health import dead_q, live_q, oldest_due, orphaned_q
+        from .health import dead_q, live_q, oldest_due, oldest_due_by_queue, orphaned_q, waits_by_queue
 
         started = time.perf_counter()
         jobs = Job.objects.using(self.using) if self.using else Job.objects.all()
@@ -119,7 +119,24 @@ class QueueCollector:
         age.add_metric([], (now - oldest).total_seconds() if oldest else 0.0)
         yield age
 
+        latency = GaugeMetricFamily("sqlqueue_queue_oldest_due_age_seconds",
+                                    "Age of each queue's oldest due Pending or Error job (queues with one)",
+                                    labels=["queue"])
+        for queue, due in sorted(oldest_due_by_queue(jobs, now).items()):
+            latency.add_metric([queue], max(0.0, (now - due).total_seconds()))
+        yield latency
+
         since = now - timedelta(seconds=WINDOW_SECONDS)
+        wait = GaugeHistogramMetricFamily(
+            "sqlqueue_job_wait_seconds",
+            f"Queue wait (due to claim) of the jobs finished in the last {WINDOW_SECONDS} s, by queue",
+            labels=["queue"])
+        for queue, values in sorted(waits_by_queue(jobs, since, now, HISTOGRAM_SAMPLE).items()):
+            cumulative = [(str(float(b)), float(sum(1 for v in values if v <= b))) for b in BUCKETS]
+            cumulative.append(("+Inf", float(len(values))))
+            wait.add_metric([queue], cumulative, gsum_value=sum(values))
+        yield wait
+
         recent = GaugeMetricFamily(
             "sqlqueue_jobs_finished_recent",
             f"Jobs whose attempt ended in the last {WINDOW_SECONDS} s, by type and outcome "
