@@ -273,11 +273,13 @@ def sync_job_types(using: str = "default", names: Sequence[str] | None = None) -
 
     JobType = apps.get_model("django_sqlqueue", "JobType")  # below models.py: no import of it
     report: dict[str, TypeDrift] = {}
-    for h in registry.all():
-        if names is not None and h.name not in names:
-            continue
+    handlers = [h for h in registry.all() if names is None or h.name in names]
+    # One read of the (small: a row per type) table, not one per handler: this runs after each migrate
+    # and flush and at every worker's start. No IN list: SQL Server takes at most 2,100 parameters.
+    rows = {r.name: r for r in JobType.objects.using(using).all()}
+    for h in handlers:
         options = {k: v for k, v in h.options.items() if v is not None}
-        row = JobType.objects.using(using).filter(name=h.name).first()
+        row = rows.get(h.name)
         if row is None:
             row, created = JobType.objects.using(using).get_or_create(
                 name=h.name, defaults={**options, "code_options": options})

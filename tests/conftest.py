@@ -57,6 +57,7 @@ TDS_SKIPS = {
     "tests/test_limits.py::test_rows_out_of_bounds_are_clamped_when_read_and_by_the_migration": _BABELFISH_DDL,
     "tests/test_schedules.py::test_migrate_syncs_the_declared_schedules": _BABELFISH_DDL,
     "tests/test_admin_safety.py": _FK_BUG,
+    "tests/test_queue_pause.py::test_a_burst_worker_leaves": _BUDGET,
     "tests/test_queue_pause.py::test_the_admin_pauses": _FK_BUG,
     "tests/test_queue_pause.py::test_resuming_needs": _FK_BUG,
     "tests/test_admin_dashboard.py::test_job_type_settings_are_editable": _FK_BUG,

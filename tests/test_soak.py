@@ -36,7 +36,7 @@ def _vendor() -> str:
     return "postgres" if connection.vendor == "postgresql" else "sqlite"
 
 
-@pytest.mark.timeout(480)  # a bound for a hang: the pause + twin step alone may wait minutes under load
+@pytest.mark.timeout(600)  # a bound for a hang: the pause + twin step alone may wait minutes under load
 def test_short_soak_loses_nothing_and_runs_nothing_twice(tmp_path) -> None:
     db = _vendor()
     config = SoakConfig.ci(db)

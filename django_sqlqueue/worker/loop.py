@@ -103,6 +103,8 @@ class Worker:
         self._reclaim_at = 0.0
         self._listener: wakeup.Waker | None = None
         self._db_down_since: float | None = None
+        #: The outage's first report was a WARNING (its end is one too); a starved slot's was INFO.
+        self._db_down_warned = False
         #: A claim failed after it was sent: it may have committed with its reply lost (see _claim).
         self._claim_in_doubt = False
         self._standing_lost_since: float | None = None
@@ -642,6 +644,8 @@ class Worker:
             # Not connected yet (a role's connection limit, the server's max_connections): the supervisor
             # says once how many of its slots run; this slot retries with backoff.
             self.heartbeat.tell_connect(one_line(exc))
+        if first:
+            self._db_down_warned = not starved
         (log.warning if first and not starved else log.info)(
             "database_unavailable worker=%s error=%s retry_in=%.1f", self.name, one_line(exc), delay)
         close_connection(self.using)
@@ -657,7 +661,10 @@ class Worker:
 
     def _db_ok(self) -> None:
         if self._db_down_since is not None:
-            log.warning("database_back worker=%s after=%.1fs", self.name, time.monotonic() - self._db_down_since)
+            # At the level its start was reported: a starved slot that finally connects (another slot's
+            # connection freed) is not a database coming back.
+            (log.warning if self._db_down_warned else log.info)(
+                "database_back worker=%s after=%.1fs", self.name, time.monotonic() - self._db_down_since)
             self._db_down_since = None
 
     def _shutdown(self) -> None:
