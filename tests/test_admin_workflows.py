@@ -88,6 +88,34 @@ def test_the_batch_pages_show_members_counts_and_callbacks_and_a_failed_member_c
     assert Batch.objects.get(pk=b.pk).callback_ids == row.callback_ids
 
 
+def test_the_batch_page_shows_progress_and_leads_to_its_failed_members_for_a_retry(
+        admin_client, make_type, django_capture_on_commit_callbacks) -> None:
+    make_type("Member")
+    with django_capture_on_commit_callbacks(execute=True), batch(description="exports") as b:
+        members = [b.enqueue("Member") for _ in range(4)]
+    with django_capture_on_commit_callbacks(execute=True):
+        run(members[0], Status.FAILED)
+        run(members[1], Status.FAILED)
+        run(members[2])
+    outside = enqueue("Member")  # not a member: never listed with them
+    url = reverse("admin:django_sqlqueue_batch_change", args=[b.pk])
+    page = admin_client.get(url).content.decode()
+    assert '<progress class="sqlqueue-progress" max="4" value="3">' in page
+    assert "3 of 4 members finished (75%)" in page
+    link = f"{reverse('admin:django_sqlqueue_job_changelist')}?batch={b.pk}&amp;status={int(Status.FAILED)}"
+    assert f'href="{link}"' in page and "2 Failed members" in page
+    listing = admin_client.get(link.replace("&amp;", "&"))
+    assert sorted(j.pk for j in listing.context["cl"].result_list) == [members[0].pk, members[1].pk]
+    assert f"Batch #{b.pk}" in listing.content.decode()  # the filter shows what it is filtered on
+    failed = [Job.objects.get(pk=m.pk) for m in members[:2]]  # their tokens as the list shows them
+    post_action(admin_client, "retry_now", failed, url=link.replace("&amp;", "&"))
+    assert {Job.objects.get(pk=m.pk).state for m in members[:2]} == {Status.PENDING}
+    assert Job.objects.get(pk=outside.pk).state is Status.PENDING and outside.attempt_num == 0
+    page = admin_client.get(url).content.decode()
+    assert "1 of 4 members finished (25%)" in page and "sqlqueue-retry-failed" not in page
+    assert admin_client.get(reverse("admin:django_sqlqueue_job_changelist"), {"batch": "abc"}).status_code == 400
+
+
 def test_batches_are_read_only_in_the_admin(client, make_type) -> None:
     viewer = user_with("view_batch")
     client.force_login(viewer)

@@ -191,6 +191,25 @@ class StepFilter(ColumnFilter, SimpleDropdownFilter):
         return "" if value == "-" else text_value(self.parameter_name, value, 100)
 
 
+class BatchFilter(ColumnFilter, admin.SimpleListFilter):
+    """The members of one batch (``?batch=<id>``), as the batch page links to them: shown only when
+    given (a list of every batch would be long)."""
+
+    title = _("batch")
+    parameter_name = "batch"
+    column = "batch_id"  # index: sqlqueue_job_batch (batch, status)
+
+    def lookups(self, request: Any, model_admin: Any) -> list[tuple[str, str]]:
+        batch_id = parse_id(self.value() or "")  # called before clean(): Django builds the choices first
+        return [(str(batch_id), _("Batch #%(id)d") % {"id": batch_id})] if batch_id is not None else []
+
+    def clean(self, value: str) -> int:
+        batch_id = parse_id(value)
+        if batch_id is None:
+            refuse(self.parameter_name, value, "not a batch id")
+        return batch_id  # type: ignore[return-value]
+
+
 class WorkerFilter(ColumnFilter, SimpleDropdownFilter):
     title = _("worker")
     parameter_name = "worker"

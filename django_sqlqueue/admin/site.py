@@ -35,6 +35,7 @@ from ..states import CLAIMABLE, FINISHED, Status, human_label
 from . import actions as admin_actions
 from . import workflows as admin_workflows
 from .filters import (
+    BatchFilter,
     CheapPaginator,
     HasErrorFilter,
     JobTypeFilter,
@@ -167,7 +168,7 @@ class JobAdmin(GuardedChangelist, admin_actions.JobActionPermissions, admin.Mode
                     "duration", "worker", "error_excerpt")
     list_display_links = ("id",)
     list_filter = (StatusFilter, JobTypeFilter, QueueFilter, StepFilter, WorkerFilter, OverdueFilter,
-                   LeaseExpiredFilter, OrphanedFilter, HasErrorFilter)
+                   LeaseExpiredFilter, OrphanedFilter, HasErrorFilter, BatchFilter)
     list_select_related = ("job_type",)
     list_per_page = 100
     ordering = ("-id",)

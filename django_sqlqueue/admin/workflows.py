@@ -15,9 +15,10 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
 from ..models import Batch, Job, JobDependency
-from ..states import Status, human_label
+from ..states import FINISHED, Status, human_label
 from ..workflows import batch_counts
 from .guard import GuardedChangelist
 from .stamps import stamp_column
@@ -90,8 +91,8 @@ class BatchAdmin(GuardedChangelist, admin.ModelAdmin):
     sortable_by = ("id",)
     list_per_page = 50
     show_full_result_count = False
-    fields = ("id", "description", "state", "members", "created", "closed", "finished", "callbacks",
-              "callback_specs", "member_list")
+    fields = ("id", "description", "state", "progress", "members", "failed_members", "created", "closed",
+              "finished", "callbacks", "callback_specs", "member_list")
     readonly_fields = fields
 
     created = stamp_column("created_at", _("created at"))
@@ -114,6 +115,30 @@ class BatchAdmin(GuardedChangelist, admin.ModelAdmin):
     @admin.display(description=_("members by status"))
     def members(self, obj: Batch) -> SafeString:
         return counts_html(batch_counts(obj.pk, obj._state.db))
+
+    @admin.display(description=_("progress"))
+    def progress(self, obj: Batch) -> SafeString:
+        """Finished members of all, as a bar and in words (a member is finished in a final state)."""
+        counts = batch_counts(obj.pk, obj._state.db)
+        total = sum(counts.values())
+        done = sum(n for s, n in counts.items() if s in FINISHED)
+        if not total:
+            return format_html('<span class="quiet">{}</span>', _("no members"))
+        percent = done * 100 // total
+        return format_html('<progress class="sqlqueue-progress" max="{}" value="{}">{}%</progress> {}', total, done,
+                           percent, _("%(done)d of %(total)d members finished (%(percent)d%%)") % {
+                               "done": done, "total": total, "percent": percent})
+
+    @admin.display(description=_("failed members"))
+    def failed_members(self, obj: Batch) -> SafeString:
+        """The Failed members in the job list (its Retry actions, their permissions), filtered to this batch."""
+        failed = batch_counts(obj.pk, obj._state.db).get(Status.FAILED, 0)
+        if not failed:
+            return format_html('<span class="quiet">{}</span>', _("none"))
+        url = reverse("admin:django_sqlqueue_job_changelist") + f"?batch={obj.pk}&status={int(Status.FAILED)}"
+        return format_html('<a class="sqlqueue-retry-failed" href="{}">{}</a>', url, ngettext(
+            "%(n)d Failed member: select it there and Retry now", "%(n)d Failed members: select them there and "
+            "Retry now (or Reset attempts and retry)", failed) % {"n": failed})
 
     @admin.display(description=_("state"))
     def state(self, obj: Batch) -> str:
