@@ -254,6 +254,7 @@ class Job(models.Model):
             ("reschedule_job", "Can reschedule jobs and reset attempts"),
             ("pause_job", "Can pause and resume jobs"),
             ("view_sensitive_job", "Can view sensitive job data"),
+            ("enqueue_job", "Can enqueue jobs from the admin"),
         ]
 
     def __str__(self) -> str:

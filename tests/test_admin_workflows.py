@@ -135,3 +135,50 @@ def test_queue_why_explains_a_waiting_job(noop_type) -> None:
     text = out.getvalue()
     assert f"waits for job {a.pk} (Processing on host-a/2)" in text
     assert f"waits for job {b.pk} (Pending)" in text
+
+
+# ----- a one-off job from the admin (issue 27) ---------------------------------------------------------------
+def test_an_operator_with_the_permission_enqueues_a_one_off_job_and_it_is_logged(client, make_type) -> None:
+    from django.contrib.admin.models import ADDITION, LogEntry
+
+    make_type("Export")
+    url = reverse("admin:django_sqlqueue_enqueue")
+    client.force_login(user_with("view_job", username="viewer"))
+    assert client.get(url).status_code == 403
+    assert client.post(url, {"job_type": "Export", "queue": "default", "priority": "0", "payload": "{}"}).status_code == 403
+    assert 'href="' + url not in client.get(reverse("admin:django_sqlqueue_job_changelist")).content.decode()
+    assert not Job.objects.exists()
+    client.force_login(user_with("view_job", "enqueue_job", username="oncall"))
+    assert 'href="' + url in client.get(reverse("admin:django_sqlqueue_job_changelist")).content.decode()
+    response = client.post(url, {"job_type": "Export", "queue": "exports", "priority": "5", "delay": "60",
+                                 "dedupe_key": "acme-2026-11", "payload": '{"customer": "acme", "n": 3}'},
+                           follow=True)
+    job = Job.objects.get()
+    assert (job.job_type.name, job.queue, job.priority, job.payload, job.dedupe_key) == (
+        "Export", "exports", 5, {"customer": "acme", "n": 3}, "acme-2026-11")
+    assert job.state is Status.PENDING and job.scheduled_for > job.enqueued_at
+    assert response.redirect_chain[-1][0] == change_url(job)
+    entry = LogEntry.objects.get(object_id=str(job.pk), action_flag=ADDITION)
+    assert entry.user.username == "oncall" and entry.change_message == "Enqueued from the admin"
+    # The same key again: the unfinished job is kept and nothing new is written.
+    response = client.post(url, {"job_type": "Export", "queue": "exports", "priority": "0",
+                                 "dedupe_key": "acme-2026-11", "payload": "{}"}, follow=True)
+    assert Job.objects.count() == 1 and any("Nothing enqueued" in m for m in messages_of(response))
+
+
+@pytest.mark.parametrize("payload, error", [
+    ("{not json", "Not JSON"),
+    ('{"n": NaN}', "payload"),
+    ('{"a": "\\u0000"}', "payload"),
+])
+def test_a_bad_payload_or_queue_is_refused_with_the_reason_and_writes_nothing(client, make_type, payload,
+                                                                              error) -> None:
+    make_type("Export")
+    client.force_login(user_with("view_job", "enqueue_job", username="oncall"))
+    response = client.post(reverse("admin:django_sqlqueue_enqueue"),
+                           {"job_type": "Export", "queue": "default", "priority": "0", "payload": payload})
+    assert response.status_code == 200 and error in response.content.decode()
+    response = client.post(reverse("admin:django_sqlqueue_enqueue"),
+                           {"job_type": "Nope", "queue": "default", "priority": "0", "payload": "{}"})
+    assert "Nope is not one of the available choices" in response.content.decode()
+    assert not Job.objects.exists()

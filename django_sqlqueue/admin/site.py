@@ -33,6 +33,7 @@ from ..models import Job, JobAttempt, JobType, Worker
 from ..ops import health
 from ..states import CLAIMABLE, FINISHED, Status, human_label
 from . import actions as admin_actions
+from . import enqueue as admin_enqueue
 from . import workflows as admin_workflows
 from .filters import (
     BatchFilter,
@@ -251,6 +252,7 @@ class JobAdmin(GuardedChangelist, admin_actions.JobActionPermissions, admin.Mode
         response = super().changelist_view(request, extra_context)
         if isinstance(response, TemplateResponse) and "cl" in (response.context_data or {}):
             response.context_data["sqlqueue_date_hierarchy"] = date_hierarchy_context(response.context_data["cl"])
+            response.context_data["sqlqueue_may_enqueue"] = request.user.has_perm(admin_enqueue.PERMISSION)
         return response
 
     @admin.display(description=_("type"))
@@ -471,7 +473,9 @@ class JobAdmin(GuardedChangelist, admin_actions.JobActionPermissions, admin.Mode
                   path("failures/", self.admin_site.admin_view(lambda request: triage_view(request, self)),
                        name="django_sqlqueue_failures"),
                   path("throughput/", self.admin_site.admin_view(lambda request: throughput_view(request, self)),
-                       name="django_sqlqueue_throughput")]
+                       name="django_sqlqueue_throughput"),
+                  path("enqueue/", self.admin_site.admin_view(lambda request: admin_enqueue.enqueue_view(request, self)),
+                       name="django_sqlqueue_enqueue")]
         return custom + super().get_urls()
 
 
