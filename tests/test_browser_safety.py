@@ -228,6 +228,40 @@ def test_pause_a_queue_see_it_on_the_dashboard_and_resume_it(browser, live_serve
     page.context.close()
 
 
+# ----- enqueue a one-off job; a batch's progress ------------------------------------------------------------
+@pytest.mark.parametrize("width", [1400, 390])
+def test_enqueue_a_one_off_job_and_see_a_batchs_progress(browser, live_server, secrets, width) -> None:
+    page = open_page(browser, width=width)
+    login(page, live_server)
+    base = f"{live_server.url}/admin/django_sqlqueue"
+    page.goto(f"{base}/job/")
+    with page.expect_navigation():
+        page.get_by_role("link", name="Enqueue a job").click()
+    page.select_option("#id_job_type", "CrmSync")
+    page.fill("#id_queue", "crm")
+    page.fill("#id_payload", "{not json")
+    with page.expect_navigation():
+        page.click("input[type=submit]")
+    assert "Not JSON" in page.content() and not Job.objects.filter(queue="crm").exists()
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    page.fill("#id_payload", '{"account": "acme"}')
+    with page.expect_navigation():
+        page.click("input[type=submit]")
+    job = Job.objects.get(queue="crm")
+    assert job.payload == {"account": "acme"} and page.url.endswith(f"/job/{job.pk}/change/")
+    assert "enqueued in queue crm" in page.locator("ul.messagelist").inner_text()
+    from django_sqlqueue.workflows import batch
+
+    with batch(description="exports") as exports:
+        exports.enqueue("CrmSync")
+        exports.enqueue("CrmSync")
+    page.goto(f"{base}/batch/{exports.pk}/change/")
+    assert page.locator("progress.sqlqueue-progress").count() == 1
+    assert "0 of 2 members finished (0%)" in page.content()
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    page.context.close()
+
+
 # ----- badge contrast -------------------------------------------------------------------------------------
 def css_backgrounds() -> dict[str, str]:
     text = CSS.read_text(encoding="utf-8")
