@@ -4,6 +4,7 @@ failed member, queue_why on a waiting job."""
 from __future__ import annotations
 
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -182,3 +183,69 @@ def test_a_bad_payload_or_queue_is_refused_with_the_reason_and_writes_nothing(cl
                            {"job_type": "Nope", "queue": "default", "priority": "0", "payload": "{}"})
     assert "Nope is not one of the available choices" in response.content.decode()
     assert not Job.objects.exists()
+
+
+# ----- retry with an edited payload (issue 27) ------------------------------------------------------------
+def failed_job(type_name: str = "Export", payload: Any = None) -> Job:
+    job = enqueue(type_name, payload if payload is not None else {"to": "a@exampel.com", "n": 1})
+    return run(job, Status.FAILED)
+
+
+def test_retry_with_an_edited_payload_from_the_job_page(client, make_type) -> None:
+    from django.contrib.admin.models import CHANGE, LogEntry
+
+    make_type("Export")
+    job = failed_job()
+    client.force_login(user_with("view_job", "retry_job", username="fixer"))
+    page = client.get(change_url(job)).content.decode()
+    url = reverse("admin:django_sqlqueue_job_edited_retry", args=[job.pk])
+    assert f'href="{url}"' in page
+    form = client.get(url).content.decode()
+    assert "a@exampel.com" in form and f'name="token" value="{job.version}"' in form
+    response = client.post(url, {"payload": '{"to": "a@example.com", "n": 1}', "token": str(job.version)},
+                           follow=True)
+    fresh = Job.objects.get(pk=job.pk)
+    assert fresh.state is Status.PENDING and fresh.payload == {"to": "a@example.com", "n": 1}
+    assert response.redirect_chain[-1][0] == change_url(job)
+    entry = LogEntry.objects.get(object_id=str(job.pk), action_flag=CHANGE)
+    assert entry.user.username == "fixer" and entry.change_message == "Retried with an edited payload (changed: to)"
+    assert "Retried with an edited payload (changed: to)" in response.content.decode()  # the job's history
+    # The form read at the old token: refused now, nothing written.
+    response = client.post(url, {"payload": '{"to": "b@example.com"}', "token": str(job.version)})
+    assert Job.objects.get(pk=job.pk).payload == {"to": "a@example.com", "n": 1}
+    assert response.status_code in (200, 302)
+
+
+def test_an_edited_retry_refuses_bad_input_stale_tokens_and_users_without_the_permissions(client, make_type,
+                                                                                           monkeypatch) -> None:
+    from django_sqlqueue import sensitive
+
+    make_type("Export")
+    job = failed_job()
+    url = reverse("admin:django_sqlqueue_job_edited_retry", args=[job.pk])
+    client.force_login(user_with("view_job", username="viewer"))
+    assert client.get(url).status_code == 403
+    assert client.post(url, {"payload": "{}", "token": str(job.version)}).status_code == 403
+    client.force_login(user_with("view_job", "retry_job", username="fixer"))
+    for payload, error in (("{oops", "Not JSON"), ('{"a": "\\u0000"}', "payload cannot be stored")):
+        response = client.post(url, {"payload": payload, "token": str(job.version)})
+        assert response.status_code == 200 and error in response.content.decode(), payload
+    response = client.post(url, {"payload": "{}", "token": str(job.version + 5)})
+    assert "stale" in response.content.decode()
+    assert Job.objects.get(pk=job.pk).state is Status.FAILED  # nothing was written
+    # A type with keys marked sensitive: the form would show them in clear; refused without the permission.
+    monkeypatch.setattr(sensitive, "_keys", {})
+    sensitive.mark_sensitive("Export", "to")
+    assert client.get(url).status_code == 403
+    assert f'href="{url}"' not in client.get(change_url(job)).content.decode()
+    client.force_login(user_with("view_job", "retry_job", "view_sensitive_job", username="trusted"))
+    assert client.get(url).status_code == 200
+
+
+def test_retry_with_payload_derives_the_concurrency_key_again(make_type) -> None:
+    job = failed_job("test.LimitedKeyed", {"customer": "acme", "seconds": 0})
+    assert Job.objects.get(pk=job.pk).concurrency_key == "acme"
+    retried = Job.objects.retry_with_payload(job.pk, None, {"customer": "globex", "seconds": 0})
+    fresh = Job.objects.get(pk=job.pk)
+    assert (fresh.state, fresh.concurrency_key, fresh.payload["customer"]) == (Status.PENDING, "globex", "globex")
+    assert retried.concurrency_key == "globex" and retried.version == fresh.version

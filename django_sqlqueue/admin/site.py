@@ -368,6 +368,10 @@ class JobAdmin(GuardedChangelist, admin_actions.JobActionPermissions, admin.Mode
                 (name, desc) for name, desc in self.get_action_choices(request, default_choices=[])
                 if admin_actions.applies(name, obj.state) and (name != "requeue" or orphan)]
             extra_context["sqlqueue_job"] = obj
+            if (self.has_retry_permission(request) and admin_actions.applies("retry_now", obj.state)
+                    and (sensitive.can_view(request.user) or not sensitive.sensitive_keys(obj.job_type.name))):
+                extra_context["sqlqueue_edited_retry_url"] = reverse("admin:django_sqlqueue_job_edited_retry",
+                                                                     args=[obj.pk])
         return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description=_("type"))
@@ -475,7 +479,10 @@ class JobAdmin(GuardedChangelist, admin_actions.JobActionPermissions, admin.Mode
                   path("throughput/", self.admin_site.admin_view(lambda request: throughput_view(request, self)),
                        name="django_sqlqueue_throughput"),
                   path("enqueue/", self.admin_site.admin_view(lambda request: admin_enqueue.enqueue_view(request, self)),
-                       name="django_sqlqueue_enqueue")]
+                       name="django_sqlqueue_enqueue"),
+                  path("<path:object_id>/retry-edited/", self.admin_site.admin_view(
+                      lambda request, object_id: admin_enqueue.edited_retry_view(request, self, object_id)),
+                       name="django_sqlqueue_job_edited_retry")]
         return custom + super().get_urls()
 
 

@@ -144,6 +144,30 @@ class ModifyMixin(RowsMixin):
         dialect.execute(cursor, sql, [*params, updated.pk, updated.version])
         return self._rows_to_jobs(cursor.fetchall(), alias)[0]
 
+    def retry_with_payload(self, job: Job | int, token: int | None, payload: Any, *,
+                           using: str | None = None) -> Job:
+        """Retry ``job`` now (to Pending, as :meth:`modify` allows) with ``payload`` in place of its own:
+        an operator's fix of the input that made it fail. One transaction: the transition (its table and
+        the token apply) and the new payload, checked as enqueue checks one (JSON, storable, within
+        ``MAX_PAYLOAD_BYTES``), with the concurrency key its handler derives from the payload. Nothing is
+        written when a check fails (:class:`InvalidPayload`, :class:`StaleJob`, :class:`IllegalTransition`).
+        """
+        from ..handlers import registry
+        from .values import encode_json
+
+        alias = self._alias(using)
+        encode_json(payload, "payload", get_settings().MAX_PAYLOAD_BYTES)
+        with transaction.atomic(using=alias):
+            new = self.modify(job, token, Status.PENDING, using=alias)
+            fields: dict[str, Any] = {"payload": payload}
+            found = registry.declared(jobtypes.get_type_by_id(new.job_type_id, using=alias).name)
+            if found is not None and found.concurrency_key is not None:
+                fields["concurrency_key"] = found.key_of(payload)
+            self.using(alias).filter(pk=new.pk, version=new.version).update(**fields)  # type: ignore[attr-defined]
+        for name, value in fields.items():
+            setattr(new, name, value)
+        return new
+
     def _refuse_early_retry(self, job: Job, alias: str) -> None:
         """An operator's retry of a finished job that waits for unfinished ones (cancelled while it was
         Waiting) would run it before them: refused. One seek on the dependencies' unique index, on
