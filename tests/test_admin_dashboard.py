@@ -188,3 +188,32 @@ def test_worker_list_flags_stale_heartbeats(admin_client) -> None:
     alive = admin_client.get(url + "?state=alive")
     assert [w.name for w in alive.context["cl"].result_list] == ["w-fresh"]
     assert admin_client.get(reverse("admin:django_sqlqueue_worker_add")).status_code == 403
+
+
+def test_the_dashboard_json_gives_every_number_the_page_marks(admin_client, client) -> None:
+    """The auto-refresh writes these values into the marked elements: each key the page marks is in the
+    JSON with the text the page shows, and the shape changes when a row appears."""
+    import html
+    import re
+
+    from django_sqlqueue.models import Job
+    from tests.test_admin_support import make_job, make_worker
+
+    make_job(queue="emails")
+    make_job(Status.FAILED, queue="reports")
+    make_worker("w-1", queues=["emails"])
+    page = admin_client.get(reverse("admin:django_sqlqueue_dashboard")).content.decode()
+    marked = dict(re.findall(r'data-sqlqueue-value="([^"]+)"[^>]*>([^<]*)<', page))
+    data = admin_client.get(reverse("admin:django_sqlqueue_dashboard_json")).json()
+    assert len(marked) > 20
+    for key, text in marked.items():
+        assert data["values"][html.unescape(key)] == html.unescape(text).strip(), key
+    shape = re.search(r'data-shape="([0-9a-f]+)"', page).group(1)
+    assert data["shape"] == shape
+    make_job(queue="emails")  # a number changes, not the rows
+    again = admin_client.get(reverse("admin:django_sqlqueue_dashboard_json")).json()
+    assert again["shape"] == shape and again["values"]["queue:emails:total"] == "2"
+    make_job(queue="sms")  # a new row: the page must reload
+    assert admin_client.get(reverse("admin:django_sqlqueue_dashboard_json")).json()["shape"] != shape
+    assert Job.objects.count() == 4
+    assert client.get(reverse("admin:django_sqlqueue_dashboard_json")).status_code == 302  # to the login

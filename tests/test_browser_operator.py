@@ -76,10 +76,19 @@ def test_auto_refresh_is_opt_in_and_pauses_while_a_row_is_selected(browser, live
     box = page.locator("#sqlqueue-autorefresh")
     assert box.get_attribute("data-state") == "off"
     page.evaluate("window.__marker = 1")
+    before = int(page.locator("[data-sqlqueue-value='unfinished']").inner_text())
     page.select_option("#sqlqueue-autorefresh-every", "5")
     page.mouse.move(0, 0)
-    page.wait_for_function("window.__marker === undefined", timeout=30_000)  # it reloaded by itself
+    make_job(queue="emails")  # a number changes, not the rows: written in place from the JSON
+    page.wait_for_function("document.querySelector(\"[data-sqlqueue-value='unfinished']\").textContent === "
+                           f"'{before + 1}'", timeout=30_000)
+    assert page.evaluate("window.__marker") == 1  # no reload
+    assert page.locator("[data-sqlqueue-value='queue:emails:total']").inner_text() == str(
+        Job.objects.filter(queue="emails").count())
+    make_job(queue="brand-new")  # a new row: the page reloads itself
+    page.wait_for_function("window.__marker === undefined", timeout=30_000)
     page.wait_for_selector("#sqlqueue-autorefresh[data-state='on']")  # and stays on (kept per page)
+    assert "brand-new" in page.locator("#sqlqueue-by-queue").inner_text()
     # Off again before leaving: a reload due while the next page loads aborted that navigation
     # (net::ERR_ABORTED) whenever the job list took longer than the seconds left, on a loaded machine.
     page.select_option("#sqlqueue-autorefresh-every", "0")

@@ -59,7 +59,7 @@ from .subtypes import ReadOnlyJobInline, subtype_inlines_for
 from .throughput import throughput_view
 from .triage import error_message, triage_view
 from .types import JobTypeAdmin, WorkerAdmin, status_badge
-from .views import dashboard_view
+from .views import dashboard_json_view, dashboard_view
 
 #: Characters of the error shown in the list (the rest stays in the database until the job is opened).
 ERROR_EXCERPT_CHARS = 120
@@ -474,6 +474,8 @@ class JobAdmin(GuardedChangelist, admin_actions.JobActionPermissions, admin.Mode
     def get_urls(self) -> list[Any]:
         custom = [path("dashboard/", self.admin_site.admin_view(lambda request: dashboard_view(request, self)),
                        name="django_sqlqueue_dashboard"),
+                  path("dashboard.json", self.admin_site.admin_view(lambda request: dashboard_json_view(request, self)),
+                       name="django_sqlqueue_dashboard_json"),
                   path("failures/", self.admin_site.admin_view(lambda request: triage_view(request, self)),
                        name="django_sqlqueue_failures"),
                   path("throughput/", self.admin_site.admin_view(lambda request: throughput_view(request, self)),

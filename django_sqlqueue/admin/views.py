@@ -7,6 +7,8 @@ indexed timestamps); Python only reshapes their few result rows. Nothing here lo
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from collections import defaultdict
 from datetime import datetime, timedelta
@@ -17,7 +19,7 @@ from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, QuerySet
 from django.db.models.functions import TruncMinute
-from django.http import HttpRequest
+from django.http import HttpRequest, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
@@ -45,8 +47,9 @@ CHART_FAILED = (Status.ERROR, Status.FAILED)
 
 
 # ----- dashboard ----------------------------------------------------------------------------------
-def dashboard_view(request: HttpRequest, modeladmin: Any) -> TemplateResponse:
-    """Counts by status per queue and type, the oldest due job, throughput, workers: one screen."""
+def dashboard_context(request: HttpRequest, modeladmin: Any) -> dict[str, Any]:
+    """What the dashboard shows: counts by status per queue and type, the oldest due job, throughput,
+    workers (the page, and the numbers its auto-refresh fetches)."""
     if not modeladmin.has_view_or_change_permission(request):
         raise PermissionDenied
     started = time.perf_counter()
@@ -65,7 +68,57 @@ def dashboard_view(request: HttpRequest, modeladmin: Any) -> TemplateResponse:
     context.update(stuck_work(modeladmin.model, now, pairs=context.pop("waiting_pairs")))
     queue_latency(modeladmin.model, now, context["queue_rows"])
     context["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 1)
-    return TemplateResponse(request, "admin/django_sqlqueue/dashboard.html", context)
+    context["values_shape"] = values_shape(context)
+    return context
+
+
+def dashboard_view(request: HttpRequest, modeladmin: Any) -> TemplateResponse:
+    """One screen; its auto-refresh updates the numbers in place from :func:`dashboard_json_view`."""
+    return TemplateResponse(request, "admin/django_sqlqueue/dashboard.html", dashboard_context(request, modeladmin))
+
+
+def dashboard_json_view(request: HttpRequest, modeladmin: Any) -> JsonResponse:
+    """The dashboard's numbers as ``{"values": {key: text}, "shape": ...}``: the page's auto-refresh puts
+    each value into the element marked ``data-sqlqueue-value="key"``, and reloads the page when the shape
+    (its rows: queues, types, unserved work, workers) changed."""
+    context = dashboard_context(request, modeladmin)
+    return JsonResponse({"values": dashboard_values(context), "shape": context["values_shape"]})
+
+
+def values_shape(context: dict[str, Any]) -> str:
+    """What rows the page has: when this changes, updating numbers in place is not enough."""
+    parts = [[r["label"] for r in context["queue_rows"]], [str(r["label"]) for r in context["type_rows"]],
+             [(u["queue"], u["type"]) for u in context.get("unserved") or []],
+             [(w["worker"].name, w["stopped"], w["stale"], bool(w["orphaned"])) for w in context["workers"]],
+             bool(context.get("stale_workers")), bool(context.get("oldest_due"))]
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
+def dashboard_values(context: dict[str, Any]) -> dict[str, str]:
+    """The numbers of the page by key, as the template writes them (see dashboard.html)."""
+    capped = {k: ("> " if context.get(f"{k}_capped") else "") + str(context[k])
+              for k in ("overdue", "lease_expired", "orphaned")}
+    values = {"unfinished": str(context["unfinished"]), "grand_total": str(context["grand_total"]),
+              "oldest_due": str(context.get("oldest_due_ago") or "—"), **capped,
+              "active_workers": str(context["active_workers"]), "elapsed_ms": str(context["elapsed_ms"])}
+    for s in context["statuses"]:
+        values[f"status:{s['label']}"] = f"{s['label']}\xa0{s['total']}"
+    for prefix, rows in (("queue", context["queue_rows"]), ("type", context["type_rows"])):
+        for row in rows:
+            key = f"{prefix}:{row['label']}"
+            values[f"{key}:total"] = str(row["total"])
+            for i, cell in enumerate(row["cells"]):
+                values[f"{key}:{i}"] = str(cell["n"])
+            if prefix == "queue":
+                values[f"{key}:oldest_due"] = row["oldest_due"]
+                values[f"{key}:wait"] = row["wait"]
+    for u in context.get("unserved") or []:
+        values[f"unserved:{u['queue']}:{u['type']}"] = str(u["jobs"])
+    for w in context["workers"]:
+        values[f"worker:{w['worker'].name}:held"] = str(w["held"])
+        values[f"worker:{w['worker'].name}:heartbeat"] = _("%(t)s ago") % {"t": w["heartbeat_ago"]}
+        values[f"worker:{w['worker'].name}:done"] = str(w["worker"].jobs_done)
+    return values
 
 
 #: The dashboard's per-queue wait percentiles cover the jobs finished in this many seconds (as the metrics').

@@ -5,6 +5,10 @@
  * a field or menu has focus, text is selected, a <details> is open, or the mouse / keyboard was used
  * in the last few seconds. The control shows which ("paused: row selected"). No inline script: a
  * Content-Security-Policy without 'unsafe-inline' keeps working.
+ *
+ * A page that names a JSON endpoint (data-json-url, the dashboard) is not reloaded: its numbers are
+ * fetched and written in place into the elements marked data-sqlqueue-value="key". When the endpoint's
+ * "shape" (which rows the page has: queues, types, workers...) differs from the page's, it reloads.
  */
 (function () {
   "use strict";
@@ -62,8 +66,30 @@
       if (why) { left = every; show("paused", "paused: " + why); return; }
       if (left <= 0) { left = every; }
       left -= 1;
-      if (left <= 0) { show("reloading", "refreshing…"); location.reload(); return; }
+      if (left <= 0) {
+        if (box.dataset.jsonUrl) { show("reloading", "updating…"); update(); return; }
+        show("reloading", "refreshing…"); location.reload(); return;
+      }
       show("on", "next in " + left + " s");
+    }
+
+    function update() {
+      fetch(box.dataset.jsonUrl, {credentials: "same-origin", headers: {"Accept": "application/json"}})
+        .then(function (response) {
+          if (!response.ok) { throw new Error("HTTP " + response.status); }
+          return response.json();
+        })
+        .then(function (data) {
+          if (data.shape !== box.dataset.shape) { location.reload(); return; }
+          Array.prototype.forEach.call(document.querySelectorAll("[data-sqlqueue-value]"), function (el) {
+            var value = data.values[el.dataset.sqlqueueValue];
+            if (value !== undefined && el.textContent !== value) { el.textContent = value; }
+          });
+          box.dataset.updated = String(Date.now());
+          left = interval();
+          show("on", "updated; next in " + left + " s");
+        })
+        .catch(function (err) { left = interval(); show("paused", "update failed: " + err.message); });
     }
 
     left = interval();
