@@ -202,6 +202,8 @@ def test_pause_a_queue_see_it_on_the_dashboard_and_resume_it(browser, live_serve
     assert "claiming its jobs at" in page.locator("ul.messagelist").inner_text()
     assert "provider down" in page.locator("#result_list").inner_text()
     assert page.evaluate("document.documentElement.scrollWidth") <= width
+    if width == 1400:  # docs/img/paused-queues.png with SQLQUEUE_DOC_SCREENSHOTS=1
+        picture(page, "paused-queues")
     assert Job.objects.claim("w-browser", 5, queues=["emails"]) == []  # the claim passes over it
     page.goto(f"{base}/job/dashboard/")
     badge = page.locator("#sqlqueue-by-queue a.sqlqueue-paused")
@@ -243,6 +245,8 @@ def test_enqueue_a_one_off_job_and_see_a_batchs_progress(browser, live_server, s
     with page.expect_navigation():
         page.click("input[type=submit]")
     assert "Not JSON" in page.content() and not Job.objects.filter(queue="crm").exists()
+    if width == 1400:  # docs/img/enqueue-form.png with SQLQUEUE_DOC_SCREENSHOTS=1
+        picture(page, "enqueue-form")
     assert page.evaluate("document.documentElement.scrollWidth") <= width
     page.fill("#id_payload", '{"account": "acme"}')
     with page.expect_navigation():
@@ -258,6 +262,8 @@ def test_enqueue_a_one_off_job_and_see_a_batchs_progress(browser, live_server, s
     page.goto(f"{base}/batch/{exports.pk}/change/")
     assert page.locator("progress.sqlqueue-progress").count() == 1
     assert "0 of 2 members finished (0%)" in page.content()
+    if width == 1400:  # docs/img/batch-page.png with SQLQUEUE_DOC_SCREENSHOTS=1
+        picture(page, "batch-page")
     assert page.evaluate("document.documentElement.scrollWidth") <= width
     page.context.close()
 

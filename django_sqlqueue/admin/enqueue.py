@@ -31,15 +31,15 @@ PERMISSION = "django_sqlqueue.enqueue_job"
 
 
 class EnqueueForm(forms.Form):
-    job_type = forms.ChoiceField(label=gettext_lazy("job type"))
-    queue = forms.CharField(label=gettext_lazy("queue"), max_length=100, initial="default")
-    priority = forms.IntegerField(label=gettext_lazy("priority"), initial=0, min_value=-32768, max_value=32767,
+    job_type = forms.ChoiceField(label=gettext_lazy("Job type"))
+    queue = forms.CharField(label=gettext_lazy("Queue"), max_length=100, initial="default")
+    priority = forms.IntegerField(label=gettext_lazy("Priority"), initial=0, min_value=-32768, max_value=32767,
                                   help_text=gettext_lazy("Higher runs first."))
-    delay = forms.IntegerField(label=gettext_lazy("delay (seconds)"), required=False, min_value=0,
+    delay = forms.IntegerField(label=gettext_lazy("Delay (seconds)"), required=False, min_value=0,
                                max_value=MAX_DELAY_SECONDS, help_text=gettext_lazy("Empty: due now."))
-    dedupe_key = forms.CharField(label=gettext_lazy("dedupe key"), max_length=200, required=False,
+    dedupe_key = forms.CharField(label=gettext_lazy("Dedupe key"), max_length=200, required=False,
                                  help_text=gettext_lazy("Optional: no second unfinished job with this key."))
-    payload = forms.CharField(label=gettext_lazy("payload (JSON)"), initial="{}",
+    payload = forms.CharField(label=gettext_lazy("Payload (JSON)"), initial="{}",
                               widget=forms.Textarea(attrs={"rows": 10, "cols": 60, "spellcheck": "false"}))
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -92,7 +92,7 @@ def enqueue_view(request: HttpRequest, modeladmin: Any) -> HttpResponse:
 
 
 class EditedPayloadForm(forms.Form):
-    payload = forms.CharField(label=gettext_lazy("payload (JSON)"),
+    payload = forms.CharField(label=gettext_lazy("Payload (JSON)"),
                               widget=forms.Textarea(attrs={"rows": 14, "cols": 60, "spellcheck": "false"}))
     token = forms.IntegerField(widget=forms.HiddenInput)
 
