@@ -189,11 +189,17 @@ def test_failures_dashboard_and_throughput_fit_390_px(browser, live_server, secr
 
 
 # ----- paused queues --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("width", [1400, 390])
-def test_pause_a_queue_see_it_on_the_dashboard_and_resume_it(browser, live_server, secrets, width) -> None:
+def superuser_page(browser, live_server, width: int) -> tuple[object, str]:
+    """A page logged in as the superuser at ``width`` px, and the app's admin URL."""
     page = open_page(browser, width=width)
     login(page, live_server)
-    base = f"{live_server.url}/admin/django_sqlqueue"
+    return page, f"{live_server.url}/admin/django_sqlqueue"
+
+
+
+@pytest.mark.parametrize("width", [1400, 390])
+def test_pause_a_queue_see_it_on_the_dashboard_and_resume_it(browser, live_server, secrets, width) -> None:
+    page, base = superuser_page(browser, live_server, width)
     page.goto(f"{base}/queuepause/add/")
     page.fill("#id_queue", "emails")
     page.fill("#id_reason", "provider down")
@@ -233,9 +239,7 @@ def test_pause_a_queue_see_it_on_the_dashboard_and_resume_it(browser, live_serve
 # ----- enqueue a one-off job; a batch's progress ------------------------------------------------------------
 @pytest.mark.parametrize("width", [1400, 390])
 def test_enqueue_a_one_off_job_and_see_a_batchs_progress(browser, live_server, secrets, width) -> None:
-    page = open_page(browser, width=width)
-    login(page, live_server)
-    base = f"{live_server.url}/admin/django_sqlqueue"
+    page, base = superuser_page(browser, live_server, width)
     page.goto(f"{base}/job/")
     with page.expect_navigation():
         page.get_by_role("link", name="Enqueue a job").click()
