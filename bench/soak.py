@@ -461,16 +461,23 @@ class Soak:
 
         role = self.WORKER_ROLE
         started = time.monotonic()
+        cut = 0
         with connection.cursor() as cursor:
             cursor.execute(f"ALTER ROLE {role} CONNECTION LIMIT 0")
             # The heartbeat is the supervisor's: its one connection also asks for cancel requests and
             # holds the maintenance lease, so its last statement is any of those (a slot's is a claim, a
-            # finish or a handler's).
-            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s "
-                           "AND (query LIKE %s OR query LIKE %s OR query LIKE %s)",
-                           [role, '%"django_sqlqueue_worker"%', '%"django_sqlqueue_cancelrequest"%',
-                            '%"django_sqlqueue_maintenancelease"%'])
-            cut = len(cursor.fetchall())
+            # finish or a handler's). The lease holder's also runs the maintenance passes, so at one look
+            # its last statement may be another: look again for a few seconds (a cut connection cannot
+            # come back meanwhile: the role may not connect).
+            deadline = time.monotonic() + 10.0
+            while cut == 0 and time.monotonic() < deadline:
+                cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s "
+                               "AND (query LIKE %s OR query LIKE %s OR query LIKE %s)",
+                               [role, '%"django_sqlqueue_worker"%', '%"django_sqlqueue_cancelrequest"%',
+                                '%"django_sqlqueue_maintenancelease"%'])
+                cut += len(cursor.fetchall())
+                if not cut:
+                    time.sleep(0.2)
         self.note(f"connection starvation: {role} may not connect, {cut} heartbeat connections cut")
         try:
             time.sleep(self.c.dead_after + 2.0)
