@@ -296,7 +296,28 @@ def sync_job_types(using: str = "default", names: Sequence[str] | None = None) -
             changed.append("code_options")
         if changed:
             row.save(using=using, update_fields=[*changed, "updated_at"])
+    refresh_small_tables_stats(using)
     return report
+
+
+def refresh_small_tables_stats(using: str) -> None:
+    """Planner statistics for the small tables the claim joins, where the vendor needs them sent
+    (PostgreSQL: see ``PostgresDialect.small_tables_stats_sql``). A failure (a role that may not analyze
+    them) costs a worse plan, never the sync: it is logged."""
+    import logging
+
+    from django.db import DatabaseError, connections, transaction
+
+    from .dialects import get_dialect
+
+    sql = get_dialect(connections[using]).small_tables_stats_sql()
+    if sql is None:
+        return
+    try:
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            cursor.execute(sql)
+    except DatabaseError as exc:
+        logging.getLogger("django_sqlqueue").warning("small_tables_not_analyzed database=%s error=%s", using, exc)
 
 
 def describe_overrides(report: dict[str, TypeDrift]) -> list[str]:

@@ -167,6 +167,11 @@ class Dialect:
         """Clause after a table alias that pins the candidate SELECT to an index ("" = trust the planner)."""
         return ""
 
+    def small_tables_stats_sql(self) -> str | None:
+        """A statement refreshing the planner statistics of the small tables the claim joins (job types,
+        queue pauses), or None where the vendor keeps them itself. Sent after the job types are synced."""
+        return None
+
     def locked_read_hint(self) -> str:
         """Table hint for a read that must see the current committed row, not a version."""
         return ""
