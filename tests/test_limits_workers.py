@@ -60,21 +60,24 @@ def all_done(n: int) -> bool:
 
 def test_two_workers_of_three_slots_keep_every_limit(worker_procs, tmp_path) -> None:
     """20 jobs limited to 2 at once, 12 limited to 1 per customer (3 customers) and 20 at 5 starts a
-    second, drained by 2 workers x 3 slots, each handler sleeping 0.3 s: never more than the limits,
+    second, drained by 2 workers x 3 slots, each handler sleeping 0.3 s (the first two kinds after a
+    second job of their type has started): never more than the limits,
     each limit reached, all complete; the rate limit's starts (the claims, by the database clock) are
     never more than 5 in any 1-s window, so the 20 take about 4 s."""
     log = tmp_path / "timeline"
     export = set_type("test.Limited", concurrency_limit=2)
     keyed = set_type("test.LimitedKeyed", concurrency_limit=1)
     rate = set_type("test.LimitedRate", rate_limit="5/s")
-    specs = [JobSpec("test.Limited", {"seconds": 0.3, "timeline": str(log)}) for _ in range(20)]
-    specs += [JobSpec("test.LimitedKeyed", {"seconds": 0.3, "timeline": str(log), "customer": c})
+    # "peers": 2 makes a job wait (at most 10 s) until a second of its type runs: on a loaded machine
+    # a 0.3 s sleep could end before the next slot's claim, and "each limit reached" would be luck.
+    specs = [JobSpec("test.Limited", {"seconds": 0.3, "timeline": str(log), "peers": 2}) for _ in range(20)]
+    specs += [JobSpec("test.LimitedKeyed", {"seconds": 0.3, "timeline": str(log), "customer": c, "peers": 2})
               for _ in range(4) for c in ("a", "b", "c")]
     specs += [JobSpec("test.LimitedRate", {"seconds": 0.05, "timeline": str(log)}) for _ in range(20)]
     Job.objects.enqueue_many(specs)
     assert set(Job.objects.filter(job_type=keyed).values_list("concurrency_key", flat=True)) == {"a", "b", "c"}
     workers = [worker_procs("--concurrency", "3", "--worker-name", f"lim{i}") for i in range(2)]
-    wu.wait_until(lambda: all_done(len(specs)), 60, what="every job to complete")
+    wu.wait_until(lambda: all_done(len(specs)), 90, what="every job to complete")
     for w in workers:
         w.signal(signal.SIGTERM)
     for w in workers:

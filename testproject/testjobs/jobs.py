@@ -213,11 +213,41 @@ def _timeline(job: JobContext, event: str) -> None:
             f.write(f"{job.pk} {job.job_type_id} {job.concurrency_key or '-'} {event} {time.time():.6f}\n")
 
 
+def _running_of_my_type(job: JobContext) -> int:
+    """How many jobs of this job's type the timeline shows started and not yet ended."""
+    running: set[str] = set()
+    with open(job.payload["timeline"], encoding="utf-8") as f:
+        for line in f:
+            pk, type_id, _key, event, _at = line.split()
+            if int(type_id) == job.job_type_id:
+                (running.add if event == "start" else running.discard)(pk)
+    return len(running)
+
+
+def _others_waiting(job: JobContext) -> bool:
+    from django_sqlqueue.models import Job
+    from django_sqlqueue.states import Status
+
+    return Job.objects.filter(job_type_id=job.job_type_id, status_id=Status.PENDING).exists()
+
+
 def limited_sleep(job: JobContext) -> Any:
     """Sleep ``seconds``, appending "start" and "end" with the wall time to ``timeline`` (limits tests:
     the limits themselves are set on the job type rows by the test, so no other test's claim carries
-    the limited branch)."""
+    the limited branch).
+
+    With ``peers`` N, a job first waits (at most ``peer_wait`` s, 10 by default) until the timeline shows
+    N jobs of its type running at once: that a limit *can* be reached is then a matter of order, not of
+    how fast a loaded machine claims (a limit that wrongly serialised them would still show 1, after
+    the waits).
+    """
     _timeline(job, "start")
+    peers = int(job.payload.get("peers", 0))
+    deadline = time.monotonic() + float(job.payload.get("peer_wait", 10))
+    while peers and _running_of_my_type(job) < peers and time.monotonic() < deadline:
+        if not _others_waiting(job):
+            break  # the type's last jobs: no peer is coming
+        time.sleep(0.02)
     time.sleep(float(job.payload.get("seconds", 0.3)))
     _timeline(job, "end")
     return None
