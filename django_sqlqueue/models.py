@@ -632,6 +632,37 @@ class LimitPermit(models.Model):
         return f"{self.job_type_id}/{self.key or '-'}/{self.get_kind_display()}#{self.slot}"
 
 
+class ThroughputHour(models.Model):
+    """Jobs enqueued, finished and failed per job type per hour: the throughput page's history beyond
+    the job table, which retention empties (ops/rollup.py).
+
+    The fleet's maintenance holder writes each hour once it is over (plus a grace for late writes),
+    counted from the job table's enqueue-time and finish-time indexes, and retention never deletes a
+    job whose hour is not written yet: the counts survive the jobs. Rows older than
+    :data:`~django_sqlqueue.ops.rollup.KEEP_DAYS` are deleted. A few hundred rows a day per busy
+    fleet: the 30-day view reads them through the unique index, which leads with the hour.
+    """
+
+    hour = models.DateTimeField()
+    # No database constraint, as for permits: counts are bookkeeping (Django's CASCADE removes them with
+    # their type), and the maintenance pass that writes them should not lock job type rows.
+    job_type = models.ForeignKey(JobType, on_delete=models.CASCADE, related_name="+", db_index=False,
+                                 db_constraint=False)
+    enqueued = models.PositiveIntegerField(default=0)
+    #: Completed or PartiallyCompleted, by finish time (what the throughput page calls finished).
+    finished = models.PositiveIntegerField(default=0)
+    #: Failed or Error, by finish time.
+    failed = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        verbose_name = _("throughput hour")
+        ordering = ["hour", "job_type_id"]
+        constraints = [models.UniqueConstraint(fields=["hour", "job_type"], name="sqlqueue_rollup_hour_type")]
+
+    def __str__(self) -> str:
+        return f"{self.hour:%Y-%m-%d %H:00} #{self.job_type_id}: {self.enqueued}/{self.finished}/{self.failed}"
+
+
 class MaintenanceLease(models.Model):
     """Who runs the fleet's maintenance now: one row per kind of work (``"maintenance"``), held by one
     worker (its supervisor) until ``expires_at``, renewed while it lives (worker/maintenance.py).

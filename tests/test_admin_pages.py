@@ -313,7 +313,7 @@ def test_the_dashboards_index_reads_send_their_predicate_as_a_literal() -> None:
         assert re.search(r"\.\W?status_id\W? (IN \(1, 3\)|= 2)", sql), sql
 
 
-@pytest.mark.parametrize("key", ["1h", "24h", "7d"])
+@pytest.mark.parametrize("key", ["1h", "24h", "7d", "30d"])
 def test_throughput_buckets_are_counted_by_the_database_in_the_right_place(key) -> None:
     """Jobs near bucket edges land in the window's buckets, on every vendor (the database computes
     minutes or hours since 1970; Python adds them up into the window's buckets)."""

@@ -4,8 +4,10 @@ What each number costs (docs/admin.md repeats this):
 
 - rates: one GROUP BY per series over a range of an index -- ``enqueued_at`` (sqlqueue_job_enqueued)
   for enqueued, ``finished_at`` (sqlqueue_job_finished) for finished and failed -- bucketed by minute
-  (1 h, 24 h) or hour (7 d). The database reads every index entry in the window: O(jobs in the window),
-  no table rows for enqueued on PostgreSQL (index-only), one per row for the finished series' status.
+  (1 h, 24 h) or hour (7 d, 30 d). The database reads every index entry in the window: O(jobs in the
+  window), no table rows for enqueued on PostgreSQL (index-only), one per row for the finished series'
+  status. The 7-day and 30-day windows read the hourly rollup (ops/rollup.py: one row per hour and
+  type, kept past retention) where it has rows, and the job table only after its newest hour.
 - queue wait (``started_at - scheduled_for``: from due to the claim of the attempt that finished) and
   run time per type (``duration_ms``): read for the newest :data:`SAMPLE_LIMIT` jobs finished in the
   window (a backward range scan of the finished_at index, stopped at the limit), percentiles in Python.
@@ -18,26 +20,21 @@ import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
-from django.db import connections
-from django.db.models import BigIntegerField, Count
-from django.db.models.expressions import RawSQL
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from ..dialects import get_dialect
+from ..ops import rollup
 from ..ops.health import percentile
-from ..states import Status
+from ..ops.rollup import DONE, FAILED
 
 #: Jobs read (newest finished first) for the wait and run-time percentiles.
 SAMPLE_LIMIT = 5_000
-DONE = (int(Status.COMPLETED), int(Status.PARTIALLY_COMPLETED))
-FAILED = (int(Status.FAILED), int(Status.ERROR))
 
 
 @dataclass(frozen=True)
@@ -46,6 +43,9 @@ class Window:
     label: str
     span: timedelta
     bucket: timedelta
+    #: Counted from the hourly rollup (ops/rollup.py) where it has rows, the job table for the rest:
+    #: the window reaches back past retention, and reads a few hundred rows instead of every job.
+    rolled: bool = False
 
     @property
     def buckets(self) -> int:
@@ -55,42 +55,40 @@ class Window:
 WINDOWS = {
     "1h": Window("1h", "1 hour", timedelta(hours=1), timedelta(minutes=1)),
     "24h": Window("24h", "24 hours", timedelta(hours=24), timedelta(minutes=15)),
-    "7d": Window("7d", "7 days", timedelta(days=7), timedelta(hours=2)),
+    "7d": Window("7d", "7 days", timedelta(days=7), timedelta(hours=2), rolled=True),
+    "30d": Window("30d", "30 days", timedelta(days=30), timedelta(hours=6), rolled=True),
 }
+SERIES = ("enqueued", "finished", "failed")
 
 
-def _series(qs: Any, field: str, start: datetime, window: Window) -> list[int]:
-    """Rows per bucket of ``window`` from ``start``, counted by the database (one GROUP BY)."""
-    in_window = qs.filter(**{f"{field}__gte": start, f"{field}__lt": start + window.span}).order_by()
-    connection = connections[qs.db]
-    qn = connection.ops.quote_name
-    column = f"{qn(qs.model._meta.db_table)}.{qn(qs.model._meta.get_field(field).column)}"
-    # Counted per minute or hour (what ``start`` is aligned to), then added up into the window's buckets.
+def rates(job_model: Any, now: datetime, window: Window) -> dict[str, Any]:
+    """Rows per bucket of ``window`` for each series, ending with the current minute (hour, for windows
+    bucketed by hours): one GROUP BY per series, counted per minute or hour and added up into buckets."""
     unit = timedelta(hours=1) if window.bucket >= timedelta(hours=1) else timedelta(minutes=1)
-    unit_sql = get_dialect(connection).epoch_bucket_sql(column, int(unit.total_seconds()))
-    rows = (in_window.annotate(u=RawSQL(unit_sql, [], output_field=BigIntegerField()))
-            .values("u").annotate(n=Count("*")).values_list("u", "n"))
-    epoch = datetime(1970, 1, 1, tzinfo=UTC)
-    out = [0] * window.buckets
-    for u, n in rows:
-        i = (epoch + int(u) * unit - start) // window.bucket
-        if 0 <= i < window.buckets:
-            out[i] += n
-    return out
-
-
-def rates(job_model: Any, now: datetime, window: Window) -> dict[str, list[int]]:
     end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
-    if window.bucket >= timedelta(hours=1):
+    if unit == timedelta(hours=1):
         end = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
     start = end - window.span
-    jobs = job_model.objects.all()
-    return {
-        "start": start,  # type: ignore[dict-item]
-        "enqueued": _series(jobs, "enqueued_at", start, window),
-        "finished": _series(jobs.filter(status_id__in=DONE), "finished_at", start, window),
-        "failed": _series(jobs.filter(status_id__in=FAILED), "finished_at", start, window),
-    }
+    out: dict[str, Any] = {"start": start, **{k: [0] * window.buckets for k in SERIES}}
+
+    def add(key: str, at: datetime, n: int) -> None:
+        i = (at - start) // window.bucket
+        if 0 <= i < window.buckets:
+            out[key][i] += n
+
+    using = job_model.objects.all().db
+    live_from = start
+    if window.rolled:
+        counted, live_from = rollup.history(using, start, end, window.bucket)
+        for key in SERIES:
+            for at, n in counted[key].items():
+                add(key, at, n)
+    for key, field, statuses in (("enqueued", "enqueued_at", ()), ("finished", "finished_at", DONE),
+                                 ("failed", "finished_at", FAILED)):
+        for at, n in rollup.bucket_counts(using, field, live_from, end, unit, statuses):
+            add(key, at, n)
+    out["rolled_until"] = live_from if live_from > start else None
+    return out
 
 
 def waits_and_runtimes(job_model: Any, now: datetime, window: Window) -> dict[str, Any]:
@@ -162,7 +160,8 @@ def throughput_view(request: HttpRequest, modeladmin: Any) -> TemplateResponse:
     context = {
         **modeladmin.admin_site.each_context(request),
         "title": _("Throughput"), "opts": modeladmin.model._meta, "window": window, "windows": WINDOWS.values(),
-        "chart": chart(series, window), **waits_and_runtimes(modeladmin.model, now, window),
+        "chart": chart(series, window), "rolled_until": series["rolled_until"],
+        **waits_and_runtimes(modeladmin.model, now, window),
         "media": modeladmin.media,
     }
     context["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 1)

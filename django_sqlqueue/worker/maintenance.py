@@ -20,9 +20,12 @@ What the holder runs, each pass costing index seeks that do not grow with the ba
 * every ``SCHEDULES_CHECK_SECONDS``: the schedule look (one statement, two partial-index seeks);
 * every ``REAP_SECONDS``: the reaper (the Processing index), heal for the types saved in the last
   ``HEAL_WINDOW_SECONDS`` (nothing at all when none was), the workflow backstop;
+* every ``ROLLUP_SECONDS``: the throughput rollup (ops/rollup.py), each hour once it is over: one
+  GROUP BY per series over the hour's range of the enqueue-time and finish-time indexes;
 * retention (``SQLQUEUE["RETENTION"]``): per status, one batch of ``RETENTION_BATCH_SIZE`` jobs, read by
   an index range of the finish-time index; again a second later while batches come back full, otherwise
-  after ``RETENTION_IDLE_SECONDS``. At most one batch per status a second: a bounded rate.
+  after ``RETENTION_IDLE_SECONDS``. At most one batch per status a second: a bounded rate. It deletes
+  only jobs finished before the hour the rollup has reached, so the counts outlive the jobs.
 
 Every worker still syncs the declared schedules (``SQLQUEUE["SCHEDULES"]``) at its start and again every
 ``schedules.RESYNC_SECONDS``, holder or not: a deploy's new definitions reach the table with the first new
@@ -45,6 +48,7 @@ from django.utils import timezone
 
 from ..conf import get_settings, retention_ages
 from ..dialects import get_dialect
+from ..ops.rollup import Rollup
 from ..states import Status
 from .support import DB_DOWN_ERRORS, close_connection, one_line
 
@@ -62,6 +66,8 @@ HEAL_WINDOW_SECONDS = 300.0
 #: Heal also looks at jobs enqueued this long before the save of their type (a transaction that began
 #: before the limit changed and enqueued with the old one).
 HEAL_MARGIN_SECONDS = 60.0
+#: The throughput rollup looks for hours that are over this often (sooner while it catches up).
+ROLLUP_SECONDS = 60.0
 #: Retention, when the last batch of every status came back short (nothing more due yet).
 RETENTION_IDLE_SECONDS = 10.0
 #: Retention, while batches come back full.
@@ -144,10 +150,13 @@ class Maintenance:
     #: Retention: per status, the finish time where its next batch starts (see retention_batch).
     _retention_from: dict[Status, datetime] = field(default_factory=dict)
     _retention_key: str = ""
+    _rollup: Rollup = field(init=False)
 
     def __post_init__(self) -> None:
+        self._rollup = Rollup(self.using)
+        # The rollup before retention: a turn that deletes jobs has counted their hours first.
         self._tasks = [Task("schedules", self._schedules), Task("reap", self._reap),
-                       Task("retention", self._retention)]
+                       Task("rollup", self._roll_up), Task("retention", self._retention)]
 
     # ----- called by the supervisor --------------------------------------------------------------------
     def due(self, now: float) -> bool:
@@ -200,6 +209,7 @@ class Maintenance:
                 task.due_at = now + (FIRST_REAP_SECONDS if task.name == "reap" else 0.0)
                 task.failures = 0
             self._retention_from.clear()
+            self._rollup.reset()
         elif self.holding and not held:
             log.info("maintenance_lease_lost holder=%s (another worker holds it now)", self.holder)
         self.holding = held
@@ -275,8 +285,13 @@ class Maintenance:
         backstop(using=self.using)
         return REAP_SECONDS
 
+    def _roll_up(self) -> float:
+        behind = self._rollup.run(timezone.now())
+        return RETENTION_BUSY_SECONDS if behind else ROLLUP_SECONDS
+
     def _retention(self) -> float:
-        """One batch per status that has a retention age; sooner again while batches come back full."""
+        """One batch per status that has a retention age; sooner again while batches come back full.
+        Only jobs finished before the hour the rollup has reached: none until its first pass here."""
         from ..models import Batch, Job
         from ..queue.housekeeping import purge_batches, retention_batch
 
@@ -288,12 +303,15 @@ class Maintenance:
         if key != self._retention_key:  # ages changed: every status starts from its beginning again
             self._retention_from.clear()
             self._retention_key = key
+        counted = self._rollup.until
+        if counted is None:
+            return RETENTION_IDLE_SECONDS  # the rollup has not run (or failed, and says so): wait for it
         size = settings.RETENTION_BATCH_SIZE
         now = timezone.now()
         busy = False
         for status, age in sorted(ages.items()):
-            read, deleted, after = retention_batch(status, now - age, self._retention_from.get(status), size,
-                                                   self.using)
+            read, deleted, after = retention_batch(status, min(now - age, counted),
+                                                   self._retention_from.get(status), size, self.using)
             if after is not None:
                 self._retention_from[status] = after
             if deleted:
