@@ -5,13 +5,14 @@ A worker (``run_queue_worker --concurrency 2``, ``SQLQUEUE["RETENTION"] = {"Comp
 ``--minutes``. Every ``--every`` seconds it samples: the job table's rows and size, the Pending backlog,
 the claim's p99 (this process times claims of one job by a probe name between samples, then completes
 them) and, on PostgreSQL, the job table's dead tuples (``n_dead_tup``). It prints the series, then each
-series' slope over the run after the warm-up (retention age plus a minute) and a verdict: FLAT when the
+series' slope over the run after the warm-up (the retention age, or the throughput rollup's lag of about
+6 minutes if longer, plus a minute) and a verdict: FLAT when the
 fitted change over the measured part is within 20 % of the series' mean (or tiny in absolute terms),
 else GROWS or FALLS. Each sample also shows the enqueue rate this process achieved since the last one
 (on a loaded machine it may fall short of ``--rate``, and the table with it).
 
     .venv/bin/python bench/sustained.py --db postgres --minutes 10
-    .venv/bin/python bench/sustained.py --db sqlite --minutes 4 --rate 150 --retention 30s
+    .venv/bin/python bench/sustained.py --db sqlite --minutes 10 --rate 150 --retention 30s
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+#: How far behind the clock retention may delete (ops/rollup.py GRACE + worker/maintenance.py ROLLUP_SECONDS).
+ROLLUP_LAG_SECONDS = 5 * 60 + 60
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -104,10 +108,14 @@ def child(args: argparse.Namespace) -> int:
         except subprocess.TimeoutExpired:
             os.killpg(worker.pid, signal.SIGKILL)
     print(f"\nenqueued {enqueued} jobs in {args.minutes:g} min ({enqueued / (args.minutes * 60):.0f}/s)")
-    warm = args.retention_seconds + 60
+    # Retention deletes only jobs the throughput rollup has counted: those finished before its cursor,
+    # 5 minutes (GRACE) behind the clock and moved about once a minute (ROLLUP_SECONDS).
+    held = max(args.retention_seconds, ROLLUP_LAG_SECONDS)
+    warm = held + 60
     kept = [s for s in samples if s["t"] >= warm]
     xs = [s["t"] for s in kept]
-    print(f"measured part: from {warm:.0f} s (retention {args.retention} plus a minute), {len(kept)} samples")
+    print(f"measured part: from {warm:.0f} s (retention {args.retention}, or the throughput rollup's lag of "
+          f"{ROLLUP_LAG_SECONDS:.0f} s if longer, plus a minute), {len(kept)} samples")
     print(verdict("job rows", xs, [s["rows"] for s in kept], 500))
     print(verdict("job table size (kB)", xs, [s["kb"] for s in kept], 256))
     print(verdict("pending backlog", xs, [s["pending"] for s in kept], 500))

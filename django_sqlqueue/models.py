@@ -636,11 +636,11 @@ class ThroughputHour(models.Model):
     """Jobs enqueued, finished and failed per job type per hour: the throughput page's history beyond
     the job table, which retention empties (ops/rollup.py).
 
-    The fleet's maintenance holder writes each hour once it is over (plus a grace for late writes),
-    counted from the job table's enqueue-time and finish-time indexes, and retention never deletes a
-    job whose hour is not written yet: the counts survive the jobs. Rows older than
-    :data:`~django_sqlqueue.ops.rollup.KEEP_DAYS` are deleted. A few hundred rows a day per busy
-    fleet: the 30-day view reads them through the unique index, which leads with the hour.
+    The fleet's maintenance holder adds each minute's counts once it is a few minutes old, read from
+    the job table's enqueue-time and finish-time indexes, and moves :class:`ThroughputCursor` past it in
+    the same transaction; retention never deletes a job finished after the cursor: the counts survive
+    the jobs. Rows older than :data:`~django_sqlqueue.ops.rollup.KEEP_DAYS` are deleted. At most 24 rows
+    a day per job type: the 30-day view reads them through the unique index, which leads with the hour.
     """
 
     hour = models.DateTimeField()
@@ -661,6 +661,22 @@ class ThroughputHour(models.Model):
 
     def __str__(self) -> str:
         return f"{self.hour:%Y-%m-%d %H:00} #{self.job_type_id}: {self.enqueued}/{self.finished}/{self.failed}"
+
+
+class ThroughputCursor(models.Model):
+    """Where the throughput rollup has counted up to (one row, ``name="throughput"``): the jobs enqueued
+    or finished before ``counted_until`` are in :class:`ThroughputHour`, those after it not yet. Moved
+    with a conditional UPDATE ("still where I read it") in the transaction that adds the counts, so two
+    maintenance holders at once (one paused past its lease) never count a minute twice."""
+
+    name = models.CharField(max_length=50, primary_key=True)
+    counted_until = models.DateTimeField()
+
+    class Meta:
+        verbose_name = _("throughput cursor")
+
+    def __str__(self) -> str:
+        return f"{self.name}: counted until {self.counted_until:%Y-%m-%d %H:%M:%S}"
 
 
 class MaintenanceLease(models.Model):

@@ -1,5 +1,5 @@
 """Issue 27: throughput history in an hourly rollup that survives retention (ops/rollup.py), read by the
-throughput page's 7-day and 30-day windows, and retention waiting for the rollup."""
+throughput page's 7-day and 30-day windows, and retention waiting for the rollup's cursor."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_sqlqueue.admin.throughput import WINDOWS, rates
-from django_sqlqueue.models import Job, ThroughputHour
-from django_sqlqueue.ops.rollup import GRACE, HOUR, MAX_HOURS_PER_PASS, Rollup, floor_hour
+from django_sqlqueue.models import Job, ThroughputCursor, ThroughputHour
+from django_sqlqueue.ops import rollup as rollup_module
+from django_sqlqueue.ops.rollup import CURSOR, GRACE, HOUR, MAX_HOURS_PER_PASS, Rollup, floor_hour
 from django_sqlqueue.queue import JobSpec
 from django_sqlqueue.states import Status
 from django_sqlqueue.worker.maintenance import ROLLUP_SECONDS, Maintenance
@@ -37,62 +38,92 @@ def totals(now: datetime) -> dict[str, int]:
     return {k: sum(got[k]) for k in ("enqueued", "finished", "failed")}
 
 
-def test_each_hour_is_counted_once_it_is_over_and_the_counts_outlive_the_jobs(make_type) -> None:
+def test_each_minute_is_counted_once_it_is_old_enough_and_the_counts_outlive_the_jobs(make_type) -> None:
     make_type("RollA")
     make_type("RollB")
-    now = floor_hour(timezone.now()) + timedelta(minutes=30)  # the current hour H is not over
+    now = floor_hour(timezone.now()) + timedelta(minutes=30)
     h = floor_hour(now)
+    counted_until = now - GRACE  # a whole minute here
     place("RollA", 3, Status.COMPLETED, h - 3 * HOUR + timedelta(minutes=1), h - 3 * HOUR + timedelta(minutes=2))
     place("RollA", 1, Status.FAILED, h - 3 * HOUR + timedelta(minutes=5), h - 2 * HOUR + timedelta(minutes=1))
     place("RollB", 2, Status.PENDING, h - 3 * HOUR + timedelta(minutes=59, seconds=59))
     place("RollB", 4, Status.PARTIALLY_COMPLETED, h - HOUR, h - timedelta(seconds=1))
-    place("RollA", 5, Status.COMPLETED, h + timedelta(minutes=1), h + timedelta(minutes=2))  # hour H: not yet
+    place("RollA", 5, Status.COMPLETED, h + timedelta(minutes=1), h + timedelta(minutes=2))
+    place("RollB", 1, Status.FAILED, counted_until - timedelta(seconds=1), counted_until)  # enqueued in, finished after
     before = totals(now)
-    assert before == {"enqueued": 15, "finished": 12, "failed": 1}
+    assert before == {"enqueued": 16, "finished": 12, "failed": 2}
 
     rollup = Rollup("default")
     passes = 1
     while rollup.run(now):  # from 35 days back, a day a pass
         passes += 1
-    assert passes >= 35 and rollup.until == h
+    assert passes >= 35 and rollup.until == counted_until
     assert rows() == {
         (h - 3 * HOUR, "RollA"): (4, 3, 0),
         (h - 3 * HOUR, "RollB"): (2, 0, 0),
         (h - 2 * HOUR, "RollA"): (0, 0, 1),
         (h - HOUR, "RollB"): (4, 4, 0),
+        (h, "RollA"): (5, 5, 0),
+        (h, "RollB"): (1, 0, 0),  # its failure is after the cursor: not yet
     }
-    assert totals(now) == before  # the rollup's hours plus the job table's after them
+    assert totals(now) == before  # the rollup's counts up to the cursor plus the job table's after it
 
-    # Retention's work: every job finished before H is gone, their counts stay.
-    Job.objects.filter(finished_at__lt=h).delete()
-    assert Job.objects.count() == 7
+    # Retention's work: every job finished before the cursor is gone, their counts stay.
+    Job.objects.filter(finished_at__lt=counted_until).delete()
+    assert Job.objects.count() == 3  # the Pending two, the failure at the cursor
     assert totals(now) == before
-    # The job table's counts of hour H stay live: a job finished now shows at once.
-    place("RollB", 1, Status.FAILED, now - timedelta(minutes=3), now - timedelta(minutes=2))
-    assert totals(now) == {"enqueued": 16, "finished": 12, "failed": 2}
+    place("RollB", 1, Status.COMPLETED, now - timedelta(minutes=1), now)  # after the cursor: live at once
+    assert totals(now) == {"enqueued": 17, "finished": 13, "failed": 2}
 
-    # A new holder (a restart, another worker) counts nothing twice; an hour over is written once.
+    # A new holder (a restart, another worker) counts nothing twice; the next minutes are added.
     written = rows()
     assert Rollup("default").run(now) is False and rows() == written
     later = Rollup("default")
-    assert later.run(now + HOUR) is False and later.until == h + HOUR
-    assert rows() == {**written, (h, "RollA"): (5, 5, 0), (h, "RollB"): (1, 0, 1)}
-    assert totals(now + HOUR)["enqueued"] == 16
+    assert later.run(now + HOUR) is False and later.until == counted_until + HOUR
+    assert rows() == {**written, (h, "RollB"): (2, 1, 1)}
+    assert totals(now + HOUR) == {"enqueued": 17, "finished": 13, "failed": 2}
 
 
-def test_an_hour_waits_for_its_grace_and_a_pass_is_bounded() -> None:
-    """An hour is written only ``GRACE`` after it ends (a late recorder flush still counts), and a first
-    pass catches up at most ``MAX_HOURS_PER_PASS`` hours, saying whether more wait."""
+def _cursor_at(at: datetime) -> None:
+    ThroughputCursor.objects.update_or_create(name=CURSOR, defaults={"counted_until": at})
+
+
+def test_a_minute_waits_for_its_grace_and_a_pass_is_bounded() -> None:
+    """A minute is counted only ``GRACE`` after it ends (a late write of a finish still counts), and a
+    pass counts at most ``MAX_HOURS_PER_PASS`` hours, saying whether more wait."""
     h = floor_hour(timezone.now())
-    rollup = Rollup("default", until=h - 2 * HOUR)
-    assert rollup.run(h + GRACE - timedelta(seconds=1)) is False and rollup.until == h - HOUR
+    _cursor_at(h - 2 * HOUR)
+    rollup = Rollup("default")
+    assert rollup.run(h + GRACE - timedelta(seconds=1)) is False and rollup.until == h - timedelta(minutes=1)
     assert rollup.run(h + GRACE) is False and rollup.until == h
-    far = Rollup("default", until=h - (MAX_HOURS_PER_PASS + 1) * HOUR)
-    assert far.run(h + GRACE) is True and far.until == h - HOUR
-    assert far.run(h + GRACE) is False and far.until == h
+    _cursor_at(h - (MAX_HOURS_PER_PASS + 1) * HOUR)
+    assert rollup.run(h + GRACE) is True and rollup.until == h - HOUR
+    assert rollup.run(h + GRACE) is False and rollup.until == h
 
 
-def test_retention_deletes_only_jobs_of_hours_the_rollup_has_counted(noop_type) -> None:
+def test_two_holders_at_once_count_a_minute_once(noop_type, monkeypatch) -> None:
+    """A holder paused past its lease wakes and passes while another has moved the cursor since it read
+    it: its conditional UPDATE matches nothing, it adds nothing, and the other's counts stand."""
+    h = floor_hour(timezone.now())
+    place("Noop", 3, Status.COMPLETED, h - 2 * HOUR + timedelta(minutes=10), h - 2 * HOUR + timedelta(minutes=11))
+    _cursor_at(h - 3 * HOUR)
+    real = rollup_module.hourly_counts
+    other = Rollup("default")
+
+    def counted_meanwhile(using: str, start: datetime, stop: datetime) -> dict:
+        got = real(using, start, stop)  # the paused holder's read ...
+        monkeypatch.setattr(rollup_module, "hourly_counts", real)
+        assert other.run(h + GRACE) is False  # ... and meanwhile the new holder's whole pass
+        return got
+
+    monkeypatch.setattr(rollup_module, "hourly_counts", counted_meanwhile)
+    paused = Rollup("default")
+    assert paused.run(h + GRACE) is True and paused.until is None  # lost the cursor: counts nothing
+    assert rows() == {(h - 2 * HOUR, "Noop"): (3, 3, 0)}
+    assert paused.run(h + GRACE) is False and paused.until == h and rows() == {(h - 2 * HOUR, "Noop"): (3, 3, 0)}
+
+
+def test_retention_deletes_only_jobs_the_rollup_has_counted(noop_type) -> None:
     now = timezone.now()
     place("Noop", 2, Status.COMPLETED, now - 3 * HOUR, now - 3 * HOUR)
     place("Noop", 1, Status.COMPLETED, now - timedelta(minutes=1), now - timedelta(seconds=30))
@@ -103,7 +134,7 @@ def test_retention_deletes_only_jobs_of_hours_the_rollup_has_counted(noop_type) 
         while maint._roll_up() != ROLLUP_SECONDS:
             pass
         maint._retention()
-    # The jobs of 3 hours ago are counted and gone; the one finished 30 s ago waits for its hour.
+    # The jobs of 3 hours ago are counted and gone; the one finished 30 s ago waits for the cursor.
     assert list(Job.objects.values_list("finished_at", flat=True)) == [now - timedelta(seconds=30)]
     counted = {r.hour: r.finished for r in ThroughputHour.objects.all()}
     assert counted == {floor_hour(now - 3 * HOUR): 2}

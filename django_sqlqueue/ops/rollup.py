@@ -1,19 +1,20 @@
 """Throughput history that outlives the jobs: hourly counts per job type in :class:`ThroughputHour`.
 
-Retention (``SQLQUEUE["RETENTION"]``) deletes finished jobs after days; the throughput page's 30-day
-view still needs how many were enqueued, finished and failed each hour. So the fleet's maintenance
-holder (worker/maintenance.py) rolls every hour up once it is over and :data:`GRACE` has passed (a
-recorder's late flush, clock skew between hosts), with one GROUP BY per series over the job table's
-enqueue-time and finish-time indexes, and retention deletes only jobs finished before the hour the
-rollup has reached (:attr:`Rollup.until`): a count is written before its jobs can go.
+Retention (``SQLQUEUE["RETENTION"]``) deletes finished jobs after days (or minutes); the throughput
+page's 30-day view still needs how many were enqueued, finished and failed each hour. So the fleet's
+maintenance holder (worker/maintenance.py) counts, about once a minute, the jobs enqueued and finished
+since :class:`ThroughputCursor` up to :data:`GRACE` ago (a recorder's late flush, clock skew between
+hosts), with one GROUP BY per series over that range of the job table's enqueue-time and finish-time
+indexes, and adds the counts to their hours' rows. Retention deletes only jobs finished before the
+cursor (:attr:`Rollup.until`): a count is written before its jobs can go.
 
-A rolled-up hour is a snapshot: a job that failed in it and succeeded on a later retry counts as failed
-there and as finished in the later hour, as the live series counted it at the time.
+Exactly once: the counts are added in the transaction that moves the cursor, with a conditional UPDATE
+("still where I read it"). A second holder for a moment (one paused past its lease) waits on the
+cursor row, finds it moved, and rolls back: no minute is counted twice, none skipped.
 
-Writing an hour replaces its rows in one transaction, so two holders for a moment (one paused past its
-lease) write the same numbers; if both insert at once, the unique key refuses one, whose pass is then
-retried. A new holder starts from the newest hour written: hours after it had no jobs (or they would
-have rows), and re-counting them is an index range over nothing.
+A counted minute is a snapshot: a job that failed in it and succeeded on a later retry counts as failed
+there and as finished later, as the live series counted it at the time. A job written with a time
+older than the cursor (a transaction open longer than :data:`GRACE`) is not counted.
 """
 
 from __future__ import annotations
@@ -26,15 +27,17 @@ from typing import Any
 
 from django.apps import apps
 from django.db import connections, transaction
-from django.db.models import Max, Sum
+from django.db.models import F, QuerySet, Sum
 
 from ..dialects import get_dialect
 from ..states import Status
 
 HOUR = timedelta(hours=1)
-#: An hour is rolled up this long after it ends.
+#: A minute is counted this long after it ends (a job's finish written late still counts).
 GRACE = timedelta(minutes=5)
-#: The hours one pass rolls up at most (a first pass on an old database catches up a day at a time).
+#: The cursor row's name.
+CURSOR = "throughput"
+#: The hours one pass counts at most (a first pass on an old database catches up a day at a time).
 MAX_HOURS_PER_PASS = 24
 #: How far back a first pass starts, and how long the rows are kept: the 30-day view plus a margin.
 KEEP_DAYS = 35
@@ -97,47 +100,68 @@ def hourly_counts(using: str, start: datetime, stop: datetime) -> dict[tuple[dat
 
 @dataclass
 class Rollup:
-    """The maintenance holder's rollup: :meth:`run` writes the hours that are over; :attr:`until` is
-    where the written hours end (None until the first pass of this holder), which retention keeps to."""
+    """The maintenance holder's rollup: :meth:`run` counts what is :data:`GRACE` old; :attr:`until` is
+    where the counts end (None until this holder's first pass), which retention keeps to."""
 
     using: str
     until: datetime | None = None
 
     def reset(self) -> None:
-        """A new holder: start again from what the table says."""
+        """A new holder: nothing is known until its first pass reads the cursor."""
         self.until = None
 
     def run(self, now: datetime) -> bool:
-        """Write up to :data:`MAX_HOURS_PER_PASS` hours; True when more are over and wait (call again soon)."""
-        model = apps.get_model("django_sqlqueue", "ThroughputHour")
-        rows = model.objects.using(self.using)
-        end = floor_hour(now - GRACE)
-        if self.until is None:
-            newest = rows.aggregate(m=Max("hour"))["m"]
-            self.until = newest + HOUR if newest else end - timedelta(days=KEEP_DAYS)
-        start = self.until
+        """Count up to :data:`MAX_HOURS_PER_PASS` hours' worth; True when more waits (call again soon)."""
+        cursors = apps.get_model("django_sqlqueue", "ThroughputCursor").objects.using(self.using)
+        end = (now - GRACE).replace(second=0, microsecond=0)
+        row = cursors.filter(name=CURSOR).values_list("counted_until", flat=True).first()
+        if row is None:
+            # A first pass: count what the job table still holds of the last KEEP_DAYS (a racing first
+            # insert elsewhere wins on the primary key; this pass fails and the next reads its row).
+            row = end - timedelta(days=KEEP_DAYS)
+            cursors.create(name=CURSOR, counted_until=row)
+        start = row
         stop = min(end, start + MAX_HOURS_PER_PASS * HOUR)
         if stop > start:
             counts = hourly_counts(self.using, start, stop)
             with transaction.atomic(using=self.using):
-                rows.filter(hour__gte=start, hour__lt=stop).delete()
-                model.objects.using(self.using).bulk_create(
-                    [model(hour=hour, job_type_id=type_id, enqueued=n[0], finished=n[1], failed=n[2])
-                     for (hour, type_id), n in sorted(counts.items())], batch_size=500)
-                rows.filter(hour__lt=stop - timedelta(days=KEEP_DAYS)).delete()  # an index range, mostly none
-            self.until = stop
+                if not cursors.filter(name=CURSOR, counted_until=start).update(counted_until=stop):
+                    self.until = None  # another holder moved it meanwhile: its counts stand
+                    return True
+                _add(self.using, counts)
+                if floor_hour(stop) > floor_hour(start):  # a new hour: the rows past keeping go
+                    self._hours().filter(hour__lt=floor_hour(stop) - timedelta(days=KEEP_DAYS)).delete()
+            start = stop
+        self.until = start
         return stop < end
+
+    def _hours(self) -> QuerySet:
+        return apps.get_model("django_sqlqueue", "ThroughputHour").objects.using(self.using)
+
+
+def _add(using: str, counts: dict[tuple[datetime, int], list[int]]) -> None:
+    """Add ``counts`` to their hours' rows (an UPDATE by the unique key, an INSERT for a new hour)."""
+    model = apps.get_model("django_sqlqueue", "ThroughputHour")
+    rows = model.objects.using(using)
+    new = []
+    for (hour, type_id), (enqueued, finished, failed) in sorted(counts.items()):
+        if not rows.filter(hour=hour, job_type_id=type_id).update(
+                enqueued=F("enqueued") + enqueued, finished=F("finished") + finished, failed=F("failed") + failed):
+            new.append(model(hour=hour, job_type_id=type_id, enqueued=enqueued, finished=finished, failed=failed))
+    rows.bulk_create(new, batch_size=300)  # 5 columns a row: within SQL Server's 2,100 parameters
 
 
 def history(using: str, start: datetime, stop: datetime, unit: timedelta) -> tuple[dict[str, dict[datetime, int]], datetime]:
-    """The rolled-up counts in ``[start, stop)`` per ``unit`` bucket ({"enqueued"|"finished"|"failed":
-    {bucket start: n}}), and the hour where they end: the caller counts the rest from the job table."""
-    rows = apps.get_model("django_sqlqueue", "ThroughputHour").objects.using(using)
-    newest = rows.aggregate(m=Max("hour"))["m"]
-    until = max(start, min(stop, newest + HOUR)) if newest else start
+    """The rolled-up counts in ``[start, stop)`` (hour-aligned) per ``unit`` bucket ({"enqueued" |
+    "finished" | "failed": {bucket start: n}}), and where they end (the cursor, or ``start``): the
+    caller counts from there on in the job table."""
+    cursor = (apps.get_model("django_sqlqueue", "ThroughputCursor").objects.using(using)
+              .filter(name=CURSOR).values_list("counted_until", flat=True).first())
+    until = max(start, min(stop, cursor)) if cursor else start
     out: dict[str, dict[datetime, int]] = {"enqueued": defaultdict(int), "finished": defaultdict(int),
                                            "failed": defaultdict(int)}
     if until > start:
+        rows = apps.get_model("django_sqlqueue", "ThroughputHour").objects.using(using)
         per_hour = (rows.filter(hour__gte=start, hour__lt=until).order_by().values("hour")
                     .annotate(e=Sum("enqueued"), f=Sum("finished"), x=Sum("failed"))
                     .values_list("hour", "e", "f", "x"))

@@ -20,12 +20,12 @@ What the holder runs, each pass costing index seeks that do not grow with the ba
 * every ``SCHEDULES_CHECK_SECONDS``: the schedule look (one statement, two partial-index seeks);
 * every ``REAP_SECONDS``: the reaper (the Processing index), heal for the types saved in the last
   ``HEAL_WINDOW_SECONDS`` (nothing at all when none was), the workflow backstop;
-* every ``ROLLUP_SECONDS``: the throughput rollup (ops/rollup.py), each hour once it is over: one
-  GROUP BY per series over the hour's range of the enqueue-time and finish-time indexes;
+* every ``ROLLUP_SECONDS``: the throughput rollup (ops/rollup.py), the minutes since its cursor up to
+  five minutes ago: one GROUP BY per series over that range of the enqueue-time and finish-time indexes;
 * retention (``SQLQUEUE["RETENTION"]``): per status, one batch of ``RETENTION_BATCH_SIZE`` jobs, read by
   an index range of the finish-time index; again a second later while batches come back full, otherwise
   after ``RETENTION_IDLE_SECONDS``. At most one batch per status a second: a bounded rate. It deletes
-  only jobs finished before the hour the rollup has reached, so the counts outlive the jobs.
+  only jobs finished before the rollup's cursor, so the counts outlive the jobs.
 
 Every worker still syncs the declared schedules (``SQLQUEUE["SCHEDULES"]``) at its start and again every
 ``schedules.RESYNC_SECONDS``, holder or not: a deploy's new definitions reach the table with the first new
@@ -66,7 +66,7 @@ HEAL_WINDOW_SECONDS = 300.0
 #: Heal also looks at jobs enqueued this long before the save of their type (a transaction that began
 #: before the limit changed and enqueued with the old one).
 HEAL_MARGIN_SECONDS = 60.0
-#: The throughput rollup looks for hours that are over this often (sooner while it catches up).
+#: The throughput rollup counts the minutes past its grace this often (sooner while it catches up).
 ROLLUP_SECONDS = 60.0
 #: Retention, when the last batch of every status came back short (nothing more due yet).
 RETENTION_IDLE_SECONDS = 10.0
@@ -154,7 +154,7 @@ class Maintenance:
 
     def __post_init__(self) -> None:
         self._rollup = Rollup(self.using)
-        # The rollup before retention: a turn that deletes jobs has counted their hours first.
+        # The rollup before retention: a turn that deletes jobs has counted them first.
         self._tasks = [Task("schedules", self._schedules), Task("reap", self._reap),
                        Task("rollup", self._roll_up), Task("retention", self._retention)]
 
@@ -291,7 +291,7 @@ class Maintenance:
 
     def _retention(self) -> float:
         """One batch per status that has a retention age; sooner again while batches come back full.
-        Only jobs finished before the hour the rollup has reached: none until its first pass here."""
+        Only jobs finished before the rollup's cursor: none until its first pass here."""
         from ..models import Batch, Job
         from ..queue.housekeeping import purge_batches, retention_batch
 
