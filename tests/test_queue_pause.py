@@ -84,7 +84,10 @@ def test_pause_and_resume_say_what_they_changed_and_refuse_bad_names(noop_type) 
             Job.objects.resume_queue(bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="reason"):
         Job.objects.pause_queue("emails", reason="r" * 501)
+    with pytest.raises(InvalidArgument, match="at most 200 characters"):  # refused, not cut to fit
+        Job.objects.pause_queue("emails", by="b" * 201)
     assert not QueuePause.objects.exists()
+    assert Job.objects.pause_queue("emails", by="b" * 200) and QueuePause.objects.get().paused_by == "b" * 200
 
 
 @pytest.mark.django_db(transaction=True)

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 #: The longest reason kept (the column's size).
 MAX_REASON_CHARS = 500
+#: The longest "who paused" kept (the column's size): refused beyond, never cut.
+MAX_BY_CHARS = 200
 
 
 def checked_queue_name(queue: object) -> str:
@@ -45,15 +47,16 @@ class PauseMixin(RowsMixin):
         queue = checked_queue_name(queue)
         if not isinstance(reason, str) or len(reason) > MAX_REASON_CHARS:
             raise InvalidArgument(f"reason must be a string of at most {MAX_REASON_CHARS} characters")
-        if not isinstance(by, str):
-            raise InvalidArgument(f"by must be a string (who pauses), got {by!r}")
+        if not isinstance(by, str) or len(by) > MAX_BY_CHARS:
+            raise InvalidArgument(f"by must be a string (who pauses) of at most {MAX_BY_CHARS} characters, "
+                                  f"got {by!r:.80}")
         storable_key(reason, "reason")
         storable_key(by, "by")
         model = queue_model("QueuePause")
         alias = self._alias(using)
         try:
             with transaction.atomic(using=alias):
-                model.objects.using(alias).create(queue=queue, paused_at=timezone.now(), paused_by=by[:200],
+                model.objects.using(alias).create(queue=queue, paused_at=timezone.now(), paused_by=by,
                                                   reason=reason)
         except IntegrityError:
             if model.objects.using(alias).filter(pk=queue).exists():
