@@ -203,6 +203,9 @@ class Job(models.Model):
     limited = models.BooleanField(default=False, db_default=False, editable=False)
 
     objects: ClassVar[JobManager] = JobManager()
+    #: Not a column: True on the job an enqueue returned instead of inserting one (its dedupe key was
+    #: held by this unfinished job), so a caller can say "nothing enqueued" without asking again.
+    deduplicated: bool = False
 
     class Meta:
         verbose_name = _("job")

@@ -64,12 +64,13 @@ def test_dedupe_returns_existing_unfinished_job(noop_type: JobType) -> None:
     first = enqueue("Noop", {"v": 1}, dedupe_key="user-42")
     second = enqueue("Noop", {"v": 2}, dedupe_key="user-42")
     assert second.pk == first.pk and second.payload == {"v": 1}
+    assert second.deduplicated and not first.deduplicated  # the caller can tell, without a second read
     assert Job.objects.filter(dedupe_key="user-42").count() == 1
     # once finished, the key is free again
     claimed = Job.objects.claim("w", 1)[0]
     claimed.complete()
     third = enqueue("Noop", {"v": 3}, dedupe_key="user-42")
-    assert third.pk != first.pk
+    assert third.pk != first.pk and not third.deduplicated
     # duplicates inside one bulk call collapse too
     jobs = Job.objects.enqueue_many([JobSpec("Noop", dedupe_key="k"), JobSpec("Noop", dedupe_key="k"),
                                      JobSpec("Noop")])

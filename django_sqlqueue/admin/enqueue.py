@@ -25,7 +25,6 @@ from django.utils.translation import gettext_lazy
 from ..exceptions import SqlQueueError
 from ..models import Job, JobType
 from ..queue import MAX_DELAY_SECONDS
-from ..states import DEDUPE_SCOPE
 
 PERMISSION = "django_sqlqueue.enqueue_job"
 
@@ -62,9 +61,6 @@ def enqueue_view(request: HttpRequest, modeladmin: Any) -> HttpResponse:
     form = EnqueueForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
-        key = data["dedupe_key"] or None
-        held = (Job.objects.filter(dedupe_key=key, status_id__in=DEDUPE_SCOPE).values_list("pk", flat=True).first()
-                if key else None)
         try:
             job = Job.objects.enqueue(data["job_type"], data["payload"], queue=data["queue"],
                                       priority=data["priority"], delay=data["delay"] or None,
@@ -72,7 +68,7 @@ def enqueue_view(request: HttpRequest, modeladmin: Any) -> HttpResponse:
         except SqlQueueError as exc:  # an invalid payload, queue name or key: nothing was written
             form.add_error(None, str(exc))
         else:
-            if job.pk == held:  # the dedupe rule kept the unfinished job with this key
+            if job.deduplicated:  # the dedupe rule kept the unfinished job with this key
                 modeladmin.message_user(request, _("Nothing enqueued: %(job)s with this dedupe key is unfinished.")
                                         % {"job": job}, messages.WARNING)
                 return HttpResponseRedirect(reverse("admin:django_sqlqueue_job_change", args=[job.pk]))

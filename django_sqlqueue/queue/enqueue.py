@@ -249,6 +249,8 @@ class EnqueueMixin(RowsMixin):
                 existing = self.using(alias).filter(dedupe_key=key, status_id__in=DEDUPE_SCOPE).first()
                 if existing is None:  # finished in between: enqueue afresh
                     existing = self.enqueue_many([specs[start + i]], using=alias)[0]
+                else:
+                    existing.deduplicated = True
                 jobs[start + i] = existing
                 by_key[key] = existing
 
