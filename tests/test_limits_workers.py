@@ -18,6 +18,7 @@ import pytest
 
 from django_sqlqueue import jobtypes
 from django_sqlqueue.models import Job, JobType, LimitPermit
+from django_sqlqueue.models import Worker as WorkerRow
 from django_sqlqueue.queue import JobSpec
 from django_sqlqueue.states import Status
 from tests import workerutil as wu
@@ -60,9 +61,9 @@ def all_done(n: int) -> bool:
 
 def test_two_workers_of_three_slots_keep_every_limit(worker_procs, tmp_path) -> None:
     """20 jobs limited to 2 at once, 12 limited to 1 per customer (3 customers) and 20 at 5 starts a
-    second, drained by 2 workers x 3 slots, each handler sleeping 0.3 s (the first two kinds after a
-    second job of their type has started): never more than the limits,
-    each limit reached, all complete; the rate limit's starts (the claims, by the database clock) are
+    second, drained by 2 workers x 3 slots (all six registered before the jobs are enqueued), each
+    handler sleeping 0.3 s (the first two kinds after a second job of their type has started): never
+    more than the limits, each limit reached, all complete; the rate limit's starts (the claims, by the database clock) are
     never more than 5 in any 1-s window, so the 20 take about 4 s."""
     log = tmp_path / "timeline"
     export = set_type("test.Limited", concurrency_limit=2)
@@ -74,9 +75,13 @@ def test_two_workers_of_three_slots_keep_every_limit(worker_procs, tmp_path) -> 
     specs += [JobSpec("test.LimitedKeyed", {"seconds": 0.3, "timeline": str(log), "customer": c, "peers": 2})
               for _ in range(4) for c in ("a", "b", "c")]
     specs += [JobSpec("test.LimitedRate", {"seconds": 0.05, "timeline": str(log)}) for _ in range(20)]
+    workers = [worker_procs("--concurrency", "3", "--worker-name", f"lim{i}") for i in range(2)]
+    # Both workers' six slots registered (each then claims at once) before there is work: on a loaded
+    # machine one worker could start seconds after the other, which would then drain the queue alone.
+    wu.wait_until(lambda: WorkerRow.objects.filter(name__regex=r"^lim[01]/[012]$", stopped_at__isnull=True)
+                  .count() == 6, 60, what="six worker slots to register")
     Job.objects.enqueue_many(specs)
     assert set(Job.objects.filter(job_type=keyed).values_list("concurrency_key", flat=True)) == {"a", "b", "c"}
-    workers = [worker_procs("--concurrency", "3", "--worker-name", f"lim{i}") for i in range(2)]
     wu.wait_until(lambda: all_done(len(specs)), 90, what="every job to complete")
     for w in workers:
         w.signal(signal.SIGTERM)
@@ -140,8 +145,6 @@ def test_a_killed_slots_limited_job_and_permit_are_free_at_once(worker_procs, tm
     once; the restarted slot takes the job over long before the lease would have run out (was: the
     whole lease, the permit blocking the scope meanwhile)."""
     import os
-
-    from django_sqlqueue.models import Worker as WorkerRow
 
     log = tmp_path / "timeline"
     set_type("test.Limited", concurrency_limit=1, lease_seconds=60)
