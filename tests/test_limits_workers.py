@@ -109,7 +109,10 @@ def test_two_workers_of_three_slots_keep_every_limit(worker_procs, tmp_path) -> 
 
 def test_a_killed_workers_permit_frees_with_its_lease(worker_procs, tmp_path) -> None:
     """Limit 1, lease 2 s: a worker killed (-9, its whole group) mid-job holds the permit only until the
-    lease expires; another worker then takes the stuck job over and runs the rest, one at a time."""
+    lease expires; another worker then takes the stuck job over and runs the rest, one at a time. (The
+    type's lease is raised to 60 s once the doomed worker is dead: the stuck job's 2-s lease and its
+    permit are already in their rows, and the rescuer's own claims are then in no danger of expiring
+    while a loaded machine holds it up.)"""
     log = tmp_path / "timeline"
     set_type("test.Limited", concurrency_limit=1, lease_seconds=2)
     first = Job.objects.enqueue("test.Limited", {"seconds": 30, "timeline": str(log)})
@@ -120,6 +123,7 @@ def test_a_killed_workers_permit_frees_with_its_lease(worker_procs, tmp_path) ->
                   what="the first job to start")
     doomed.kill_group()
     killed_at, killed_wall = time.monotonic(), time.time()
+    set_type("test.Limited", lease_seconds=60)  # the rescuer's leases (the stuck job keeps its own)
     Job.objects.filter(pk=first.pk).update(payload={"seconds": 0.1, "timeline": str(log)})  # short on retake
     rescuer = worker_procs("--concurrency", "2", "--worker-name", "rescuer")
     wu.wait_until(lambda: any(e[0] != first.pk and e[3] == "start" for e in timeline(log))
