@@ -63,14 +63,24 @@ def test_forever_mode_picks_up_a_job_enqueued_while_idle(worker_procs) -> None:
     assert "processed=1 succeeded=1" in w.stdout()
 
 
-def test_sigterm_finishes_running_job_and_releases_unstarted_ones(worker_procs, job_log) -> None:
-    jobs = [Job.objects.enqueue("test.Sleep", {"seconds": 1.5, "log": str(job_log.path)}) for _ in range(3)]
-    w = worker_procs("--batch", "3", "--worker-name", "term")
+def test_sigterm_finishes_running_job_and_releases_unstarted_ones(worker_procs, job_log, tmp_path) -> None:
+    """SIGTERM while the first of a claimed batch of 3 runs: that job completes, the other two are handed
+    back unstarted. The first job runs until a gate file exists, and the test opens the gate only once
+    the supervisor has logged "worker_stopping" and the job's own ``should_stop()`` has said so (by order,
+    not by a sleep: on a loaded machine a 1.5-s job could end before the signal arrived)."""
+    gate = tmp_path / "gate"
+    jobs = [Job.objects.enqueue("test.Sleep", {"seconds": 300, "until": str(gate), "note_stop": True,
+                                               "log": str(job_log.path)}) for _ in range(3)]
+    w = worker_procs("--batch", "3", "--grace-seconds", "300", "--worker-name", "term")
     job_log.wait_for(jobs[0].pk, "start")
     w.signal(signal.SIGTERM)
-    assert w.wait(30) == 0, w.output()
+    wu.wait_until(lambda: "worker_stopping" in w.stderr(), 60, what="the worker to log worker_stopping")
+    job_log.wait_for(jobs[0].pk, "should_stop", 60)
+    gate.touch()
+    assert w.wait(60) == 0, w.output()
     first = Job.objects.get(pk=jobs[0].pk)
     assert first.state == Status.COMPLETED and first.attempt_num == 1
+    assert [e for _, e in job_log.events(first.pk)] == ["start", "should_stop", "end"]
     for job in jobs[1:]:
         job = Job.objects.get(pk=job.pk)
         assert job.state == Status.PENDING and job.attempt_num == 0 and job.worker == ""
@@ -85,7 +95,8 @@ def test_second_signal_stops_at_once_and_the_job_is_reclaimed(worker_procs, job_
     w = worker_procs("--worker-name", "twice")
     _, _, _, slot_pid = job_log.wait_for(job.pk, "start")
     w.signal(signal.SIGTERM)
-    time.sleep(0.3)
+    # The first signal handled (a graceful stop begun) before the second: order, not a pause.
+    wu.wait_until(lambda: "worker_stopping" in w.stderr(), 60, what="the worker to log worker_stopping")
     w.signal(signal.SIGTERM)
     assert w.wait(10) != 0
     wu.wait_until(lambda: not wu.pid_alive(slot_pid), 10, what="the slot to die")

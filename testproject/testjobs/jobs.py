@@ -53,7 +53,9 @@ def sleep(job: JobContext) -> Any:
     """Sleep ``seconds`` (``then`` seconds in later attempts), logging "start" first and "end" last.
 
     ``until`` (a file path): end as soon as that file exists, ``seconds`` being then only the bound, so a
-    test can order "the job still runs" against what it watches without guessing a duration.
+    test can order "the job still runs" against what it watches without guessing a duration. With it,
+    ``note_stop`` (true) logs "should_stop" once, as soon as ``job.should_stop()`` says so while waiting:
+    the slot itself has seen its worker's stop request.
     """
     _log(job, "start")
     seconds = float(job.payload.get("seconds", 1))
@@ -63,8 +65,12 @@ def sleep(job: JobContext) -> Any:
     if gate is None:
         time.sleep(seconds)
     else:
+        note_stop = bool(job.payload.get("note_stop"))
         end = time.monotonic() + seconds
         while time.monotonic() < end and not os.path.exists(gate):
+            if note_stop and job.should_stop():
+                _log(job, "should_stop")
+                note_stop = False
             time.sleep(0.02)
     _log(job, "end")
     return {"slept": seconds}
