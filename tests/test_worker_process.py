@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import timedelta
 
 import pytest
 
@@ -165,14 +166,26 @@ def test_timeout_kills_the_slot_marks_the_job_and_the_worker_goes_on(worker_proc
     assert "failed=1" in w.stdout() and "succeeded=5" in w.stdout()
 
 
-def test_long_job_keeps_its_lease_while_alive(worker_procs, job_log) -> None:
-    # A 2 s lease and a 6 s job: three leases long. (With a 1 s lease, a loaded machine's scheduling
-    # stalls alone could outlast it between two renewals.)
-    set_type("test.Sleep", lease_seconds=2)
-    job = Job.objects.enqueue("test.Sleep", {"seconds": 6, "log": str(job_log.path)})
+def test_long_job_keeps_its_lease_while_alive(worker_procs, job_log, tmp_path) -> None:
+    """A 10-s lease and a job that runs until the database shows its lease renewed past two leases from
+    its start and past a lease from the moment a second worker (which would steal it if the lease lapsed)
+    registered: it completes in its first attempt, on the first worker. The job ends by a gate opened on
+    that order, not after a fixed time. (Was: a 2-s lease over a 6-s job, at risk on a loaded machine:
+    the supervisor kills a slot whose lease has gone unrenewed for 80 % of its length, 1.6 s there.)"""
+    lease = 10
+    set_type("test.Sleep", lease_seconds=lease)
+    gate = tmp_path / "gate"
+    job = Job.objects.enqueue("test.Sleep", {"seconds": 300, "until": str(gate), "log": str(job_log.path)})
     a = worker_procs("--worker-name", "lease-a")
     job_log.wait_for(job.pk, "start")
     b = worker_procs("--worker-name", "lease-b")  # would steal the job if its lease lapsed
+    b_up = wu.wait_until(lambda: Worker.objects.filter(name="lease-b/0").values_list("started_at", flat=True)
+                         .first(), 60, what="the second worker's slot to register")
+    started = Job.objects.get(pk=job.pk).started_at
+    renewed_past = max(started + timedelta(seconds=2 * lease), b_up + timedelta(seconds=lease))
+    wu.wait_until(lambda: Job.objects.filter(pk=job.pk, worker="lease-a/0", lease_expires_at__gt=renewed_past)
+                  .exists(), 60, what="the job's lease to be renewed past two leases and the second worker's start")
+    gate.touch()
     wu.wait_until(lambda: state(job) == Status.COMPLETED, 30, what="the long job to complete")
     assert [e for _, e in job_log.events(job.pk)] == ["start", "end"]
     assert history(job) == [(1, "Completed", "lease-a/0")]
