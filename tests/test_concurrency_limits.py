@@ -142,7 +142,10 @@ def test_rate_strings() -> None:
 
 @pytest.mark.django_db(transaction=True)  # PostgreSQL's now() is the transaction's start
 def test_a_rate_limit_admits_n_starts_per_period() -> None:
-    limited("Partner", rate_limit="3/2s")
+    """3 starts an hour: the claims take 3 permits, each held one period from its job's start; once the
+    period is over (the permits' ``held_until`` moved back by a period, as an hour's passing would: a
+    short period here would race the statements of a loaded machine), 3 more start."""
+    row = limited("Partner", rate_limit="3/h")
     for i in range(6):
         Job.objects.enqueue("Partner", {"i": i})
     started = []
@@ -153,8 +156,16 @@ def test_a_rate_limit_admits_n_starts_per_period() -> None:
         Job.objects.complete(job)  # finishing does not give a rate permit back
     assert Job.objects.claim("w1", 1) == []
     held = Job.objects.filter(status_id=Status.PENDING).first()
-    assert permits.explain(held).startswith("held by the rate limit of Partner (3/2s): 3 of 3 starts")
-    time.sleep(2.1)
+    assert permits.explain(held).startswith("held by the rate limit of Partner (3/h): 3 of 3 starts")
+    rate_permits = list(LimitPermit.objects.filter(job_type=row, kind=LimitPermit.Kind.RATE))
+    assert sorted(p.job_id for p in rate_permits) == sorted(j.pk for j in started)
+    starts = {j.pk: Job.objects.get(pk=j.pk).started_at for j in started}
+    for permit in rate_permits:
+        assert abs((permit.held_until - starts[permit.job_id]).total_seconds() - 3600) < 1, "one period"
+        LimitPermit.objects.filter(pk=permit.pk).update(held_until=permit.held_until - timedelta(hours=1, seconds=1))
+    # This process's claims leave the limited branch out for LIMITED_RECHECK_SECONDS (0.25 s) after one
+    # found nothing, as for a permit freed elsewhere: forget that back-off instead of waiting it out.
+    jobtypes.clear_cache()
     again = []
     for _ in range(6):
         again += Job.objects.claim("w1", 1)
@@ -241,14 +252,19 @@ def test_a_rate_lowered_and_raised_back_never_gives_a_period_its_starts_again() 
 
 @pytest.mark.django_db(transaction=True)  # PostgreSQL's now() is the transaction's start
 def test_a_dead_workers_permit_frees_at_its_lease_expiry() -> None:
-    # A 2 s lease: the next statement's "still held" must not race the lease on a loaded machine.
-    limited("Export", concurrency_limit=1, lease_seconds=2)
+    """The claim holds the permit as long as the job's lease; the worker's last renewal (1 s) and then
+    nothing: once that lease is past, the permit is free and another worker takes the stuck job over.
+    The claim's lease is long (60 s): the "still held" check must not race it on a loaded machine."""
+    limited("Export", concurrency_limit=1, lease_seconds=60)
     a = Job.objects.enqueue("Export", {"i": 0})
     b = Job.objects.enqueue("Export", {"i": 1})
     (got,) = Job.objects.claim("dead-worker", 1)
     assert got.pk == a.pk
+    permit_until = LimitPermit.objects.get(job_type__name="Export").held_until
+    assert abs((permit_until - Job.objects.get(pk=a.pk).lease_expires_at).total_seconds()) < 1, "held as the lease"
     assert Job.objects.claim("w2", 1) == []
-    time.sleep(2.2)  # the lease (and so the permit) expires; the dead worker never renews it
+    assert Job.objects.renew_leases("dead-worker", [a.pk], 1) == 1  # its last renewal, then it dies
+    time.sleep(1.2)  # the lease (and so the permit) expires; the dead worker never renews it again
     taken = Job.objects.claim("w2", 1)
     assert len(taken) == 1, "the permit was freed by the lease's expiry"
     # The stuck job comes first (claim order) and is taken over under the permit: never both at once.
