@@ -73,7 +73,10 @@ def _log_count(proc: wu.WorkerProcess, text: str) -> int:
 @pytest.mark.timeout(240)
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_one_runs_maintenance_and_the_other_takes_over_once_its_lease_ran_out(worker_procs) -> None:
-    env = {"SQLQUEUE_TEST_MAINTENANCE_LEASE": "4", "SQLQUEUE_TEST_MAINTENANCE_DEBUG": "1",
+    # A 12-s maintenance lease: a loaded machine's stall of a few seconds must not let the other worker
+    # take a live holder's lease (with 4 s, a stall of under 3 s could); the takeover after the kill waits longer.
+    lease_seconds = 12
+    env = {"SQLQUEUE_TEST_MAINTENANCE_LEASE": str(lease_seconds), "SQLQUEUE_TEST_MAINTENANCE_DEBUG": "1",
            "SQLQUEUE_TEST_SCHEDULES_CHECK": "0.3"}
     procs = {name: worker_procs("--worker-name", name, env=env) for name in ("maint-a", "maint-b")}
     lease = wu.wait_until(lambda: MaintenanceLease.objects.filter(holder__startswith="maint-").first(), 60,
@@ -88,11 +91,11 @@ def test_two_workers_one_runs_maintenance_and_the_other_takes_over_once_its_leas
     procs[holder].kill_group()
     last = MaintenanceLease.objects.get(name="maintenance")
     assert last.holder.startswith(holder)
-    wu.wait_until(lambda: "maintenance_lease_taken" in procs[other].stderr(), 60, what="the takeover")
+    wu.wait_until(lambda: "maintenance_lease_taken" in procs[other].stderr(), 120, what="the takeover")
     taken = MaintenanceLease.objects.get(name="maintenance")
     assert taken.holder.startswith(other)
     # Taken (or since renewed) no earlier than the dead holder's lease ran out.
-    assert taken.expires_at - timedelta(seconds=4) >= last.expires_at, (taken.expires_at, last.expires_at)
+    assert taken.expires_at - timedelta(seconds=lease_seconds) >= last.expires_at, (taken.expires_at, last.expires_at)
     wu.wait_until(lambda: _log_count(procs[other], "maintenance_pass task=schedules") >= 3, 60,
                   what="the new holder's schedule looks")
     # A clean stop gives the lease up at once.
