@@ -190,12 +190,12 @@ def test_a_row_locked_by_another_transaction_is_skipped() -> None:
         with transaction.atomic():
             list(Job.objects.select_for_update().filter(pk=first))
             holder_ready.set()
-            release.wait(30)
+            release.wait(600)  # a bound: the test's finally releases it as soon as its claim is done
         connections.close_all()
 
     t = threading.Thread(target=hold)
     t.start()
-    holder_ready.wait(30)
+    assert holder_ready.wait(60)
     try:
         got = [j.pk for j in Job.objects.claim("w", 1)]
     finally:
@@ -222,7 +222,7 @@ def test_a_claimer_holding_its_transaction_open_does_not_delay_another() -> None
             with transaction.atomic():
                 held.extend(j.pk for j in Job.objects.claim("holder", 2))
                 holder_ready.set()
-                release.wait(60)
+                release.wait(600)  # a bound: the test's finally releases it
         except BaseException as exc:  # surfaced below
             errors.append(exc)
         finally:
@@ -245,11 +245,11 @@ def test_a_claimer_holding_its_transaction_open_does_not_delay_another() -> None
     holder.start()
     second = threading.Thread(target=claim)
     try:
-        assert holder_ready.wait(30) and len(held) == 2, errors
+        assert holder_ready.wait(60) and len(held) == 2, errors
         second.start()
         # A claim takes milliseconds; the bound is for a loaded 2-CPU machine. Without SKIP LOCKED the
         # claim would still be waiting here, for as long as the holder keeps its transaction open.
-        in_time = claimed.wait(15)
+        in_time = claimed.wait(60)
         holder_still_open = not release.is_set() and holder.is_alive()
     finally:
         release.set()

@@ -402,12 +402,12 @@ def test_a_locked_schedule_is_skipped_by_a_second_looker():
             cursor.execute(sql, params)
             seen.append(len(cursor.fetchall()))
             holding.set()
-            release.wait(10)
+            release.wait(600)  # a bound: the test's finally releases it as soon as its look is done
         conn.close()
 
     thread = threading.Thread(target=hold)
     thread.start()
-    assert holding.wait(10)
+    assert holding.wait(60)
     try:
         assert run_due(now=T0 + timedelta(minutes=5)).enqueued == 0  # skipped, not waited for
     finally:
