@@ -36,14 +36,19 @@ def test_a_job_this_slot_finished_is_not_taken_over_but_one_another_worker_took_
 
 
 def test_a_fresh_claim_is_safe_by_its_own_lease_whatever_the_last_beat(noop_type) -> None:
-    hb = _heartbeat("f/0", "inc", dead_after=60.0)
-    hb.ok_at = time.monotonic() - 3.0  # the last beat got through 3 s ago (beats every 10 s while idle)
-    hb.hold({41: 5.0}, claimed_at=time.monotonic())  # a job with a 5 s lease, claimed just now
+    # Times far apart (a 60-s lease, a beat 50 s ago, a dead-after time of 600 s) so that every answer
+    # holds for tens of seconds: a test stalled on a loaded machine between two lines still sees them.
+    hb = _heartbeat("f/0", "inc", dead_after=600.0)
+    hb.ok_at = time.monotonic() - 50.0  # the last beat got through 50 s ago (the row is far from dead)
+    hb.hold({41: 60.0}, claimed_at=time.monotonic())  # a job with a 60 s lease, claimed just now
+    # Counted from the last beat, half of that lease would be gone 20 s ago: counted from the claim.
     assert hb.may_claim() and hb.may_start(41) and not hb.at_risk(41)
-    # The same job held since 3 s before the last beat, never renewed since: half its lease is gone.
-    hb.hold({42: 5.0}, claimed_at=time.monotonic() - 6.0)
-    assert hb.job_deadline(42, CLAIM_SHARE) == pytest.approx(hb.ok_at + CLAIM_SHARE * 5.0)
-    assert not hb.may_start(42) and hb.at_risk(42) == (time.monotonic() >= hb.ok_at + STOP_SHARE * 5.0)
+    # A job held since 10 s before the last beat, never renewed since: its lease counts from that beat,
+    # and more than 80 % of it is gone.
+    hb.hold({42: 60.0}, claimed_at=time.monotonic() - 60.0)
+    assert hb.job_deadline(42, CLAIM_SHARE) == pytest.approx(hb.ok_at + CLAIM_SHARE * 60.0)
+    assert hb.job_deadline(42, STOP_SHARE) == pytest.approx(hb.ok_at + STOP_SHARE * 60.0)
+    assert not hb.may_start(42) and hb.at_risk(42)
 
 
 def test_a_row_stamped_stopped_while_alive_makes_the_process_stop(noop_type) -> None:
