@@ -52,17 +52,17 @@ def test_unknown_type_is_refused() -> None:
 
 
 @pytest.mark.django_db
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)  # two Django process startups: seconds each on a quiet machine, far more at load 8-16
 def test_command_line_exit_code_and_help(tmp_path) -> None:
     env = procutil.test_db_env()
     if env["SQLQUEUE_DATABASE_URL"].startswith("sqlite"):
         # no database access in this test: give the child a file of its own to open for system checks
         env["SQLQUEUE_DATABASE_URL"] = f"sqlite:///{tmp_path}/cli.sqlite3"
     cmd = [sys.executable, str(REPO / "manage.py"), "run_queue_worker"]
-    bad = subprocess.run([*cmd, "--batch", "-3"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    bad = subprocess.run([*cmd, "--batch", "-3"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1
     assert "CommandError: --batch must be 'auto' or an integer from 1 to 1000, got '-3'" in bad.stderr
-    usage = subprocess.run([*cmd, "--help"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    usage = subprocess.run([*cmd, "--help"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert usage.returncode == 0
     for option in ("--queue", "--type", "--concurrency", "--batch", "--burst", "--until-empty", "--wait-due",
                    "--max-jobs", "--max-seconds", "--worker-name", "--grace-seconds", "--log-level", "--no-progress"):
