@@ -151,7 +151,7 @@ def test_a_cancel_racing_the_finish_either_gets_in_first_or_is_too_late() -> Non
 
 # ----- an in-process Worker (no supervisor: cooperative only) --------------------------------------
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)  # beyond test.CancelSelf's 60-s wait for its cancel
 def test_in_process_a_handler_that_stops_after_the_cancel_ends_cancelled_with_the_signal(settings) -> None:
     from django_sqlqueue import signals
     from tests import workerutil as wu
@@ -178,7 +178,7 @@ def test_in_process_a_handler_that_stops_after_the_cancel_ends_cancelled_with_th
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)  # beyond test.CancelSelf's 60-s wait for its cancel
 def test_in_process_a_handler_that_returns_successfully_after_the_cancel_completes(settings) -> None:
     from tests import workerutil as wu
 
