@@ -130,6 +130,12 @@ class JobAttemptInline(ReadOnlyJobInline, admin.TabularInline):
         return format_html('<details class="sqlqueue-attempt-error"><summary>{}</summary><pre>{}</pre></details>',
                            ellipsize(error_message(obj.error), ERROR_EXCERPT_CHARS), obj.error)
 
+#: Sorts an index of the whole job table serves (the primary key; the (finished_at, status) index).
+INDEXED_SORTS = frozenset({"pk", "id", "finished_at"})
+#: Any other sort orders the newest this-many jobs that match the list's filters.
+SORT_WINDOW = 10_000
+
+
 class JobChangeList(KeysetWalk, ChangeList):
     """The list reads an excerpt of the error and neither payload nor response (they may be large), and
     walks past the numbered pages by id (:mod:`.paging`)."""
@@ -139,14 +145,27 @@ class JobChangeList(KeysetWalk, ChangeList):
             check_date_hierarchy(self.date_hierarchy, self.filter_params)
         return super().get_filters(request)
 
+    #: Set by :meth:`get_queryset` when the list is sorted by a column no index orders: the sort then
+    #: covers the newest this-many jobs the filters match (a top-N sort of a bounded set), and says so.
+    sort_window: int | None = None
+
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
         qs = super().get_queryset(request, exclude_parameters)
+        first = next(iter(qs.query.order_by), "-pk")
+        field = first.lstrip("-") if isinstance(first, str) else ""
+        if field not in INDEXED_SORTS:
+            # priority, scheduled for, attempts: an index of their own on the job table would cost every
+            # enqueue, claim and finish a write; sorting the newest matches instead is bounded.
+            qs = qs.filter(pk__in=qs.order_by("-pk").values("pk")[:SORT_WINDOW])
+            self.sort_window = SORT_WINDOW
         # The end of a traceback says what went wrong: read only that much of the error.
         return qs.defer("payload", "response", "error").annotate(error_tail=Right("error", ERROR_EXCERPT_CHARS))
 
     def get_results(self, request: HttpRequest) -> None:
         """Flag the page's orphaned Processing jobs: one read of the (small) worker table per page."""
         super().get_results(request)
+        if self.sort_window:  # the older/newer walk goes by id: it has no place in another order
+            self.older_url = self.newer_url = None
         from ..limits import explain_many
 
         # Why a due job of a limited type waits: one read of the page's scopes' permits.
@@ -165,15 +184,18 @@ class JobChangeList(KeysetWalk, ChangeList):
 
 @admin.register(Job)
 class JobAdmin(GuardedChangelist, admin_actions.JobActionPermissions, admin.ModelAdmin):
-    list_display = ("id", "type_col", "queue", "status_col", "step", "attempts", "scheduled", "started",
-                    "duration", "worker", "error_excerpt")
+    # "started" is on the job page (and "duration" here), the step under the type: the list keeps to 1,400 px.
+    list_display = ("id", "type_col", "queue", "status_col", "priority_col", "attempts_col", "scheduled",
+                    "finished_col", "duration", "worker", "error_excerpt")
     list_display_links = ("id",)
     list_filter = (StatusFilter, JobTypeFilter, QueueFilter, StepFilter, WorkerFilter, OverdueFilter,
                    LeaseExpiredFilter, OrphanedFilter, HasErrorFilter, BatchFilter)
     list_select_related = ("job_type",)
     list_per_page = 100
     ordering = ("-id",)
-    sortable_by = ("id",)  # other orders would sort millions of rows
+    # Id and finish time are index orders; priority, scheduled for and attempts sort the newest
+    # SORT_WINDOW matches of the filters (JobChangeList.get_queryset), and the page says so.
+    sortable_by = ("id", "priority_col", "attempts_col", "scheduled", "finished_col")
     date_hierarchy = "enqueued_at"
     search_fields = ("=id", "=dedupe_key", "error")  # the search itself is get_search_results
     search_help_text = _("A job id, a dedupe key (exact), key=value in the payload (to=a@example.com, "
@@ -255,9 +277,14 @@ class JobAdmin(GuardedChangelist, admin_actions.JobActionPermissions, admin.Mode
             response.context_data["sqlqueue_may_enqueue"] = request.user.has_perm(admin_enqueue.PERMISSION)
         return response
 
-    @admin.display(description=_("type"))
-    def type_col(self, obj: Job) -> str:
-        return obj.job_type.name
+    @admin.display(description=_("type / step"))
+    def type_col(self, obj: Job) -> SafeString | str:
+        """The type, and under it the step the job is at, if any (one column: the list keeps to 1,400 px;
+        the step filter and the job page show it too)."""
+        if not obj.step:
+            return obj.job_type.name
+        return format_html('{}<br><span class="sqlqueue-step" title="{}">{}</span>', obj.job_type.name,
+                           _("step"), obj.step)
 
     @admin.display(description=_("status"))
     def status_col(self, obj: Job) -> SafeString:
@@ -275,7 +302,18 @@ class JobAdmin(GuardedChangelist, admin_actions.JobActionPermissions, admin.Mode
     def attempts(self, obj: Job) -> str:
         return f"{obj.attempt_num} / {effective_max_attempts(obj)}"
 
-    @admin.display(description=_("scheduled for"))
+    @admin.display(description=_("prio."), ordering="priority")
+    def priority_col(self, obj: Job) -> int:
+        """The list's priority column: a short header (the list keeps to 1,400 px)."""
+        return obj.priority
+
+    # Not "attempts" in the list: Django would take that name for the job's reverse relation to its
+    # history rows and sort by a join.
+    @admin.display(description=_("attempts"), ordering="attempt_num")
+    def attempts_col(self, obj: Job) -> str:
+        return self.attempts(obj)
+
+    @admin.display(description=_("scheduled for"), ordering="scheduled_for")
     def scheduled(self, obj: Job) -> SafeString:
         return format_html("{} {}", short_stamp(obj.scheduled_for), self._due_hint(obj))
 
@@ -308,6 +346,10 @@ class JobAdmin(GuardedChangelist, admin_actions.JobActionPermissions, admin.Mode
     @admin.display(description=_("finished"))
     def finished(self, obj: Job) -> str:
         return stamp(obj.finished_at)
+
+    @admin.display(description=_("finished"), ordering="finished_at")
+    def finished_col(self, obj: Job) -> SafeString | str:
+        return short_stamp(obj.finished_at)
 
     @admin.display(description=_("enqueued"))
     def enqueued(self, obj: Job) -> str:
