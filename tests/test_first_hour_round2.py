@@ -196,3 +196,20 @@ def test_queue_schedules_hints_before_the_first_sync_and_prints_one_time_format(
     assert len(nexts) == 2
     for line in nexts:  # "next: 2026-11-27 06:00:00 UTC (Europe/Paris: 2026-11-27 07:00:00 CET)"
         assert line.strip()[6:].count(":") == 5 and " UTC (Europe/Paris: " in line and line.endswith(("CET)", "CEST)"))
+
+
+def test_relative_times_agree_in_number() -> None:
+    """"1 second", "in 1 second" (the job list showed "running 1 seconds"); never "0 minutes"."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_sqlqueue.ops.timefmt import ago, until
+
+    now = timezone.now()
+    assert ago(now - timedelta(seconds=1.5), now) == "1 second"
+    assert ago(now - timedelta(seconds=12), now) == "12 seconds"
+    assert ago(now, now) == "0 seconds"
+    assert until(now + timedelta(seconds=1), now) == "in 1 second"
+    assert until(now + timedelta(seconds=42), now) == "in 42 seconds"
+    assert until(now + timedelta(minutes=3, seconds=1), now) == "in 3\xa0minutes"

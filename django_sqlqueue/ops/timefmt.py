@@ -2,7 +2,7 @@
 
 The admin, ``queue_why``, ``queue_schedules`` and the worker's reports all print times through here, so
 an operator never sees "22:11:52 UTC" next to "2026-11-26 22:11:52 UTC" and wonders which day the first
-one was. Relative phrases ("in 3 minutes", "12 seconds") are here too: never "in 0 minutes".
+one was. Relative phrases ("in 3 minutes", "12 seconds", "1 second") are here too: never "in 0 minutes".
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from datetime import datetime
 from django.utils import timezone
 from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 
 #: The one date format (Python's strftime; templates use "Y-m-d H:i:s T").
 STAMP_FORMAT = "%Y-%m-%d %H:%M:%S %Z"
@@ -26,7 +27,8 @@ def until(when: datetime, now: datetime) -> str:
     """"in 42 seconds" / "in 3 minutes": never "in 0 minutes"."""
     seconds = (when - now).total_seconds()
     if seconds < 60:
-        return _("in %d seconds") % max(1, int(seconds))
+        n = max(1, int(seconds))
+        return ngettext("in %d second", "in %d seconds", n) % n
     return _("in %s") % timeuntil(when, now)
 
 
@@ -35,5 +37,6 @@ def ago(when: datetime, now: datetime | None = None) -> str:
     now = now or timezone.now()
     seconds = (now - when).total_seconds()
     if seconds < 60:
-        return _("%d seconds") % max(0, int(seconds))
+        n = max(0, int(seconds))
+        return ngettext("%d second", "%d seconds", n) % n
     return timesince(when, now)
