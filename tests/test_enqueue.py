@@ -75,6 +75,7 @@ def test_dedupe_returns_existing_unfinished_job(noop_type: JobType) -> None:
     jobs = Job.objects.enqueue_many([JobSpec("Noop", dedupe_key="k"), JobSpec("Noop", dedupe_key="k"),
                                      JobSpec("Noop")])
     assert jobs[0].pk == jobs[1].pk != jobs[2].pk
+    assert [j.deduplicated for j in jobs] == [False, True, False]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -20,8 +20,8 @@ from django.utils import timezone
 
 from django_sqlqueue import jobtypes
 from django_sqlqueue.limits import heal
-from django_sqlqueue.models import Job, JobType
-from django_sqlqueue.ops.rollup import HOUR, Rollup, floor_hour
+from django_sqlqueue.models import Job, JobType, ThroughputCursor
+from django_sqlqueue.ops.rollup import CURSOR, HOUR, Rollup, floor_hour
 from django_sqlqueue.queue import JobSpec
 from django_sqlqueue.queue.housekeeping import retention_batch
 from django_sqlqueue.schedules import run_due
@@ -163,8 +163,8 @@ def test_the_throughput_rollup_reads_an_hours_range_of_the_time_indexes(analyze)
     a status (5,500 Completed here, finished 3 days before the hours rolled up), with or without the
     planner's statistics (a new user's database has none)."""
     _fill(analyze)
-    rollup = Rollup("default", until=floor_hour(timezone.now()) - 3 * HOUR)
-    statements = _statements(lambda: rollup.run(timezone.now()))
+    ThroughputCursor.objects.create(name=CURSOR, counted_until=floor_hour(timezone.now()) - 3 * HOUR)
+    statements = _statements(lambda: Rollup("default").run(timezone.now()))
     reads = [(sql, params) for sql, params in statements if "GROUP BY" in sql]
     assert len(reads) == 3
     _judge(reads)

@@ -12,12 +12,13 @@ from django.utils import timezone
 from django_sqlqueue.admin.throughput import WINDOWS, rates
 from django_sqlqueue.models import Job, ThroughputCursor, ThroughputHour
 from django_sqlqueue.ops import rollup as rollup_module
-from django_sqlqueue.ops.rollup import CURSOR, GRACE, HOUR, MAX_HOURS_PER_PASS, Rollup, floor_hour
+from django_sqlqueue.ops.rollup import CURSOR, GRACE, HOUR, Rollup, floor_hour
 from django_sqlqueue.queue import JobSpec
 from django_sqlqueue.states import Status
-from django_sqlqueue.worker.maintenance import ROLLUP_SECONDS, Maintenance
+from django_sqlqueue.worker.maintenance import RETENTION_WAIT_WARN_SECONDS, ROLLUP_SECONDS, Maintenance
 
 pytestmark = pytest.mark.django_db
+DAY = timedelta(hours=24)
 
 
 def place(type_name: str, n: int, status: Status, enqueued: datetime, finished: datetime | None = None) -> None:
@@ -54,10 +55,9 @@ def test_each_minute_is_counted_once_it_is_old_enough_and_the_counts_outlive_the
     assert before == {"enqueued": 16, "finished": 12, "failed": 2}
 
     rollup = Rollup("default")
-    passes = 1
-    while rollup.run(now):  # from 35 days back, a day a pass
-        passes += 1
-    assert passes >= 35 and rollup.until == counted_until
+    while rollup.run(now):  # from the oldest job on (not 35 empty days), an hour or more a pass
+        pass
+    assert rollup.until == counted_until
     assert rows() == {
         (h - 3 * HOUR, "RollA"): (4, 3, 0),
         (h - 3 * HOUR, "RollB"): (2, 0, 0),
@@ -90,15 +90,36 @@ def _cursor_at(at: datetime) -> None:
 
 def test_a_minute_waits_for_its_grace_and_a_pass_is_bounded() -> None:
     """A minute is counted only ``GRACE`` after it ends (a late write of a finish still counts), and a
-    pass counts at most ``MAX_HOURS_PER_PASS`` hours, saying whether more wait."""
+    pass counts at most its span, saying whether more waits."""
     h = floor_hour(timezone.now())
     _cursor_at(h - 2 * HOUR)
-    rollup = Rollup("default")
+    rollup = Rollup("default", span=timedelta(hours=24))
     assert rollup.run(h + GRACE - timedelta(seconds=1)) is False and rollup.until == h - timedelta(minutes=1)
     assert rollup.run(h + GRACE) is False and rollup.until == h
-    _cursor_at(h - (MAX_HOURS_PER_PASS + 1) * HOUR)
+    _cursor_at(h - 25 * HOUR)
     assert rollup.run(h + GRACE) is True and rollup.until == h - HOUR
     assert rollup.run(h + GRACE) is False and rollup.until == h
+
+
+def test_a_first_pass_starts_at_the_oldest_job_and_never_recounts_an_hour(noop_type) -> None:
+    """No cursor row yet: the first pass starts at the oldest job's minute (not 35 empty days back); a
+    cursor row lost while counts stayed starts after the newest counted hour (nothing counted twice)."""
+    h = floor_hour(timezone.now())
+    place("Noop", 2, Status.COMPLETED, h - 5 * HOUR + timedelta(minutes=7, seconds=30), h - 4 * HOUR)
+    rollup = Rollup("default")
+    assert rollup.run(h + GRACE) is True  # an hour from the oldest job's minute
+    assert ThroughputCursor.objects.get().counted_until == h - 4 * HOUR + timedelta(minutes=7)
+    while rollup.run(h + GRACE):
+        pass
+    assert rows() == {(h - 5 * HOUR, "Noop"): (2, 0, 0), (h - 4 * HOUR, "Noop"): (0, 2, 0)}
+    ThroughputCursor.objects.all().delete()
+    place("Noop", 1, Status.COMPLETED, h - 4 * HOUR + timedelta(minutes=30), h - 2 * HOUR)
+    while Rollup("default").run(h + GRACE):
+        pass
+    # Counting restarted after 04:00's hour: the job enqueued in it is not counted (its hour was),
+    # the finish two hours ago is.
+    assert rows() == {(h - 5 * HOUR, "Noop"): (2, 0, 0), (h - 4 * HOUR, "Noop"): (0, 2, 0),
+                      (h - 2 * HOUR, "Noop"): (0, 1, 0)}
 
 
 def test_two_holders_at_once_count_a_minute_once(noop_type, monkeypatch) -> None:
@@ -108,7 +129,7 @@ def test_two_holders_at_once_count_a_minute_once(noop_type, monkeypatch) -> None
     place("Noop", 3, Status.COMPLETED, h - 2 * HOUR + timedelta(minutes=10), h - 2 * HOUR + timedelta(minutes=11))
     _cursor_at(h - 3 * HOUR)
     real = rollup_module.hourly_counts
-    other = Rollup("default")
+    other = Rollup("default", span=DAY)
 
     def counted_meanwhile(using: str, start: datetime, stop: datetime) -> dict:
         got = real(using, start, stop)  # the paused holder's read ...
@@ -117,7 +138,7 @@ def test_two_holders_at_once_count_a_minute_once(noop_type, monkeypatch) -> None
         return got
 
     monkeypatch.setattr(rollup_module, "hourly_counts", counted_meanwhile)
-    paused = Rollup("default")
+    paused = Rollup("default", span=DAY)
     assert paused.run(h + GRACE) is True and paused.until is None  # lost the cursor: counts nothing
     assert rows() == {(h - 2 * HOUR, "Noop"): (3, 3, 0)}
     assert paused.run(h + GRACE) is False and paused.until == h and rows() == {(h - 2 * HOUR, "Noop"): (3, 3, 0)}
@@ -138,3 +159,16 @@ def test_retention_deletes_only_jobs_the_rollup_has_counted(noop_type) -> None:
     assert list(Job.objects.values_list("finished_at", flat=True)) == [now - timedelta(seconds=30)]
     counted = {r.hour: r.finished for r in ThroughputHour.objects.all()}
     assert counted == {floor_hour(now - 3 * HOUR): 2}
+
+
+def test_retention_that_waits_for_a_failing_rollup_says_so(caplog) -> None:
+    """The rollup never succeeding (a table not migrated, a timeout) must not stop retention unseen: a
+    WARNING after RETENTION_WAIT_WARN_SECONDS of waiting, and again as often, never at every turn."""
+    maint = Maintenance("default", "me")
+    with caplog.at_level("WARNING", logger="django_sqlqueue.maintenance"):
+        maint._retention_waits(1000.0)
+        maint._retention_waits(1000.0 + RETENTION_WAIT_WARN_SECONDS - 1)
+        assert "retention_waiting_for_rollup" not in caplog.text
+        maint._retention_waits(1000.0 + RETENTION_WAIT_WARN_SECONDS)
+        maint._retention_waits(1000.0 + RETENTION_WAIT_WARN_SECONDS + 5)
+    assert caplog.text.count("retention_waiting_for_rollup") == 1 and "migration 0019" in caplog.text

@@ -25,7 +25,7 @@ from django.utils.translation import gettext_lazy, ngettext
 from ..exceptions import InvalidArgument
 from ..models import Job, QueuePause, Worker
 from ..ops.health import live_q
-from ..queue.pauses import checked_queue_name
+from ..queue.pauses import MAX_BY_CHARS, checked_queue_name
 from ..states import Status
 from .guard import GuardedChangelist
 from .stamps import stamp_column
@@ -97,7 +97,8 @@ class QueuePauseAdmin(GuardedChangelist, admin.ModelAdmin):
         if change:
             QueuePause.objects.filter(pk=obj.pk).update(reason=obj.reason)
             return
-        by = request.user.get_username() if request.user.is_authenticated else ""
+        # A custom user model's name may be longer than the column (an email: 254): the start is who.
+        by = (request.user.get_username() if request.user.is_authenticated else "")[:MAX_BY_CHARS]
         if not Job.objects.pause_queue(obj.queue, by=by, reason=obj.reason):
             self.message_user(request, _("Queue %(queue)s was already paused: the first pause is kept.")
                               % {"queue": obj.queue}, messages.WARNING)

@@ -145,26 +145,49 @@ class JobChangeList(KeysetWalk, ChangeList):
             check_date_hierarchy(self.date_hierarchy, self.filter_params)
         return super().get_filters(request)
 
-    #: Set by :meth:`get_queryset` when the list is sorted by a column no index orders: the sort then
-    #: covers the newest this-many jobs the filters match (a top-N sort of a bounded set), and says so.
+    #: Set by :meth:`get_results` when the list is sorted by a column no index orders: the page then
+    #: sorts the newest this-many jobs the filters match (a top-N sort of a bounded set), and says so.
     sort_window: int | None = None
+    #: True when sorted by finish time: the jobs without one (unfinished) are left out, and it says so.
+    finished_only: bool = False
+
+    def get_ordering_field(self, field_name: Any) -> Any:
+        # Django sorts by any list column given in ?o=, sortable_by only hides the header's link: a
+        # column that does not sort does not, whatever the URL says.
+        if isinstance(field_name, str) and field_name not in self.model_admin.sortable_by:
+            return None
+        return super().get_ordering_field(field_name)
+
+    @staticmethod
+    def first_order(qs: QuerySet) -> str:
+        first = next(iter(qs.query.order_by), "-pk")
+        return first.lstrip("-") if isinstance(first, str) else ""
 
     def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
         qs = super().get_queryset(request, exclude_parameters)
-        first = next(iter(qs.query.order_by), "-pk")
-        field = first.lstrip("-") if isinstance(first, str) else ""
-        if field not in INDEXED_SORTS:
-            # priority, scheduled for, attempts: an index of their own on the job table would cost every
-            # enqueue, claim and finish a write; sorting the newest matches instead is bounded.
-            qs = qs.filter(pk__in=qs.order_by("-pk").values("pk")[:SORT_WINDOW])
-            self.sort_window = SORT_WINDOW
+        if self.first_order(qs) == "finished_at":
+            # The (finished_at, status) index orders the finished jobs; the unfinished ones (no finish
+            # time) would be one tie to sort by id first, and are not what this order is asked for.
+            qs = qs.filter(finished_at__isnull=False)
+            self.finished_only = True
         # The end of a traceback says what went wrong: read only that much of the error.
         return qs.defer("payload", "response", "error").annotate(error_tail=Right("error", ERROR_EXCERPT_CHARS))
 
     def get_results(self, request: HttpRequest) -> None:
-        """Flag the page's orphaned Processing jobs: one read of the (small) worker table per page."""
+        """The page (in a bounded window when no index orders the sort), then the page's orphaned
+        Processing jobs flagged: one read of the (small) worker table per page."""
+        order = self.first_order(self.queryset)
+        if order not in INDEXED_SORTS:
+            # priority, scheduled for, attempts: an index of their own on the job table would cost every
+            # enqueue, claim and finish a write. The page sorts the newest SORT_WINDOW matches: the id
+            # where they begin is one walk of the primary key (or the filter's index) backwards, then a
+            # key range. Only the page: an action's "select all" still means every match.
+            edge = list(self.queryset.order_by("-pk").values_list("pk", flat=True)[SORT_WINDOW - 1:SORT_WINDOW])
+            if edge:
+                self.queryset = self.queryset.filter(pk__gte=edge[0])
+            self.sort_window = SORT_WINDOW
         super().get_results(request)
-        if self.sort_window:  # the older/newer walk goes by id: it has no place in another order
+        if order not in ("pk", "id"):  # the older/newer walk goes by id: it has no place in another order
             self.older_url = self.newer_url = None
         from ..limits import explain_many
 

@@ -1,4 +1,4 @@
-"""Throughput: enqueued vs finished vs failed rates, queue wait and run time, over 1 h / 24 h / 7 d.
+"""Throughput: enqueued vs finished vs failed rates, queue wait and run time, over 1 h / 24 h / 7 d / 30 d.
 
 What each number costs (docs/admin.md repeats this):
 
@@ -7,7 +7,7 @@ What each number costs (docs/admin.md repeats this):
   (1 h, 24 h) or hour (7 d, 30 d). The database reads every index entry in the window: O(jobs in the
   window), no table rows for enqueued on PostgreSQL (index-only), one per row for the finished series'
   status. The 7-day and 30-day windows read the hourly rollup (ops/rollup.py: one row per hour and
-  type, kept past retention) where it has rows, and the job table only after its newest hour.
+  type, kept past retention) up to its cursor, and the job table only after the cursor.
 - queue wait (``started_at - scheduled_for``: from due to the claim of the attempt that finished) and
   run time per type (``duration_ms``): read for the newest :data:`SAMPLE_LIMIT` jobs finished in the
   window (a backward range scan of the finished_at index, stopped at the limit), percentiles in Python.

@@ -3,8 +3,8 @@
 Retention (``SQLQUEUE["RETENTION"]``) deletes finished jobs after days (or minutes); the throughput
 page's 30-day view still needs how many were enqueued, finished and failed each hour. So the fleet's
 maintenance holder (worker/maintenance.py) counts, about once a minute, the jobs enqueued and finished
-since :class:`ThroughputCursor` up to :data:`GRACE` ago (a recorder's late flush, clock skew between
-hosts), with one GROUP BY per series over that range of the job table's enqueue-time and finish-time
+since :class:`ThroughputCursor` up to :data:`GRACE` ago by the database's clock (a recorder's late
+flush, a slow commit), with one GROUP BY per series over that range of the job table's enqueue-time and finish-time
 indexes, and adds the counts to their hours' rows. Retention deletes only jobs finished before the
 cursor (:attr:`Rollup.until`): a count is written before its jobs can go.
 
@@ -19,6 +19,7 @@ older than the cursor (a transaction open longer than :data:`GRACE`) is not coun
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,8 +27,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.apps import apps
-from django.db import connections, transaction
-from django.db.models import F, QuerySet, Sum
+from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db.models import F, Max, Min, QuerySet, Sum
 
 from ..dialects import get_dialect
 from ..states import Status
@@ -37,8 +38,12 @@ HOUR = timedelta(hours=1)
 GRACE = timedelta(minutes=5)
 #: The cursor row's name.
 CURSOR = "throughput"
-#: The hours one pass counts at most (a first pass on an old database catches up a day at a time).
-MAX_HOURS_PER_PASS = 24
+#: A pass's span of time: at least, at most (see :class:`Rollup`).
+MIN_SPAN = timedelta(minutes=5)
+MAX_SPAN = timedelta(hours=24)
+#: A pass quicker than this doubles the span while more waits; one slower halves it.
+QUICK_SECONDS = 0.5
+SLOW_SECONDS = 2.0
 #: How far back a first pass starts, and how long the rows are kept: the 30-day view plus a margin.
 KEEP_DAYS = 35
 #: What "finished" and "failed" count (the throughput page's own groups).
@@ -101,29 +106,44 @@ def hourly_counts(using: str, start: datetime, stop: datetime) -> dict[tuple[dat
 @dataclass
 class Rollup:
     """The maintenance holder's rollup: :meth:`run` counts what is :data:`GRACE` old; :attr:`until` is
-    where the counts end (None until this holder's first pass), which retention keeps to."""
+    where the counts end (None until this holder's first pass), which retention keeps to.
+
+    A pass counts at most :attr:`span` of time. It runs on the supervisor's database thread, between
+    the heartbeats of its slots, so a pass must stay short however busy the hours it counts were: the
+    span starts at an hour, doubles (up to a day) after a pass under :data:`QUICK_SECONDS` while more
+    waits, halves (down to :data:`MIN_SPAN`) after one over :data:`SLOW_SECONDS` or one that failed
+    (a statement timeout would otherwise fail the same range for ever).
+    """
 
     using: str
     until: datetime | None = None
+    span: timedelta = HOUR
 
     def reset(self) -> None:
         """A new holder: nothing is known until its first pass reads the cursor."""
         self.until = None
 
     def run(self, now: datetime) -> bool:
-        """Count up to :data:`MAX_HOURS_PER_PASS` hours' worth; True when more waits (call again soon)."""
+        """Count up to :attr:`span` of time; True when more waits (call again soon). ``now`` is the
+        database's clock: the job times it compares with are stamped by the database."""
         cursors = apps.get_model("django_sqlqueue", "ThroughputCursor").objects.using(self.using)
         end = (now - GRACE).replace(second=0, microsecond=0)
-        row = cursors.filter(name=CURSOR).values_list("counted_until", flat=True).first()
-        if row is None:
-            # A first pass: count what the job table still holds of the last KEEP_DAYS (a racing first
-            # insert elsewhere wins on the primary key; this pass fails and the next reads its row).
-            row = end - timedelta(days=KEEP_DAYS)
-            cursors.create(name=CURSOR, counted_until=row)
-        start = row
-        stop = min(end, start + MAX_HOURS_PER_PASS * HOUR)
+        start = cursors.filter(name=CURSOR).values_list("counted_until", flat=True).first()
+        if start is None:
+            start = self._first_start(end)
+            try:
+                with transaction.atomic(using=self.using):
+                    cursors.create(name=CURSOR, counted_until=start)
+            except IntegrityError:  # another holder's first pass created it: count from its row
+                start = cursors.get(name=CURSOR).counted_until
+        stop = min(end, start + self.span)
         if stop > start:
-            counts = hourly_counts(self.using, start, stop)
+            began = time.monotonic()
+            try:
+                counts = hourly_counts(self.using, start, stop)
+            except DatabaseError:
+                self.span = max(MIN_SPAN, self.span / 2)
+                raise
             with transaction.atomic(using=self.using):
                 if not cursors.filter(name=CURSOR, counted_until=start).update(counted_until=stop):
                     self.until = None  # another holder moved it meanwhile: its counts stand
@@ -131,9 +151,28 @@ class Rollup:
                 _add(self.using, counts)
                 if floor_hour(stop) > floor_hour(start):  # a new hour: the rows past keeping go
                     self._hours().filter(hour__lt=floor_hour(stop) - timedelta(days=KEEP_DAYS)).delete()
+            took = time.monotonic() - began
+            if took > SLOW_SECONDS:
+                self.span = max(MIN_SPAN, self.span / 2)
+            elif took < QUICK_SECONDS and stop < end:
+                self.span = min(MAX_SPAN, self.span * 2)
             start = stop
         self.until = start
         return stop < end
+
+    def _first_start(self, end: datetime) -> datetime:
+        """Where a database's first pass starts: :data:`KEEP_DAYS` back, but not before its oldest job's
+        enqueue or finish time (index endpoints: the empty days are not walked), nor before the hour after the newest
+        counted one (a cursor row lost while counts stayed: nothing is counted twice)."""
+        jobs = apps.get_model("django_sqlqueue", "Job").objects.using(self.using)
+        firsts = [t for t in jobs.aggregate(e=Min("enqueued_at"), f=Min("finished_at")).values() if t is not None]
+        start = end - timedelta(days=KEEP_DAYS)
+        if firsts:
+            start = max(start, min(firsts).replace(second=0, microsecond=0))
+        newest = self._hours().aggregate(m=Max("hour"))["m"]
+        if newest is not None:
+            start = max(start, newest + HOUR)
+        return min(start, end)
 
     def _hours(self) -> QuerySet:
         return apps.get_model("django_sqlqueue", "ThroughputHour").objects.using(self.using)

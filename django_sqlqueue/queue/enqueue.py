@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -239,12 +240,19 @@ class EnqueueMixin(RowsMixin):
         by_key = {j.dedupe_key: j for j in inserted if j.dedupe_key is not None}
         plain = sorted((j for j in inserted if j.dedupe_key is None), key=lambda j: j.pk)
         plain_iter = iter(plain)
+        given: set[str] = set()
         for i, row in enumerate(part):
             key = row[-1]
             if key is None:
                 jobs[start + i] = next(plain_iter)
-            elif key in by_key:
+            elif key in by_key and key not in given:  # the spec whose row went in
                 jobs[start + i] = by_key[key]
+                given.add(key)
+            elif key in by_key:
+                # A later spec with a key already taken in this call: the same job, marked as returned
+                # instead of inserted (a copy, so the first spec's job stays unmarked).
+                jobs[start + i] = copy.copy(by_key[key])
+                jobs[start + i].deduplicated = True
             else:
                 existing = self.using(alias).filter(dedupe_key=key, status_id__in=DEDUPE_SCOPE).first()
                 if existing is None:  # finished in between: enqueue afresh
@@ -253,6 +261,7 @@ class EnqueueMixin(RowsMixin):
                     existing.deduplicated = True
                 jobs[start + i] = existing
                 by_key[key] = existing
+                given.add(key)
 
     def _save_subtypes(self, spec: JobSpec, job: Job, alias: str) -> None:
         for row in spec.subtypes:

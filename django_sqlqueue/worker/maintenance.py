@@ -68,6 +68,8 @@ HEAL_WINDOW_SECONDS = 300.0
 HEAL_MARGIN_SECONDS = 60.0
 #: The throughput rollup counts the minutes past its grace this often (sooner while it catches up).
 ROLLUP_SECONDS = 60.0
+#: Retention waiting this long for the throughput rollup is reported at WARNING (and again as often).
+RETENTION_WAIT_WARN_SECONDS = 600.0
 #: Retention, when the last batch of every status came back short (nothing more due yet).
 RETENTION_IDLE_SECONDS = 10.0
 #: Retention, while batches come back full.
@@ -151,6 +153,8 @@ class Maintenance:
     _retention_from: dict[Status, datetime] = field(default_factory=dict)
     _retention_key: str = ""
     _rollup: Rollup = field(init=False)
+    _retention_waiting_since: float | None = None
+    _retention_warned_at: float = 0.0
 
     def __post_init__(self) -> None:
         self._rollup = Rollup(self.using)
@@ -285,8 +289,23 @@ class Maintenance:
         backstop(using=self.using)
         return REAP_SECONDS
 
+    def _retention_waits(self, now: float) -> None:
+        """Retention waits for the rollup: say so at WARNING once it has waited
+        :data:`RETENTION_WAIT_WARN_SECONDS`, and again every as long, so a failing rollup (a table not
+        migrated, a statement timeout) does not stop retention unseen."""
+        if self._retention_waiting_since is None:
+            self._retention_waiting_since = now
+            self._retention_warned_at = now
+        elif now - self._retention_warned_at >= RETENTION_WAIT_WARN_SECONDS:
+            self._retention_warned_at = now
+            log.warning("retention_waiting_for_rollup seconds=%d (retention deletes only jobs the throughput "
+                        "rollup has counted, and it has not run here: see maintenance_rollup_failed above; "
+                        "is migration 0019 applied?)", now - self._retention_waiting_since)
+
     def _roll_up(self) -> float:
-        behind = self._rollup.run(timezone.now())
+        from ..schedules import db_clock
+
+        behind = self._rollup.run(db_clock(self.using))  # the job times are the database's
         return RETENTION_BUSY_SECONDS if behind else ROLLUP_SECONDS
 
     def _retention(self) -> float:
@@ -304,8 +323,10 @@ class Maintenance:
             self._retention_from.clear()
             self._retention_key = key
         counted = self._rollup.until
-        if counted is None:
-            return RETENTION_IDLE_SECONDS  # the rollup has not run (or failed, and says so): wait for it
+        if counted is None:  # the rollup has not run yet here, or fails (its own log line says why)
+            self._retention_waits(time.monotonic())
+            return RETENTION_IDLE_SECONDS
+        self._retention_waiting_since = None
         size = settings.RETENTION_BATCH_SIZE
         now = timezone.now()
         busy = False
