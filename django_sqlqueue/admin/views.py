@@ -30,7 +30,7 @@ from ..ops.health import (
     percentile,
     waits_by_queue,
 )
-from ..ops.rollup import bucket_counts
+from ..ops.rollup import DONE, FAILED, bucket_counts
 from ..states import CLAIMABLE, FINISHED, Status
 from .stamps import ago
 
@@ -42,8 +42,6 @@ COUNT_CAP = 10_000
 #: The throughput chart: one bar pair per minute over this many minutes.
 CHART_MINUTES = 60
 #: Statuses drawn as "finished" and as "failed" in the chart (by the job's finished_at).
-CHART_DONE = (Status.COMPLETED, Status.PARTIALLY_COMPLETED)
-CHART_FAILED = (Status.ERROR, Status.FAILED)
 
 
 # ----- dashboard ----------------------------------------------------------------------------------
@@ -250,7 +248,7 @@ def throughput_chart(job_model: type[Job], now: datetime, minutes: int = CHART_M
     using = job_model.objects.all().db
     done = [0] * minutes
     failed = [0] * minutes
-    for series, statuses in ((done, CHART_DONE), (failed, CHART_FAILED)):
+    for series, statuses in ((done, DONE), (failed, FAILED)):  # the throughput page's groups
         for minute, n in bucket_counts(using, "finished_at", start, end, timedelta(minutes=1), statuses):
             i = int((minute - start).total_seconds() // 60)
             if 0 <= i < minutes:
