@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -219,20 +221,36 @@ def pytest_collection_modifyitems(config, items) -> None:
         _keep_shard(config, items, runs, shard)
 
 
+#: Seconds each test file took in the tds stage (a run of scripts/test.sh; see :func:`_keep_shard`).
+TDS_SECONDS_FILE = Path(__file__).with_name("tds_seconds.json")
+
+
 def _keep_shard(config, items, runs: dict[str, int], shard: str) -> None:
     """``SQLQUEUE_TEST_SHARD=K/N``: keep the test files of part K of N (scripts/test.sh runs the tds stage
     in two parts at once, each with its own test database: one session keeps one core busy, Babelfish's
-    and the client's turns alternating). Whole files, dealt by their count of tests that run here (most
-    first, to the lighter part), so that both sessions collect the same split."""
+    and the client's turns alternating). Whole files, dealt longest first to the part with the least
+    time so far, so that both sessions collect the same split. A file's time is what it took in a
+    recorded run (tests/tds_seconds.json: dealing by test count left one part 700 s longer than the
+    other, since one worker-process test costs what fifty in-process ones do); a file not recorded
+    counts the recorded median per test, times its tests."""
     k, _, n = shard.partition("/")
     part, parts = int(k), int(n)
     if not 1 <= part <= parts:
         raise pytest.UsageError(f"SQLQUEUE_TEST_SHARD must be K/N with 1 <= K <= N, not {shard!r}")
-    loads = [0] * parts
+    recorded = json.loads(TDS_SECONDS_FILE.read_text()) if TDS_SECONDS_FILE.exists() else {}
+    per_test = sorted(recorded[p] / runs[p] for p in recorded if runs.get(p)) or [1.0]
+    median = per_test[len(per_test) // 2]
+
+    def cost(path: str) -> float:
+        if not runs[path]:
+            return 0.0
+        return float(recorded[path]) if path in recorded else median * runs[path]
+
+    loads = [0.0] * parts
     owner: dict[str, int] = {}
-    for path in sorted(runs, key=lambda p: (-runs[p], p)):
+    for path in sorted(runs, key=lambda p: (-cost(p), p)):
         owner[path] = loads.index(min(loads)) + 1
-        loads[owner[path] - 1] += runs[path]
+        loads[owner[path] - 1] += cost(path)
     kept = [item for item in items if owner[item.nodeid.split("::")[0]] == part]
     config.hook.pytest_deselected(items=[item for item in items if owner[item.nodeid.split("::")[0]] != part])
     items[:] = kept

@@ -199,9 +199,12 @@ def test_the_dashboard_json_gives_every_number_the_page_marks(admin_client, clie
     from django_sqlqueue.models import Job
     from tests.test_admin_support import make_job, make_worker
 
-    make_job(queue="emails")
+    due = make_job(queue="emails")
     make_job(Status.FAILED, queue="reports")
-    make_worker("w-1", queues=["emails"])
+    # Ages in hours, not seconds: the page and the JSON are two requests, a second or more apart on a
+    # busy machine ("0 seconds" then "1 second" is no drift between them).
+    Job.objects.filter(pk=due.pk).update(scheduled_for=timezone.now() - timedelta(hours=2))
+    make_worker("w-1", queues=["emails"], heartbeat_age=2 * 3600 + 30)
     page = admin_client.get(reverse("admin:django_sqlqueue_dashboard")).content.decode()
     marked = dict(re.findall(r'data-sqlqueue-value="([^"]+)"[^>]*>([^<]*)<', page))
     data = admin_client.get(reverse("admin:django_sqlqueue_dashboard_json")).json()

@@ -36,6 +36,15 @@ def overdue(using: str, now: datetime.datetime) -> Q:
     return index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})") & Q(scheduled_for__lte=now)
 
 
+def claim_index_rows(using: str) -> Q:
+    """Claimable jobs of types without a limit: sqlqueue_job_claim's whole predicate, as literals (with the
+    status list alone, the planner cannot use that index: it also requires ``limited`` false)."""
+    from . import get_dialect
+
+    false = get_dialect(connections[using]).false_literal
+    return index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})") & index_predicate(using, "limited", f"= {false}")
+
+
 def lease_expired(using: str, now: datetime.datetime) -> Q:
     """Processing with an expired lease: sqlqueue_job_processing's own predicate, as a literal."""
     return index_predicate(using, "status", f"= {int(Status.PROCESSING)}") & Q(lease_expires_at__lt=now)

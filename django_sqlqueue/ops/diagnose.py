@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from django.db.models import Q
+from django.db.models import Count, Q
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -273,7 +273,7 @@ class Unserved:
     jobs: int
 
 
-#: Unserved (queue, type) pairs counted per call at most (each costs one or two index range scans).
+#: Unserved (queue, type) pairs counted per call at most (their index ranges are read by two GROUP BYs).
 UNSERVED_PAIRS_LIMIT = 50
 
 
@@ -309,13 +309,22 @@ def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Wor
     candidates = sorted(p for p in (pairs if pairs is not None else waiting_pairs(job_model))
                         if p[1] in types and p[0] not in paused
                         and not any(health.serves(w, p[0], types[p[1]]) for w in workers))
+    candidates = candidates[:limit]
+    if not candidates:
+        return []
     claimable = index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})") & Q(scheduled_for__lte=now)
-    orphaned = health.orphaned_q(now, using)
+    # Their queues' and types' jobs, one GROUP BY per kind (due, orphaned): the same index ranges as a
+    # count per pair, in two round trips instead of two per pair (60 statements for 30 pairs).
+    theirs = job_model.objects.filter(queue__in=sorted({q for q, _ in candidates}),
+                                      job_type_id__in=sorted({t for _, t in candidates})).order_by()
+    counts: dict[tuple[str, int], int] = {}
+    for kind in (claimable, health.orphaned_q(now, using)):
+        for queue, type_id, n in (theirs.filter(kind).values("queue", "job_type_id").annotate(n=Count("*"))
+                                  .values_list("queue", "job_type_id", "n")):
+            counts[(queue, type_id)] = counts.get((queue, type_id), 0) + n
     out = []
-    for queue, type_id in candidates[:limit]:
-        mine = job_model.objects.filter(queue=queue, job_type_id=type_id)
-        n = mine.filter(claimable).count() + mine.filter(orphaned).count()
-        if n:
-            out.append(Unserved(queue, type_id, types[type_id], n))
+    for queue, type_id in candidates:
+        if counts.get((queue, type_id)):
+            out.append(Unserved(queue, type_id, types[type_id], counts[(queue, type_id)]))
     out.sort(key=lambda u: (-u.jobs, u.queue, u.type_name))
     return out

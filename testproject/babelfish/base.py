@@ -9,6 +9,10 @@
 - ``flush`` (between transactional tests) deletes child tables before their parents instead of
   switching foreign keys off with ``ALTER TABLE ... NOCHECK CONSTRAINT``, which Babelfish refuses, and
   keeps content types and permissions (see :data:`KEPT`).
+- Foreign keys of django.contrib's tables (admin log, users, groups, permissions) are not created: in a
+  test session Babelfish's check of them looks for ``<db>_<db>_dbo.<table>`` and fails every insert into
+  those tables (its name resolution bug; the queue's own foreign keys are checked right and are kept).
+  Django's own code keeps those rows consistent; no test of the queue relies on those constraints.
 - Now and then, in a long session, Babelfish fails a statement it has run many times before with
   ``missing FROM-clause entry for table ""`` (seen once in a CI run of the claim batch; not reproduced
   alone). Not worked around here: a batch may have committed before the statement that failed, so
@@ -33,6 +37,10 @@ _DROP_DEFAULT = re.compile(r"^ALTER TABLE \[[^\]]+\] DROP CONSTRAINT \[df_[^\]]+
 _NULLABILITY = re.compile(r"^ALTER TABLE (\[[^\]]+\]) ALTER COLUMN (\[[^\]]+\]) (.+?) (NOT NULL|NULL)$", re.IGNORECASE)
 
 
+#: Apps whose tables get no foreign key constraints in the tds test database (the FK check bug above).
+CONTRIB_WITHOUT_FKS = frozenset({"admin", "auth", "contenttypes", "sessions"})
+
+
 class DatabaseSchemaEditor(MssqlSchemaEditor):
     """Babelfish refuses ALTER COLUMN ... NULL / NOT NULL, which mssql-django emits for every AlterField.
 
@@ -41,7 +49,15 @@ class DatabaseSchemaEditor(MssqlSchemaEditor):
     NOT NULL: the type change alone (the column stays nullable). Other statements are unchanged.
     """
 
+    def _create_fk_sql(self, model: Any, field: Any, suffix: str) -> Any:
+        """None (nothing sent) for django.contrib's tables: see the module docstring."""
+        if model._meta.app_label in CONTRIB_WITHOUT_FKS:
+            return None
+        return super()._create_fk_sql(model, field, suffix)
+
     def execute(self, sql: Any, params: Any = (), has_result: bool = False) -> Any:
+        if sql is None:  # a foreign key not created (_create_fk_sql)
+            return None
         if _DROP_DEFAULT.match(str(sql).strip().rstrip(";")):
             # Babelfish cannot find the constraint by the name its catalog reports (and the failed
             # statement would abort the migration's transaction). Keeping a database default is
