@@ -3,7 +3,9 @@
 Every signal is sent with ``sender`` = the :class:`django_sqlqueue.worker.Worker` class and these
 keyword arguments (receivers should accept ``**kwargs`` so that later additions do not break them):
 
-- ``job_claimed(job, worker)``: a job was claimed by ``worker`` (the slot name) and is about to run.
+- ``job_claimed(job, worker)``: a job was claimed by ``worker`` (the slot name) and is about to run;
+  sent once per attempt, at the job's turn (a job of a batch handed back before its turn is sent when
+  it is claimed again and runs).
 - ``job_succeeded(job, worker, response, duration)``: the job is Completed; ``duration`` in seconds.
 - ``job_retried(job, worker, error, duration)``: the attempt failed (exception, timeout or an explicit
   :class:`~django_sqlqueue.runner.Retry`) and the job is Error, due again at ``job.scheduled_for``.

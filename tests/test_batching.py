@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from django_sqlqueue import signals
 from django_sqlqueue.models import Job, JobAttempt
 from django_sqlqueue.queue import JobSpec
 from django_sqlqueue.states import Status
@@ -109,9 +110,20 @@ def test_a_batch_over_time_hands_its_unstarted_jobs_back(settings, caplog) -> No
     worker = Worker(WorkerConfig(name="overrun", burst=True))
     worker.sizer.size = 10  # as if the slot had ramped up on short jobs before this one
     seen = Recording(worker)
-    with caplog.at_level(logging.INFO, logger="django_sqlqueue.worker"):
-        assert worker.run() == 0
+    claimed: list[int] = []
+
+    def on_claimed(job: Job, **kwargs: object) -> None:
+        claimed.append(job.pk)
+
+    signals.job_claimed.connect(on_claimed, weak=False)
+    try:
+        with caplog.at_level(logging.INFO, logger="django_sqlqueue.worker"):
+            assert worker.run() == 0
+    finally:
+        signals.job_claimed.disconnect(on_claimed)
     assert seen.batches[0] == (10, 10, 1)  # the slow job ran, the other nine went back
+    # job_claimed at each job's turn: the nine handed back are sent once, when claimed again and run
+    assert sorted(claimed) == sorted([slow.pk, *(j.pk for j in quick)])
     assert worker.counters[RELEASED] == 9
     assert "reason=batch_over_time" in caplog.text
     assert seen.batches[1][0] == 1  # 0.8 s per job: the next claim takes one job

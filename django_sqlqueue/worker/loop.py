@@ -235,6 +235,9 @@ class Worker:
                     # A slow job in a batch of short ones: let other slots have the jobs not started.
                     self._give_back(self._release(jobs[ran:], reason="batch_over_time"))
                     break
+                # Sent at its turn, not with the claim: a batch's jobs handed back before their turn (a
+                # slow job before them, a stop) are claimed again later, and would have been sent twice.
+                send(signals.job_claimed, Worker, job=job, worker=self.name)
                 self._run_one(job)
                 ran += 1
             self.sizer.record(self._asked, len(jobs), ran, time.monotonic() - started)
@@ -368,8 +371,6 @@ class Worker:
             # The lease each claim wrote (both stamps from the database clock): renewed with that length.
             self.heartbeat.hold({job.pk: max(1.0, (job.lease_expires_at - job.started_at).total_seconds())
                                  for job in jobs}, claimed_at=sent)
-            for job in jobs:
-                send(signals.job_claimed, Worker, job=job, worker=self.name)
         return jobs
 
     def _limited_first(self, jobs: list[Job]) -> list[Job]:
