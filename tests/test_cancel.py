@@ -253,7 +253,7 @@ def test_an_attempt_that_fails_or_is_handed_back_under_a_request_cancels_the_job
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_a_handler_failing_right_after_the_cancel_is_not_run_again(settings, tmp_path) -> None:
     # Issue 31, item 3: cancel() while the attempt runs, and the handler raises within
     # CANCEL_CHECK_SECONDS (here 30 s: the slot never looks in time). Was: retried, attempt 2 ran and
@@ -275,7 +275,7 @@ def test_a_handler_failing_right_after_the_cancel_is_not_run_again(settings, tmp
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_a_job_taken_over_after_a_cancel_is_cancelled_before_its_handler_starts(tmp_path) -> None:
     # Issue 31, item 3: the request came in and the worker died before acting on it (its lease ran out):
     # the worker that takes the job over cancels it before calling the handler.

@@ -283,7 +283,7 @@ def test_a_slot_whose_heartbeat_cannot_connect_stops_claiming(worker_procs, tmp_
         admin.close()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(300)
 def test_an_outcome_that_cannot_be_stored_fails_the_job_with_the_reason() -> None:
     """Finding 21.3, the worker's side: values are bounded where they enter (Retry, the type's backoff:
     tests/test_limits.py), and an outcome the queue still refuses (here a retry 10^12 s away, as a
