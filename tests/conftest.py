@@ -294,9 +294,9 @@ def is_postgres() -> bool:
 
 @pytest.fixture(autouse=True)
 def _babelfish_usable_session():
-    """tds stage: the session is kept between tests (see below); one a test left broken (a timeout inside
-    the driver, a server restart) is closed after it, so the next test connects anew instead of failing
-    on it too."""
+    """tds stage: a session a test left broken (a timeout inside the driver, a server restart) is closed
+    after it, so the next test connects anew instead of failing on it too (Django reconnects only after
+    a transactional test)."""
     yield
     if VENDOR_DB == "tds" and connection.connection is not None and not connection.is_usable():
         connection.close()
@@ -321,14 +321,4 @@ def _babelfish_fresh_connection(request):
 
     post_migrate.disconnect(create_contenttypes)
     post_migrate.disconnect(create_permissions, dispatch_uid="django.contrib.auth.management.create_permissions")
-    # Django closes every connection after each transactional test (TransactionTestCase's
-    # _should_reload_connections). On Babelfish a new session parses and plans each T-SQL batch anew: the
-    # claim's first run in a session took 4-6 s (0.04 s after), once per transactional test, most of the
-    # stage's time. The session is kept instead (the reason Django reconnects, session settings a
-    # rolled-back statement undid, does not apply to mssql-django in autocommit). A kept session met
-    # Babelfish's doubled-name bug in foreign key checks of django.contrib's tables, which the harness no
-    # longer creates (testproject/babelfish); a flush that meets it still retries on a new session.
-    from django.test import TransactionTestCase
-
-    TransactionTestCase._should_reload_connections = lambda self: False  # type: ignore[method-assign]
     yield
