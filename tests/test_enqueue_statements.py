@@ -171,3 +171,48 @@ def test_concurrent_transactions_each_announce_their_own_jobs(noop_type: JobType
     go.set()
     thread.join(30)
     assert [n.payload for n in listener.notifies(timeout=30, stop_after=1)] == ["other"]
+
+
+def test_the_enqueued_result_is_what_the_constructor_builds(noop_type: JobType) -> None:
+    """task.enqueue()'s result is built without TaskResult's constructor: every field must be the same."""
+    from dataclasses import fields
+
+    from django.tasks import TaskResult
+
+    from django_sqlqueue.tasks.backend import build_result, enqueued_result
+    from testproject.testjobs import tasks as test_tasks
+
+    result = test_tasks.tick.enqueue("a label")
+    job = Job.objects.get(pk=int(result.id))
+    expected = build_result(test_tasks.tick, job, backend_alias=result.backend, history=[])
+    for f in fields(TaskResult):
+        assert getattr(result, f.name) == getattr(expected, f.name), f.name
+    again = enqueued_result(test_tasks.tick, job, result.backend)
+    assert type(again) is TaskResult and again.args == ["a label"] and again.kwargs == {}
+    assert again.args is not job.payload["args"]  # its own list, as the constructor's copy is
+    assert again.attempts == 0 and again.is_finished is False
+
+
+def test_task_enqueued_reaches_any_receiver_and_the_debug_log(noop_type: JobType, caplog: Any) -> None:
+    """task_enqueued is skipped only when its one receiver is Django's DEBUG log line and nobody would see
+    that line: a receiver of one's own gets every enqueue, and so does a DEBUG log."""
+    import logging
+
+    from django.tasks.signals import task_enqueued
+
+    from testproject.testjobs import tasks as test_tasks
+
+    got: list[str] = []
+
+    def mine(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        got.append(task_result.id)
+
+    task_enqueued.connect(mine)
+    try:
+        result = test_tasks.noop.enqueue()
+    finally:
+        task_enqueued.disconnect(mine)
+    assert got == [result.id]
+    with caplog.at_level(logging.DEBUG, logger="django.tasks"):
+        result = test_tasks.noop.enqueue()
+    assert any(f"id={result.id}" in r.getMessage() and "enqueued" in r.getMessage() for r in caplog.records)

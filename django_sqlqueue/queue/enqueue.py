@@ -325,10 +325,21 @@ class EnqueueMixin(RowsMixin):
         payload_convs = self._converters(connection, ("payload",))
         fast = self._fast_init()
         out = []
+        # The stamps are one clock value (enqueued_at, updated_at, scheduled_for unless given): each
+        # distinct raw value is converted once (SQLite's text dates parse at ~10 us each).
+        keys = [(i, convs, tuple(convs)) for i, convs in stamp_convs]
+        seen: dict[tuple[Any, Any], Any] = {}
         for row, raw in zip(rows, stamped, strict=True):
             values = dict(zip(INSERT_COLUMNS, row, strict=True))
             values.update(_NOT_YET)
-            values["payload"] = self._convert([dialect.json_text(values["payload"])], payload_convs, connection)[0]
-            values.update(zip(dialect.STAMPED, self._convert(list(raw), stamp_convs, connection), strict=True))
+            text = dialect.json_text(values["payload"])
+            values["payload"] = {} if text == "{}" else self._convert([text], payload_convs, connection)[0]
+            stamps = list(raw)
+            for i, convs, key in keys:
+                hit = seen.get((key, stamps[i]), seen)
+                if hit is seen:
+                    hit = seen[(key, stamps[i])] = self._convert([stamps[i]], [(0, convs)], connection)[0]
+                stamps[i] = hit
+            values.update(zip(dialect.STAMPED, stamps, strict=True))
             out.append(self._instance({c: values[c] for c in JOB_COLUMNS}, using, fast))
         return out
