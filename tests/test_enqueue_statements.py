@@ -20,6 +20,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_sqlqueue.conf import get_settings
 from django_sqlqueue.models import Job, JobType
+from django_sqlqueue.states import Status
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -216,3 +217,36 @@ def test_task_enqueued_reaches_any_receiver_and_the_debug_log(noop_type: JobType
     with caplog.at_level(logging.DEBUG, logger="django.tasks"):
         result = test_tasks.noop.enqueue()
     assert any(f"id={result.id}" in r.getMessage() and "enqueued" in r.getMessage() for r in caplog.records)
+
+
+def test_one_enqueue_with_a_dedupe_key_in_autocommit(noop_type: JobType) -> None:
+    """INSERT ... ON CONFLICT DO NOTHING alone (no BEGIN/COMMIT); the wake-up (PostgreSQL) only when a row
+    went in; a second enqueue of the key returns the unfinished job, marked deduplicated."""
+    _warm()
+    wakes = 1 if connection.vendor == "postgresql" else 0
+    with CaptureQueriesContext(connection) as sent:
+        first = Job.objects.enqueue("Noop", {"n": 1}, dedupe_key="welcome:1")
+    sqls = [q["sql"].lstrip().upper() for q in sent.captured_queries]
+    if connection.vendor == "microsoft":  # one statement per keyed row, in a transaction: the general path
+        assert Job.objects.filter(dedupe_key="welcome:1").count() == 1
+        return
+    assert len(sqls) == 1 + wakes and sqls[0].startswith("INSERT"), sqls
+    with CaptureQueriesContext(connection) as sent:
+        again = Job.objects.enqueue("Noop", {"n": 2}, dedupe_key="welcome:1")
+    sqls = [q["sql"].lstrip().upper() for q in sent.captured_queries]
+    assert len(sqls) == 2 and sqls[0].startswith("INSERT") and sqls[1].startswith("SELECT"), sqls  # no wake-up
+    assert again.pk == first.pk and again.deduplicated and again.payload == {"n": 1}
+    assert not getattr(first, "deduplicated", False)
+    assert Job.objects.filter(dedupe_key="welcome:1").count() == 1
+    Job.objects.filter(pk=first.pk).update(status_id=Status.COMPLETED)  # finished: the key is free again
+    third = Job.objects.enqueue("Noop", dedupe_key="welcome:1")
+    assert third.pk != first.pk and not getattr(third, "deduplicated", False)
+
+
+def test_a_keyed_enqueue_in_autocommit_wakes_workers(noop_type: JobType, listener: Any) -> None:
+    _warm()
+    _notes(listener, 0.2)
+    Job.objects.enqueue("Noop", queue="keyed", dedupe_key="k1")
+    assert [n.payload for n in listener.notifies(timeout=30, stop_after=1)] == ["keyed"]
+    Job.objects.enqueue("Noop", queue="keyed", dedupe_key="k1")  # deduplicated: nothing new to wake for
+    assert _notes(listener, 0.5) == []

@@ -205,6 +205,19 @@ class EnqueueMixin(RowsMixin):
             if inside and channel:
                 _notify_on_commit(alias, channel, {s.queue for s in specs})
             return self._stamped_jobs(rows, stamped, alias)
+        if (not flow and len(rows) == 1 and not specs[0].subtypes and dialect.multi_row_dedupe
+                and not connection.in_atomic_block and connection.get_autocommit()):
+            # One job with a dedupe key, in autocommit: INSERT ... ON CONFLICT DO NOTHING is atomic by
+            # itself (the unique index decides a race, as inside a transaction), so no BEGIN/COMMIT; the
+            # wake-up follows only when a row went in. Two round trips (insert, then the notification or
+            # the existing job's read) instead of four or five.
+            with connection.cursor() as cursor:
+                inserted = self._rows_to_jobs(dialect.insert_job(cursor, INSERT_COLUMNS, rows, True), alias)
+                if inserted and channel:
+                    dialect.notify_after_commit(cursor, channel, specs[0].queue)
+            found: list[Job | None] = [None]
+            self._match_inserted(specs, found, 0, rows, inserted, alias)
+            return found  # type: ignore[return-value]
         columns = INSERT_COLUMNS
         per_row = len(columns) - 2  # enqueued_at / updated_at are stamped by the database
         chunk = dialect.insert_chunk(per_row)
