@@ -900,7 +900,8 @@ def main() -> int:
                    help="interleaved one-per-transaction enqueue: rounds per database (0: skip; default 10)")
     p.add_argument("--round-jobs", type=int, default=500, help="enqueues per system per round (default 500)")
     p.add_argument("--concurrent", default="1,4,16",
-                   help="concurrent enqueue: writer process counts (default 1,4,16; empty: skip)")
+                   help="concurrent enqueue: writer process counts (default 1,4,16; 0: skip); it runs with "
+                        "--interleaved-only too")
     p.add_argument("--concurrent-jobs", type=int, default=3200,
                    help="jobs per concurrent measurement, shared by its writers (default 3,200)")
     p.add_argument("--concurrent-rounds", type=int, default=3,
@@ -976,7 +977,7 @@ def main() -> int:
                     r = run_inner(db, ",".join([*mine, *peers]), 1, args, mode="interleaved")
                     r.pop("durability", None)
                     results.append({**r, "interleaved_run": True})
-                if args.concurrent.strip() and args.concurrent_rounds and not args.interleaved_only:
+                if _writers(args) and args.concurrent_rounds:
                     names = [OURS, *(["django-sqlqueue@baseline"] if args.baseline else []), *PEERS_ON[kind]]
                     names = [n for n in names if not only or n.split("@")[0] in only]
                     results.append(concurrent_rounds(db, names, args))
