@@ -56,7 +56,7 @@ def test_one_enqueue_in_autocommit_is_one_round_trip(noop_type: JobType) -> None
     with CaptureQueriesContext(connection) as sent:
         job = Job.objects.enqueue("Noop", {"to": "a@example.com"}, queue="mail", priority=2)
     assert len(sent.captured_queries) == 1, [q["sql"] for q in sent.captured_queries]
-    assert sent.captured_queries[0]["sql"].lstrip().upper().startswith("INSERT")
+    assert "INSERT" in sent.captured_queries[0]["sql"].upper()  # SQL Server: one batch around it
     assert Job.objects.get(pk=job.pk).payload == {"to": "a@example.com"}
 
 
@@ -66,7 +66,7 @@ def test_one_enqueue_inside_atomic_sends_the_insert_alone(noop_type: JobType) ->
         with CaptureQueriesContext(connection) as sent:
             jobs = [Job.objects.enqueue("Noop", {"i": i}) for i in range(3)]
         assert len(sent.captured_queries) == 3, [q["sql"] for q in sent.captured_queries]
-        assert all(q["sql"].lstrip().upper().startswith("INSERT") for q in sent.captured_queries)
+        assert all("INSERT" in q["sql"].upper() for q in sent.captured_queries)
     assert Job.objects.filter(pk__in=[j.pk for j in jobs]).count() == 3
 
 
