@@ -31,6 +31,12 @@ and database, ``--rounds`` rounds of ``--round-jobs`` enqueues each, back to bac
 (the table's enqueue column times each system in its own minutes, and a shared machine's load drifts
 between them by more than the difference measured); the median of the per-round ratios is reported.
 
+Then, per database, concurrent enqueue (``--concurrent 1,4,16``): each system in a fresh database with 1,
+4 and 16 writer processes at once, one job per transaction each, ``--concurrent-rounds`` rounds with the
+order rotating; the median rate per writer count, our ratio to the best peer per round, and each system's
+scaling (16 writers over 1). ``--concurrent-only`` runs just that (with ``--baseline``, the older tree too).
+The interleaved rounds always include our Tasks API enqueue (``task.enqueue()``), next to django-tasks-db's.
+
 Prints the table with our ratio to the best peer in each (database, slots) group (higher is better
 for us: throughput ours/peer, latency peer/ours), the durability settings in force, and writes the
 raw numbers to ``bench/results/compare-<time>.json`` (git-ignored).
@@ -431,6 +437,8 @@ def inner(args: argparse.Namespace) -> dict[str, Any]:
                            "code": str(Path(django_sqlqueue.__file__).parent)}
     if args.mode == "interleaved":
         return {**out, **interleaved(args)}
+    if args.mode == "concurrent":
+        return {**out, **concurrent(args)}
     system = make_system(args.system, args.inner_url, args.slots_one, args, logdir)
     out["system"] = system.name
     n = args.jobs
@@ -514,6 +522,99 @@ def interleaved(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ====================================================================================================
+# Concurrent enqueue (issue 30, item 2): W writer processes, one job per transaction each
+# ====================================================================================================
+def _writers(args: argparse.Namespace) -> list[int]:
+    return [int(w) for w in args.concurrent.split(",") if w.strip() and int(w) > 0]
+
+
+def concurrent(args: argparse.Namespace) -> dict[str, Any]:
+    """One system's enqueue throughput with 1, 4, 16 (``--concurrent``) writer processes at once.
+
+    Each writer is a forked process with its own connection, enqueueing its share of
+    ``--concurrent-jobs`` no-op jobs one per transaction (autocommit), all released by one barrier;
+    the rate is all jobs over the time from the release to the last writer's end. On PostgreSQL
+    commits that sent NOTIFY are serialised by the server (one global lock, held through the WAL flush),
+    so a system that notifies in every enqueuing transaction stops scaling: this measures that.
+    """
+    import multiprocessing
+
+    from django.db import connections
+
+    logdir = Path(args.logdir)
+    system = make_system(args.system, args.inner_url, 1, args, logdir)
+    system.warm_up()  # the type rows, imports: before the fork, once
+    rates: dict[str, float] = {}
+    ctx = multiprocessing.get_context("fork")
+    for writers in _writers(args):
+        per = max(1, args.concurrent_jobs // writers)
+        barrier = ctx.Barrier(writers + 1)
+        connections.close_all()  # no connection crosses the fork
+
+        def write(system: System = system, barrier: Any = barrier, per: int = per) -> None:
+            system.enqueue_one()  # the child's own connection, opened before the start
+            barrier.wait()
+            for _ in range(per):
+                system.enqueue_one()
+            connections.close_all()
+
+        procs = [ctx.Process(target=write) for _ in range(writers)]
+        for proc in procs:
+            proc.start()
+        barrier.wait(timeout=300)
+        start = time.perf_counter()
+        for proc in procs:
+            proc.join(timeout=1800)
+        seconds = time.perf_counter() - start
+        if any(proc.exitcode for proc in procs):
+            raise SystemExit(f"{system.name}: a concurrent writer failed ({[p.exitcode for p in procs]})")
+        rates[str(writers)] = writers * per / seconds
+    return {"system": system.name, "concurrent": rates}
+
+
+def concurrent_rounds(db: Database, names: list[str], args: argparse.Namespace) -> dict[str, Any]:
+    """``--concurrent-rounds`` rounds; in each, every system (the order rotating) measures every writer
+    count in a fresh database. Ratios are taken within a round, then the median over the rounds."""
+    rounds: list[dict[str, dict[str, float]]] = []
+    for r in range(args.concurrent_rounds):
+        k = r % len(names)
+        got: dict[str, dict[str, float]] = {}
+        for name in names[k:] + names[:k]:
+            out = run_inner(db, name, 1, args, mode="concurrent")
+            got[out["system"]] = out["concurrent"]
+        rounds.append(got)
+    return {"database": db.kind, "concurrent_run": True, "rounds": rounds}
+
+
+def concurrent_summary(run: dict[str, Any]) -> str:
+    """Median jobs/s per (system, writers), ours / best peer per round (median, range), and each
+    system's scaling (its rate at W writers over its rate with 1, per round, median)."""
+    rounds = run["rounds"]
+    systems = list(rounds[0])
+    writers = list(rounds[0][systems[0]])
+    peers = [s for s in systems if not s.startswith(OURS)]
+    lines = [f"concurrent enqueue 1/tx ({run['database']}, {len(rounds)} rounds, writer processes, one job per "
+             f"transaction each; median jobs/s):"]
+    head = f"  {'system':40}" + "".join(f"{w + ' writers':>14}" for w in writers) + f"{'scaling':>12}"
+    lines += [head, "  " + "-" * (len(head) - 2)]
+    for name in systems:
+        cells = [statistics.median(r[name][w] for r in rounds) for w in writers]
+        scale = statistics.median(r[name][writers[-1]] / r[name][writers[0]] for r in rounds)
+        lines.append(f"  {name:40}" + "".join(f"{_fmt(c):>14}" for c in cells) + f"{scale:>11.2f}x")
+    for name in [s for s in systems if s.startswith(OURS)]:
+        against = [TASKS_PEER] if name.startswith(OURS_TASK_NAME) and TASKS_PEER in peers else peers
+        if not against:
+            continue
+        cells = []
+        for w in writers:
+            per = sorted(r[name][w] / max(r[p][w] for p in against) for r in rounds)
+            cells.append(f"{statistics.median(per):.2f}x ({per[0]:.2f}-{per[-1]:.2f})")
+        lines.append(f"  {name + ' / best of ' + ', '.join(against):40} " + "  ".join(
+            f"{w}: {c}" for w, c in zip(writers, cells, strict=True)))
+    return "\n".join(lines)
+
+
+# ====================================================================================================
 # Outer side: database server, templates, runs, table
 # ====================================================================================================
 @dataclass
@@ -592,7 +693,8 @@ def run_inner(db: Database, system: str, slots: int, args: argparse.Namespace, m
            "--gap-max", str(args.gap_max), "--peer-interval", str(args.peer_interval),
            "--target-jobs", str(args.target_jobs),
            "--target-batch", str(args.target_batch), "--rounds", str(args.rounds),
-           "--round-jobs", str(args.round_jobs), *(["--skip-bulk"] if args.skip_bulk else [])]
+           "--round-jobs", str(args.round_jobs), *(["--skip-bulk"] if args.skip_bulk else []),
+           "--concurrent", args.concurrent, "--concurrent-jobs", str(args.concurrent_jobs)]
     print(f"  {db.kind:8} slots={slots} {system:28} ...", end="", flush=True, file=sys.stderr)
     t = time.perf_counter()
     try:
@@ -610,6 +712,10 @@ def run_inner(db: Database, system: str, slots: int, args: argparse.Namespace, m
         raise SystemExit(f"{system} on {db.kind} failed")
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["database"] = db.kind
+    if "concurrent" in result:
+        print(f" {time.perf_counter() - t:.0f} s: enqueue 1/tx jobs/s by writers "
+              + ", ".join(f"{w}: {_fmt(v)}" for w, v in result["concurrent"].items()), file=sys.stderr)
+        return result
     if "interleaved" in result:
         print(f" {time.perf_counter() - t:.0f} s: enqueue 1/tx ours / best peer, median round "
               f"{result['interleaved']['ratio_median']:.2f}x", file=sys.stderr)
@@ -715,7 +821,7 @@ def tasks_summary(results: list[dict]) -> str:
     - enqueue via task.enqueue() / django-tasks-db (the interleaved rounds are the fairer number).
     """
     lines = ["Tasks API (ratios within each repeat; median and range over the repeats):"]
-    plain = [r for r in results if not r.get("target") and not r.get("interleaved_run")]
+    plain = [r for r in results if not r.get("target") and not r.get("interleaved_run") and not r.get("concurrent_run")]
     keys = sorted({(r["database"], r["slots"]) for r in plain})
     for dbk, slots in keys:
         rows = [r for r in plain if (r["database"], r["slots"]) == (dbk, slots)]
@@ -793,6 +899,15 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=10,
                    help="interleaved one-per-transaction enqueue: rounds per database (0: skip; default 10)")
     p.add_argument("--round-jobs", type=int, default=500, help="enqueues per system per round (default 500)")
+    p.add_argument("--concurrent", default="1,4,16",
+                   help="concurrent enqueue: writer process counts (default 1,4,16; 0: skip); it runs with "
+                        "--interleaved-only too")
+    p.add_argument("--concurrent-jobs", type=int, default=3200,
+                   help="jobs per concurrent measurement, shared by its writers (default 3,200)")
+    p.add_argument("--concurrent-rounds", type=int, default=3,
+                   help="rounds of the concurrent enqueue, every system in each (default 3; 0: skip)")
+    p.add_argument("--concurrent-only", action="store_true",
+                   help="only the concurrent enqueue (no table rows, no drains, no interleaved rounds)")
     p.add_argument("--interleaved-only", action="store_true",
                    help="only the interleaved enqueue rounds (no table rows, no drains)")
     p.add_argument("--baseline", metavar="TREE",
@@ -846,7 +961,7 @@ def main() -> int:
             db = Database(kind, Path(tmp))
             db.setup(args.baseline or "")
             try:
-                for slots in ([] if args.interleaved_only else slots_list):
+                for slots in ([] if args.interleaved_only or args.concurrent_only else slots_list):
                     systems = ours + PEERS_ON[kind] + (["procrastinate-procs"] if kind == "postgres" and slots > 1 else [])
                     systems = [n for n in systems
                                if not only or n.split(":")[0].split("@")[0] in only or n in only]
@@ -857,19 +972,24 @@ def main() -> int:
                             durable[kind] = r.pop("durability")
                             results.append({**r, "repeat": rep, "order": systems.index(name)})
                 peers = [n for n in PEERS_ON[kind] if not only or n in only]
-                if args.rounds and peers and (not only or OURS in only):
-                    mine = [OURS, *([OURS_TASK] if args.tasks else [])]
+                if args.rounds and peers and (not only or OURS in only) and not args.concurrent_only:
+                    mine = [OURS, OURS_TASK]  # the Tasks API's enqueue is in the rounds, always (issue 30)
                     r = run_inner(db, ",".join([*mine, *peers]), 1, args, mode="interleaved")
                     r.pop("durability", None)
                     results.append({**r, "interleaved_run": True})
+                if _writers(args) and args.concurrent_rounds:
+                    names = [OURS, *(["django-sqlqueue@baseline"] if args.baseline else []), *PEERS_ON[kind]]
+                    names = [n for n in names if not only or n.split("@")[0] in only]
+                    results.append(concurrent_rounds(db, names, args))
                 if args.targets and (not only or OURS in only):
                     tgt = run_inner(db, OURS, 1, args, mode="targets")
                     tgt.pop("durability", None)
                     results.append({**tgt, "target": True})
             finally:
                 db.teardown()
-    compare_rows = merge_repeats([r for r in results if not r.get("target") and not r.get("interleaved_run")])
-    text = table(compare_rows)
+    compare_rows = merge_repeats([r for r in results if not r.get("target") and not r.get("interleaved_run")
+                                  and not r.get("concurrent_run")])
+    text = table(compare_rows) if compare_rows else ""
     if args.repeat > 1:
         text += "\n" + ranges(compare_rows)
     if args.tasks:
@@ -895,6 +1015,9 @@ def main() -> int:
                     per = sorted(x["per_round"])
                     print(f"  {name} / {', '.join(x['against'])} per round: median {x['median']:.2f}x "
                           f"(range {per[0]:.2f}-{per[-1]:.2f}x)")
+    for r in results:
+        if r.get("concurrent_run"):
+            print(concurrent_summary(r))
     for r in results:
         if r.get("target"):
             print(f"targets ({r['database']}): bulk enqueue of {r['target_jobs']:,} jobs: "

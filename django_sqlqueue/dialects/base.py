@@ -848,6 +848,13 @@ class Dialect:
     def notify_sql(self) -> str | None:
         return None
 
+    def notify_after_commit(self, cursor: CursorWrapper, channel: str, queues: str) -> None:
+        """Wake idle workers for jobs committed just before (an ``on_commit`` hook, in autocommit), where
+        the vendor can notify."""
+        sql = self.notify_sql()
+        if sql:
+            cursor.execute(sql, [channel, queues])
+
     # ----- what the rest of the package asks instead of testing connection.vendor ------------------
     #: True where a worker can be woken by LISTEN/NOTIFY (:class:`~django_sqlqueue.wakeup.PgListener`),
     #: and so where ``SQLQUEUE["LISTEN_DATABASE"]`` may name a database.

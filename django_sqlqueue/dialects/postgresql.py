@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from psycopg import ClientCursor
 from psycopg.types.json import Jsonb
 
 from ..states import Status
@@ -209,22 +210,47 @@ class PostgresDialect(Dialect):
             f"RETURNING {', '.join(self.n.job_columns)}"
         )
 
+    #: The wake-up sent in a transaction of its own, right after the jobs' commit: ``synchronous_commit``
+    #: off for that transaction only (``set_config(..., true)``), so its commit does not wait for a WAL
+    #: flush. A notification is no data: if the server crashed before that flush, the jobs are
+    #: committed and durable all the same, and workers claim them when they come back or poll.
+    NOTIFY_AFTER_COMMIT = "SELECT pg_notify(%s, %s), set_config('synchronous_commit', 'off', true)"
+
     def insert_stamped(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]], channel: str,
                        queues: str) -> list[tuple[Any, ...]]:
-        if not channel:
-            return super().insert_stamped(cursor, columns, rows, channel, queues)
-        # pg_notify is called in the RETURNING list, once per inserted row (PostgreSQL folds identical
-        # notifications of one transaction into one); NOTIFY is delivered on commit, so a worker never
-        # wakes for a job it cannot see yet. (A data-modifying CTE with the notify in the outer SELECT
-        # would do the same, at a higher cost per enqueue.)
+        params = [p for row in rows for p in self.insert_params(columns, row, False)]
         # Only the id and the clock come back: enqueued_at and updated_at ARE the statement's
         # statement_timestamp() and so is scheduled_for unless one was sent; each timestamp read costs a parse.
-        sql = self.insert_sql(columns, len(rows), False, returning=("id", "enqueued_at")) + ", pg_notify(%s, %s)"
-        params = [p for row in rows for p in self.insert_params(columns, row, False)]
-        cursor.execute(sql, [*params, channel, queues])
+        sql = self.insert_sql(columns, len(rows), False, returning=("id", "enqueued_at"))
+        if not channel:  # no wake-up, or the caller's transaction sends it after its commit
+            cursor.execute(sql, params)
+        elif self.notifies_after_commit(cursor):
+            # ONE round trip, two transactions: the INSERT commits (durably) on its own, then the
+            # notification goes out in a second, non-durable transaction (docs/worker.md, "Wake-ups").
+            # Why not pg_notify in the INSERT's own transaction: PostgreSQL serialises the commits of
+            # transactions that notified (a global lock, held through the commit's WAL flush), so
+            # concurrent enqueues could not share a flush (group commit) and enqueue throughput stopped
+            # growing with writers. The notification still follows the jobs' commit, so a woken worker
+            # always sees them.
+            cursor.execute(f"{sql}; COMMIT; {self.NOTIFY_AFTER_COMMIT}", [*params, channel, queues])
+        else:
+            # Server-side binding (one statement per message) or a transaction Django does not manage
+            # (AUTOCOMMIT off): pg_notify in the RETURNING list, once per row (PostgreSQL folds identical
+            # notifications of one transaction into one), delivered when the transaction commits.
+            cursor.execute(sql + ", pg_notify(%s, %s)", [*params, channel, queues])
         at = columns.index("scheduled_for")
         return [(job_id, now, now if row[at] is None else row[at].astimezone(now.tzinfo), now)
-                for (job_id, now, _), row in zip(sorted(cursor.fetchall(), key=lambda r: r[0]), rows, strict=True)]
+                for (job_id, now, *_), row in zip(sorted(cursor.fetchall(), key=lambda r: r[0]), rows, strict=True)]
+
+    def notifies_after_commit(self, cursor: CursorWrapper) -> bool:
+        """Whether :meth:`insert_stamped` may commit the jobs itself and notify in a transaction of its
+        own: in autocommit, with client-side binding (Django's default for psycopg 3), whose simple-query
+        messages may carry several statements. With server-side binding each message is one statement."""
+        return self.connection.get_autocommit() and isinstance(getattr(cursor, "cursor", None), ClientCursor)
+
+    def notify_after_commit(self, cursor: CursorWrapper, channel: str, queues: str) -> None:
+        """Wake idle workers for jobs committed just before, in autocommit (an on_commit hook)."""
+        cursor.execute(self.NOTIFY_AFTER_COMMIT, [channel, queues])
 
     def json_param(self, text: str) -> Any:
         # psycopg's jsonb wrapper around text that is already JSON: typed jsonb for server-side

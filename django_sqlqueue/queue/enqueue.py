@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -41,6 +42,42 @@ def database_clock(alias: str) -> datetime:
     if isinstance(value, str):  # SQLite's text
         value = datetime.fromisoformat(value)
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+#: The attribute of a connection (Django's, one per thread and alias) holding the queues its current
+#: transaction enqueued to that no wake-up has named yet.
+_PENDING = "_sqlqueue_pending_wakeup"
+
+
+def _notify_on_commit(alias: str, channel: str, queues: set[str]) -> None:
+    """Wake idle workers once the caller's transaction commits: one notification per transaction.
+
+    Why after the commit, not inside it: PostgreSQL serialises the commits of transactions that
+    notified (one global lock, held through the WAL flush), so a notification inside every enqueuing
+    transaction keeps concurrent writers from sharing flushes. Sent from an ``on_commit`` hook, in
+    autocommit, it names every queue the transaction enqueued to. Each enqueue registers a hook, so a
+    savepoint rolled back drops only its own; the first hook to run sends, the others find nothing
+    pending. A rolled-back transaction sends nothing; its queues, if still pending, only widen the
+    next transaction's notification (a worker woken for nothing claims nothing).
+    """
+    connection = connections[alias]
+    pending = getattr(connection, _PENDING, None)
+    if pending is None:
+        pending = set()
+        setattr(connection, _PENDING, pending)
+    pending.update(queues)
+    transaction.on_commit(functools.partial(_send_pending_wakeup, alias, channel), using=alias, robust=True)
+
+
+def _send_pending_wakeup(alias: str, channel: str) -> None:
+    connection = connections[alias]
+    pending = getattr(connection, _PENDING, None)
+    if not pending:
+        return
+    queues = ",".join(sorted(pending))
+    pending.clear()
+    with connection.cursor() as cursor:
+        get_dialect(connection).notify_after_commit(cursor, channel, queues)
 
 
 @dataclass
@@ -154,15 +191,33 @@ class EnqueueMixin(RowsMixin):
             if info.limited:  # the permits of new keys' scopes, before their jobs can be claimed
                 hooks.ensure_permits(alias, info, {r[key_at] for r in rows if r[1] == info.id})
         channel = settings.NOTIFY_CHANNEL if dialect.notify_sql() else ""
-        if (not flow and len(rows) <= 3 and not connection.in_atomic_block and all(r[-1] is None for r in rows)
+        if (not flow and len(rows) <= 3 and all(r[-1] is None for r in rows)
                 and not any(s.subtypes for s in specs)):
-            # The way an app enqueues, one job per transaction: ONE statement in autocommit (insert
-            # and, on PostgreSQL, pg_notify in the same statement), atomic by itself. No BEGIN, no
-            # separate notify, no COMMIT round trips; only the id and clock stamps come back.
+            # The way an app enqueues: ONE statement, atomic by itself; only the id and clock stamps
+            # come back. In autocommit it is the whole transaction (on PostgreSQL the wake-up rides in
+            # the same round trip, see Dialect.insert_stamped): no BEGIN, no COMMIT round trips.
+            # Inside the caller's atomic() no SAVEPOINT either (one statement cannot half-succeed),
+            # and the wake-up is sent once per transaction, after its commit (_notify_on_commit).
+            queues = ",".join(sorted({s.queue for s in specs}))
+            inside = connection.in_atomic_block
             with connection.cursor() as cursor:
-                stamped = dialect.insert_stamped(cursor, INSERT_COLUMNS, rows, channel,
-                                                 ",".join(sorted({s.queue for s in specs})))
+                stamped = dialect.insert_stamped(cursor, INSERT_COLUMNS, rows, "" if inside else channel, queues)
+            if inside and channel:
+                _notify_on_commit(alias, channel, {s.queue for s in specs})
             return self._stamped_jobs(rows, stamped, alias)
+        if (not flow and len(rows) == 1 and not specs[0].subtypes and dialect.multi_row_dedupe
+                and not connection.in_atomic_block and connection.get_autocommit()):
+            # One job with a dedupe key, in autocommit: INSERT ... ON CONFLICT DO NOTHING is atomic by
+            # itself (the unique index decides a race, as inside a transaction), so no BEGIN/COMMIT; the
+            # wake-up follows only when a row went in. Two round trips (insert, then the notification or
+            # the existing job's read) instead of four or five.
+            with connection.cursor() as cursor:
+                inserted = self._rows_to_jobs(dialect.insert_job(cursor, INSERT_COLUMNS, rows, True), alias)
+                if inserted and channel:
+                    dialect.notify_after_commit(cursor, channel, specs[0].queue)
+            found: list[Job | None] = [None]
+            self._match_inserted(specs, found, 0, rows, inserted, alias)
+            return found  # type: ignore[return-value]
         columns = INSERT_COLUMNS
         per_row = len(columns) - 2  # enqueued_at / updated_at are stamped by the database
         chunk = dialect.insert_chunk(per_row)
@@ -283,10 +338,21 @@ class EnqueueMixin(RowsMixin):
         payload_convs = self._converters(connection, ("payload",))
         fast = self._fast_init()
         out = []
+        # The stamps are one clock value (enqueued_at, updated_at, scheduled_for unless given): each
+        # distinct raw value is converted once (SQLite's text dates parse at ~10 us each).
+        keys = [(i, convs, tuple(convs)) for i, convs in stamp_convs]
+        seen: dict[tuple[Any, Any], Any] = {}
         for row, raw in zip(rows, stamped, strict=True):
             values = dict(zip(INSERT_COLUMNS, row, strict=True))
             values.update(_NOT_YET)
-            values["payload"] = self._convert([dialect.json_text(values["payload"])], payload_convs, connection)[0]
-            values.update(zip(dialect.STAMPED, self._convert(list(raw), stamp_convs, connection), strict=True))
+            text = dialect.json_text(values["payload"])
+            values["payload"] = {} if text == "{}" else self._convert([text], payload_convs, connection)[0]
+            stamps = list(raw)
+            for i, convs, key in keys:
+                hit = seen.get((key, stamps[i]), seen)
+                if hit is seen:
+                    hit = seen[(key, stamps[i])] = self._convert([stamps[i]], [(0, convs)], connection)[0]
+                stamps[i] = hit
+            values.update(zip(dialect.STAMPED, stamps, strict=True))
             out.append(self._instance({c: values[c] for c in JOB_COLUMNS}, using, fast))
         return out

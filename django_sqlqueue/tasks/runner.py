@@ -250,26 +250,32 @@ def _plan(task: Any, api: _Api) -> _Plan:
     return _Plan(eager, send[0], send[1])
 
 
-#: (when, answer) of the last :func:`_heard` walk for :func:`_info_heard`.
-_HEARD: list[tuple[float, bool]] = []
+#: Per level: (when, answer) of the last :func:`_heard` walk for :func:`heard_cached`.
+_HEARD: dict[int, tuple[float, bool]] = {}
 #: How long a walk's answer is kept: the walk costs about half of what the signals it may spare cost,
 #: and a logging reconfiguration then applies to task runs within a second.
 HEARD_TTL_SECONDS = 1.0
 
 
 def _info_heard(logger: logging.Logger) -> bool:
-    """:func:`_heard` at INFO, walked at most once per :data:`HEARD_TTL_SECONDS` (and again at once
-    when a setting changes: ``DEBUG`` decides Django's own filters)."""
+    return heard_cached(logger, logging.INFO)
+
+
+def heard_cached(logger: logging.Logger, level: int) -> bool:
+    """:func:`_heard`, walked at most once per :data:`HEARD_TTL_SECONDS` and level (and again at once
+    when a setting changes: ``DEBUG`` decides Django's own filters). Also asked by the backend's
+    ``enqueue()`` for ``task_enqueued``'s DEBUG line."""
     now = time.monotonic()
-    if _HEARD and now - _HEARD[0][0] < HEARD_TTL_SECONDS:
-        return _HEARD[0][1]
-    answer = _heard(logger, logging.INFO)
-    _HEARD[:] = [(now, answer)]
+    last = _HEARD.get(level)
+    if last is not None and now - last[0] < HEARD_TTL_SECONDS:
+        return last[1]
+    answer = _heard(logger, level)
+    _HEARD[level] = (now, answer)
     return answer
 
 
 def forget_heard(**kwargs: Any) -> None:
-    """``setting_changed`` receiver: the next task run walks the handlers again."""
+    """``setting_changed`` receiver: the next task run (or enqueue) walks the handlers again."""
     _HEARD.clear()
 
 

@@ -1,7 +1,8 @@
 """Wake-ups for idle workers: PostgreSQL LISTEN/NOTIFY, SQLite ``PRAGMA data_version``.
 
-Enqueue runs ``pg_notify(SQLQUEUE['NOTIFY_CHANNEL'], '<queue>,<queue>')`` in its transaction, so the
-notification is delivered when the jobs commit. An idle slot LISTENs on a dedicated connection (not
+Enqueue sends ``pg_notify(SQLQUEUE['NOTIFY_CHANNEL'], '<queue>,<queue>')`` after the jobs commit, in a
+transaction of its own (once per enqueuing transaction; docs/claim-sql.md says why), so a woken worker
+always sees the jobs. An idle slot LISTENs on a dedicated connection (not
 Django's: a listening connection must stay in autocommit and outside any transaction) and wakes as
 soon as a notification names one of its queues, instead of sleeping out its poll interval. Polling
 stays as the fallback: a lost notification costs at most ``POLL_MAX_SECONDS``.
