@@ -112,6 +112,44 @@ def test_autocommit_enqueue_notifies_after_the_job_is_visible(noop_type: JobType
         cursor.execute("RESET synchronous_commit")
 
 
+def test_an_autocommit_enqueue_leaves_no_server_notice(noop_type: JobType, listener: Any) -> None:
+    """The jobs' own transaction is explicit (BEGIN ... COMMIT): a COMMIT in an implicit block made the
+    server warn "there is no transaction in progress" once per enqueue."""
+    _warm()
+    _notes(listener, 0.2)  # the warm-up's
+    connection.ensure_connection()
+    notices: list[str] = []
+
+    def handler(diag: Any) -> None:
+        notices.append(f"{diag.severity}: {diag.message_primary}")
+
+    connection.connection.add_notice_handler(handler)
+    try:
+        for queue in ("mail", "sms"):
+            Job.objects.enqueue("Noop", queue=queue)
+    finally:
+        connection.connection.remove_notice_handler(handler)
+    assert notices == []
+    assert sorted(n.payload for n in listener.notifies(timeout=30, stop_after=2)) == ["mail", "sms"]
+
+
+def test_with_autocommit_off_the_wake_up_rides_in_the_transaction(noop_type: JobType, listener: Any) -> None:
+    """An atomic() entered with AUTOCOMMIT off never runs on_commit hooks (Django): the wake-up goes in
+    the transaction itself, delivered at its commit, and no hook is left behind."""
+    _warm()
+    _notes(listener, 0.2)
+    transaction.set_autocommit(False)
+    try:
+        with transaction.atomic():
+            Job.objects.enqueue("Noop", queue="off")
+        hooks_left = list(connection.run_on_commit)
+        transaction.commit()
+    finally:
+        transaction.set_autocommit(True)
+    assert hooks_left == []
+    assert [n.payload for n in listener.notifies(timeout=30, stop_after=1)] == ["off"]
+
+
 def test_one_notification_per_committed_transaction(noop_type: JobType, listener: Any) -> None:
     _warm()
     _notes(listener, 0.2)

@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from psycopg import ClientCursor
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from ..states import Status
@@ -232,7 +233,17 @@ class PostgresDialect(Dialect):
             # concurrent enqueues could not share a flush (group commit) and enqueue throughput stopped
             # growing with writers. The notification still follows the jobs' commit, so a woken worker
             # always sees them.
-            cursor.execute(f"{sql}; COMMIT; {self.NOTIFY_AFTER_COMMIT}", [*params, channel, queues])
+            # An explicit BEGIN: a COMMIT in an implicit block made the server log a WARNING ("there is
+            # no transaction in progress") per enqueue. If the INSERT fails, that block is left aborted:
+            # rolled back here, so the session is usable again (autocommit never sends a ROLLBACK).
+            try:
+                cursor.execute(f"BEGIN; {sql}; COMMIT; {self.NOTIFY_AFTER_COMMIT}", [*params, channel, queues])
+                cursor.cursor.nextset()  # past BEGIN's result to the INSERT's rows
+            except Exception:
+                raw = cursor.cursor.connection
+                if raw.info.transaction_status == TransactionStatus.INERROR:
+                    raw.execute("ROLLBACK")
+                raise
         else:
             # Server-side binding (one statement per message) or a transaction Django does not manage
             # (AUTOCOMMIT off): pg_notify in the RETURNING list, once per row (PostgreSQL folds identical
@@ -246,7 +257,10 @@ class PostgresDialect(Dialect):
         """Whether :meth:`insert_stamped` may commit the jobs itself and notify in a transaction of its
         own: in autocommit, with client-side binding (Django's default for psycopg 3), whose simple-query
         messages may carry several statements. With server-side binding each message is one statement."""
-        return self.connection.get_autocommit() and isinstance(getattr(cursor, "cursor", None), ClientCursor)
+        raw = getattr(cursor, "cursor", None)
+        # IDLE: no transaction opened behind Django's back (a raw BEGIN), which the COMMIT would end.
+        return (self.connection.get_autocommit() and isinstance(raw, ClientCursor)
+                and raw.connection.info.transaction_status == TransactionStatus.IDLE)
 
     def notify_after_commit(self, cursor: CursorWrapper, channel: str, queues: str) -> None:
         """Wake idle workers for jobs committed just before, in autocommit (an on_commit hook)."""

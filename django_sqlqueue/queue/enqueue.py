@@ -199,7 +199,9 @@ class EnqueueMixin(RowsMixin):
             # Inside the caller's atomic() no SAVEPOINT either (one statement cannot half-succeed),
             # and the wake-up is sent once per transaction, after its commit (_notify_on_commit).
             queues = ",".join(sorted({s.queue for s in specs}))
-            inside = connection.in_atomic_block
+            # commit_on_exit is False in an atomic() entered with AUTOCOMMIT off: Django never runs its
+            # on_commit hooks there, so the wake-up rides in the transaction (insert_stamped) instead.
+            inside = connection.in_atomic_block and connection.commit_on_exit
             with connection.cursor() as cursor:
                 stamped = dialect.insert_stamped(cursor, INSERT_COLUMNS, rows, "" if inside else channel, queues)
             if inside and channel:
