@@ -300,3 +300,47 @@ def test_declared_parameter_types(dialect: MssqlDialect) -> None:
     assert cursor.params[-1] == datetime(2026, 1, 1, 12)
     with pytest.raises(TypeError, match="bytes"):
         dialect.execute(cursor, "SELECT %s", [b"raw"])  # type: ignore[arg-type]
+
+
+def test_bulk_enqueue_sends_shared_values_once_and_rows_in_order(dialect: MssqlDialect) -> None:
+    """A large bulk call (issue 30, item 4): the values every row shares go once per statement, only the
+    ones that vary go per row, so a statement carries up to 1000 rows instead of 125, within the
+    parameter limit, inserted ORDER BY their position (the order identity values are drawn in)."""
+
+    class Capture:  # every statement sent, with its parameters; nothing is executed
+        def __init__(self) -> None:
+            self.sent: list[tuple[str, list]] = []
+
+        def setinputsizes(self, sizes: list) -> None:
+            self.sizes = sizes
+
+        def execute(self, sql: str, params: list) -> None:
+            self.sent.append((sql, params))
+
+        def fetchall(self) -> list:
+            return []
+
+    def row(i: int) -> list:
+        return ["default", 1, 1, "", 0, 0, None, dialect.json_param(f'{{"i":{i}}}'), "", None, None, 1, None, "",
+                None, "", False, None]
+
+    cursor = Capture()
+    rows = [row(i) for i in range(2500)]
+    dialect.insert_job(cursor, INSERT_COLUMNS, rows, dedupe=False)  # type: ignore[arg-type]
+    assert [len(p) for _, p in cursor.sent] == [15 + 1000, 15 + 1000, 15 + 500]  # 15 shared values, 1 per row
+    assert [p for _, p in cursor.sent][0][15:17] == ['{"i":0}', '{"i":1}']
+    sent = [c for c in INSERT_COLUMNS if c not in ("enqueued_at", "updated_at")]
+    shared, varying = [c for c in sent if c != "payload"], ["payload"]
+    for (sql, params), nrows in zip(cursor.sent, [1000, 1000, 500], strict=True):
+        parts = dialect.insert_shared_batch(INSERT_COLUMNS, shared, varying, nrows)
+        assert sql == batch(parts) and sql.count("%s") == len(params) <= 2100
+        _, [insert], _ = parse_batch(parts)
+        assert isinstance(insert, exp.Insert) and "@inserted" in insert.args["returning"].sql("tsql")
+        assert insert.find(exp.Order).sql("tsql") == "ORDER BY r.n"  # identity values drawn in row order
+    cursor = Capture()
+    mixed = [row(i) for i in range(300)]
+    for i, r in enumerate(mixed):
+        r[4] = i % 3  # priority varies too: two values a row
+    dialect.insert_job(cursor, INSERT_COLUMNS, mixed, dedupe=False)  # type: ignore[arg-type]
+    assert [len(p) for _, p in cursor.sent] == [14 + 600]
+    assert cursor.sent[0][0].count("%s") == 614

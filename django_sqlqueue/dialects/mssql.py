@@ -520,6 +520,74 @@ class MssqlDialect(Dialect):
         params = self.values_params(columns, row)
         return [*params, row[columns.index("dedupe_key")]] if dedupe else params
 
+    # ----- bulk enqueue: the shared values sent once (issue 30, item 4) -------------------------------
+    #: Rows a bulk enqueue hands :meth:`insert_job` at once (T-SQL's VALUES takes 1000); it sends them in
+    #: statements of as many rows as the parameter limit allows (:meth:`insert_shared`).
+    def insert_chunk(self, per_row: int) -> int:
+        return 1000
+
+    def insert_job(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]],
+                   dedupe: bool) -> list[tuple[Any, ...]]:
+        if dedupe or len(rows) < 4:
+            return super().insert_job(cursor, columns, rows, dedupe)
+        return self.insert_shared(cursor, columns, rows)
+
+    def insert_shared(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]]) -> list[tuple[Any, ...]]:
+        """Insert job rows (no dedupe keys) sending each value the rows share ONCE per statement.
+
+        A bulk call's rows mostly differ only in their payload: a plain multi-row VALUES of 16 parameters
+        a row fits 125 rows under SQL Server's 2,100-parameter limit, and a driver binds every one of
+        them (mssql-python's cost grows with the parameter count). Here the columns whose value is the
+        same in every row go in a one-row VALUES, CROSS JOINed with a VALUES of the columns that vary
+        (up to 1000 rows a statement), and the rows are inserted ``ORDER BY`` their position, which is
+        the order SQL Server draws identity values in (the caller pairs rows with jobs by id).
+        Returns the JOB_COLUMNS rows, as :meth:`insert_job`.
+        """
+        sent = [c for c in columns if c not in ("enqueued_at", "updated_at")]
+        at = {c: columns.index(c) for c in sent}
+        shared = [c for c in sent if all(r[at[c]] == rows[0][at[c]] and type(r[at[c]]) is type(rows[0][at[c]])
+                                         for r in rows)]
+        varying = [c for c in sent if c not in shared]
+        per_statement = min(1000, (self.max_params - len(shared)) // max(1, len(varying)))
+        out: list[tuple[Any, ...]] = []
+        for start in range(0, len(rows), per_statement):
+            part = rows[start:start + per_statement]
+            params = [rows[0][at[c]] for c in shared] + [r[at[c]] for r in part for c in varying]
+            self.execute(cursor, self.insert_shared_sql(columns, shared, varying, len(part)), params)
+            out.extend(cursor.fetchall())
+        return out
+
+    def insert_shared_sql(self, columns: list[str], shared: list[str], varying: list[str], nrows: int) -> str:
+        """The batch of :meth:`insert_shared`: ``shared`` columns' values once, then ``nrows`` rows of the
+        ``varying`` ones. Params: the shared values, then each row's varying values."""
+        key = ("shared", tuple(columns), tuple(shared), tuple(varying), nrows)
+        sql = self._insert_sql_cache.get(key)
+        if sql is None:
+            sql = batch(self.insert_shared_batch(columns, shared, varying, nrows))
+            if len(self._insert_sql_cache) < 64:
+                self._insert_sql_cache[key] = sql
+        return sql
+
+    def insert_shared_batch(self, columns: list[str], shared: list[str], varying: list[str], nrows: int) -> Batch:
+        names = {c: f"s{i}" for i, c in enumerate(shared)} | {c: f"v{i}" for i, c in enumerate(varying)}
+        select = []
+        for c in columns:
+            if c in ("enqueued_at", "updated_at"):
+                select.append(self.now())
+            else:
+                ref = f"{'c' if c in shared else 'r'}.{names[c]}"
+                select.append(f"COALESCE({ref}, {self.now()})" if c == "scheduled_for" else ref)
+        marks = ", ".join(["%s"] * len(varying))
+        rows_sql = ", ".join(f"({n}{', ' + marks if marks else ''})" for n in range(nrows))
+        source = f"(VALUES {rows_sql}) AS r (n{''.join(', ' + names[c] for c in varying)})"
+        if shared:
+            source = (f"(VALUES ({', '.join(['%s'] * len(shared))})) AS c ({', '.join(names[c] for c in shared)}) "
+                      f"CROSS JOIN {source}")
+        return Batch([self.declare("@inserted")], [
+            f"INSERT INTO {self.n.job} ({self.insert_columns_sql(columns)}){self._output(JOB_COLUMNS, '@inserted')} "
+            f"SELECT {', '.join(select)} FROM {source} ORDER BY r.n"
+        ], [f"SELECT {', '.join(self.n.job_columns)} FROM @inserted"])
+
     # ----- parameters -----------------------------------------------------------------------------
     def execute(self, cursor: CursorWrapper, sql: str, params: Sequence[Any]) -> None:
         """Declare every parameter's type, then send the statement.
