@@ -1,7 +1,9 @@
 """Process slots: start N worker processes, restart one that dies, kill one whose job overruns.
 
-Each slot is an OS process (``multiprocessing`` "spawn": a fresh interpreter that sets Django up,
-so no database connection or lock is ever inherited) running a :class:`~django_sqlqueue.worker.Worker`
+Each slot is an OS process (its first forked at the supervisor's start while the supervisor has no
+thread and no connection, see :meth:`Supervisor._first_slots`; a restart ``multiprocessing`` "spawn": a
+fresh interpreter that sets Django up; either way no database connection or lock is ever inherited)
+running a :class:`~django_sqlqueue.worker.Worker`
 named ``<worker-name>/<slot>``. A restarted slot keeps its name but gets a new incarnation (chosen
 here, so the supervisor knows which jobs each process claimed), so its claim takes back at once the
 Processing jobs its previous incarnation held.
