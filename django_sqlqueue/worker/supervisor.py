@@ -94,6 +94,8 @@ CLEANUP_SECONDS = 5.0
 BURST_DEATHS_SECONDS = 60.0
 #: Connect timeout of the supervisor's connection, when the database's OPTIONS set none.
 CONNECT_TIMEOUT_SECONDS = 5.0
+#: The first maintenance pass waits at most this long for the slots' first beat (see _maintain).
+FIRST_MAINTENANCE_HOLD = 5.0
 
 
 @dataclass
@@ -147,6 +149,7 @@ class Supervisor:
     _signals: int = 0
     _stopping: bool = False
     _stop_deadline: float = 0.0
+    _started: float = 0.0
     _slots: list[Slot] = field(default_factory=list)
     _extra: list[int] = field(default_factory=lambda: [0] * N_COUNTERS)
     _exit_code: int = EXIT_OK
@@ -165,7 +168,7 @@ class Supervisor:
 
         settings = get_settings()
         self._using = self.config.using or settings.DATABASE
-        started = time.monotonic()
+        started = self._started = time.monotonic()
         ctx = multiprocessing.get_context("spawn")
         self._ctx = ctx
         self._beats = Beats(self._using, self.config.name, settings.HEARTBEAT_SECONDS,
@@ -661,6 +664,10 @@ class Supervisor:
         """Submit the maintenance turn when it is due and the last one has finished (no pile-up behind a
         database that does not answer)."""
         if not self._maintenance.due(now) or (self._maintaining is not None and not self._maintaining.finished):
+            return
+        if self._maintaining is None and not self._beats.beaten and now - self._started < FIRST_MAINTENANCE_HOLD:
+            # The first pass waits for the slots' first beat: on the one database thread, a pass (tenths
+            # of a second) submitted before it held every slot's first claim back for as long.
             return
         self._maintaining = self._db.submit("maintenance", self._maintenance.run)
 
