@@ -12,7 +12,9 @@ against one database migrated once: it empties the job table, enqueues one job (
 connection), then times ``--jobs`` no-op jobs enqueued in calls of ``--call`` specs (what an app
 does: bulk calls of a bounded size; compare.py's ``--targets`` does the same). The trees alternate
 within each round and the order rotates from round to round, so both see the same machine load;
-the median and the minimum of the rounds are printed, with the load average. PostgreSQL is a
+the median and the minimum of the rounds are printed, with the load average. ``--floor`` (PostgreSQL)
+adds the server's share alone: the same rows as pre-built COPY text, no client work at all, the bound
+of any client-side change (the job table's indexes and foreign-key checks are most of it). PostgreSQL is a
 throwaway cluster with fsync and synchronous_commit on; SQLite a WAL file with synchronous=NORMAL
 (the test project's options).
 """
@@ -33,6 +35,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT))
 
 
+#: The pseudo-tree of ``--floor``: the server's share alone (see :func:`floor_copy`).
+FLOOR = "floor"
+
+
 def inner(args: argparse.Namespace) -> dict:
     import django
 
@@ -51,10 +57,38 @@ def inner(args: argparse.Namespace) -> dict:
     Job.objects.enqueue("test.Noop")
     started = time.perf_counter()
     for start in range(0, args.jobs, args.call):
-        Job.objects.enqueue_many([JobSpec("test.Noop") for _ in range(min(args.call, args.jobs - start))])
+        if args.floor:
+            floor_copy(min(args.call, args.jobs - start))
+        else:
+            Job.objects.enqueue_many([JobSpec("test.Noop") for _ in range(min(args.call, args.jobs - start))])
     seconds = time.perf_counter() - started
     return {"jobs": args.jobs, "seconds": seconds, "per_s": args.jobs / seconds,
             "code": str(Path(django_sqlqueue.__file__).parent)}
+
+
+def floor_copy(n: int) -> None:
+    """The server's share alone (PostgreSQL): the same rows as a no-op bulk call, ids drawn as one
+    array and sent with ONE COPY of pre-built text, then committed; no validation, no Job objects. What
+    the table's indexes and foreign key checks cost the server is the bound of any client path."""
+    from django.db import connection, transaction
+
+    from django_sqlqueue import jobtypes
+    from django_sqlqueue.models import Job
+
+    type_id = jobtypes.get_type("test.Noop", using="default").id
+    qn = connection.ops.quote_name
+    cols = ["id", "queue", "type_id", "status_id", "step", "priority", "attempt_num", "max_attempts", "payload",
+            "error", "enqueued_at", "scheduled_for", "version", "updated_at", "worker", "trace_context",
+            "concurrency_key", "limited", "dedupe_key"]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT statement_timestamp(), (SELECT array_agg(nextval(pg_get_serial_sequence(%s, %s))) "
+                       "FROM generate_series(1, %s))", [Job._meta.db_table, "id", n])
+        now, ids = cursor.fetchone()
+        ts = now.isoformat()
+        data = "".join(f"{i}\tdefault\t{type_id}\t1\t\t0\t0\t\\N\t{{}}\t\t{ts}\t{ts}\t1\t{ts}\t\t\\N\t\tf\t\\N\n"
+                       for i in sorted(ids))
+        with cursor.cursor.copy(f"COPY {qn(Job._meta.db_table)} ({', '.join(qn(c) for c in cols)}) FROM STDIN") as copy:
+            copy.write(data)
 
 
 def _env(url: str, tree: str) -> dict[str, str]:
@@ -74,6 +108,9 @@ def _env(url: str, tree: str) -> dict[str, str]:
 
 def measure(url: str, tree: str, args: argparse.Namespace) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--inner", "--jobs", str(args.jobs), "--call", str(args.call)]
+    if tree == FLOOR:
+        cmd.append("--floor")
+        tree = str(ROOT)
     out = subprocess.run(cmd, cwd=tempfile.gettempdir(), env=_env(url, tree), capture_output=True, text=True)
     if out.returncode != 0:
         raise SystemExit(f"measurement failed ({tree}):\n{out.stdout}\n{out.stderr}")
@@ -114,6 +151,8 @@ def main() -> int:
     p.add_argument("--call", type=int, default=20_000, help="specs per enqueue_many call (default 20,000)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--baseline", metavar="TREE", help="also measure django_sqlqueue from this tree (before)")
+    p.add_argument("--floor", action="store_true",
+                   help="PostgreSQL: also time the server's share alone (pre-built COPY text, no client work)")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.inner:
@@ -134,7 +173,7 @@ def main() -> int:
                 from tests.pgcluster import PgCluster
 
                 with PgCluster(fsync=True) as pg:
-                    lines += run("PostgreSQL", pg.url, trees, args)
+                    lines += run("PostgreSQL", pg.url, {**trees, **({"floor": FLOOR} if args.floor else {})}, args)
             else:
                 raise SystemExit(f"unknown --db {kind!r}")
     print("\n".join(lines))
