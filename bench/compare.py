@@ -854,6 +854,33 @@ def tasks_summary(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def tasks_drain_rows(results: list[dict]) -> str:
+    """Issue 30, item 3: drain via ``@task`` against django-tasks-db, launch to exit (start-up included),
+    over the ``--repeat`` interleaved repeats: min and median of each system's drain rate and of the
+    ratio taken within each repeat (the two systems of one repeat ran back to back)."""
+    lines = ["drain via @task vs django-tasks-db (launch to exit, start-up included; min / median over the repeats):"]
+    plain = [r for r in results if not r.get("target") and not r.get("interleaved_run")]
+    for dbk, slots in sorted({(r["database"], r["slots"]) for r in plain}):
+        at: dict[int, dict[str, dict]] = {}
+        for r in plain:
+            if (r["database"], r["slots"]) == (dbk, slots):
+                at.setdefault(r.get("repeat", 0), {})[r["system"]] = r
+        for suffix in ("", " (baseline)"):
+            mine_name = OURS_TASK_NAME + suffix
+            pairs = [(rep[mine_name], rep[TASKS_PEER]) for rep in at.values() if mine_name in rep and TASKS_PEER in rep]
+            if not pairs:
+                continue
+            mine = sorted(m["drain_per_s"] for m, _ in pairs)
+            peer = sorted(p["drain_per_s"] for _, p in pairs)
+            ratio = sorted(m["drain_per_s"] / p["drain_per_s"] for m, p in pairs)
+            jobs = pairs[0][0]["drain_after_tx"]["jobs"]
+            lines.append(f"  {dbk:9}{slots:>2}  {mine_name:32} {jobs:,} tasks, {len(pairs)} repeats: ours min "
+                         f"{mine[0]:,.0f} median {statistics.median(mine):,.0f} /s; {TASKS_PEER} min {peer[0]:,.0f} "
+                         f"median {statistics.median(peer):,.0f} /s; ratio min {ratio[0]:.1f}x median "
+                         f"{statistics.median(ratio):.1f}x")
+    return "\n".join(lines)
+
+
 def machine() -> dict[str, Any]:
     cpu = ""
     try:
@@ -994,6 +1021,7 @@ def main() -> int:
         text += "\n" + ranges(compare_rows)
     if args.tasks:
         text += "\n" + tasks_summary(results)
+        text += "\n" + tasks_drain_rows(results)
     print()
     print(text)
     for kind, d in durable.items():

@@ -190,6 +190,13 @@ def group_alive(pgid: int) -> bool:
 
 
 def slot_pids(supervisor: int) -> list[int]:
+    """The supervisor's slot processes: spawned ones run ``spawn_main``; forked ones (a slot's first
+    process) have the supervisor's own command line."""
+    try:
+        with open(f"/proc/{supervisor}/cmdline", "rb") as f:
+            own = f.read()
+    except OSError:
+        own = b""
     out = []
     for pid in _pids():
         st = _stat(pid)
@@ -200,7 +207,7 @@ def slot_pids(supervisor: int) -> list[int]:
                 cmd = f.read()
         except OSError:
             continue
-        if b"spawn_main" in cmd:
+        if b"spawn_main" in cmd or (own and cmd == own):
             out.append(pid)
     return out
 

@@ -80,6 +80,26 @@ def test_a_worker_started_before_migrate_says_run_migrate(tmp_path) -> None:
     assert "run manage.py migrate" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.timeout(240)
+def test_a_worker_on_a_database_one_queue_migration_behind_says_run_migrate(tmp_path) -> None:
+    """The start's migration check reads the queue's migration files and django_migrations (not every
+    app's migrations): a database with every table but the last queue migration unrecorded is refused."""
+    import sqlite3
+
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "testproject.settings",
+           "SQLQUEUE_DATABASE_URL": f"sqlite:///{tmp_path}/behind.sqlite3"}
+    subprocess.run([sys.executable, str(REPO / "manage.py"), "migrate", "-v0"], cwd=REPO, env=env, check=True,
+                   timeout=200)
+    with sqlite3.connect(tmp_path / "behind.sqlite3") as db:
+        last = db.execute("SELECT name FROM django_migrations WHERE app = 'django_sqlqueue' ORDER BY name DESC"
+                          ).fetchone()[0]
+        db.execute("DELETE FROM django_migrations WHERE app = 'django_sqlqueue' AND name = ?", [last])
+    done = subprocess.run([sys.executable, str(REPO / "manage.py"), "run_queue_worker", "--burst"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 1, done.stderr
+    assert f"django_sqlqueue {last} not applied" in done.stderr and "Traceback" not in done.stderr
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(120)
 def test_a_burst_says_how_many_jobs_are_not_due_yet_and_when_the_next_is() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +21,27 @@ if TYPE_CHECKING:
 
 def _as_is(text: str) -> str:
     return text
+
+
+#: COPY's text format: a backslash, newline, carriage return or tab inside a value is escaped.
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+
+
+def _copy_escape(text: str) -> str:
+    return text.translate(_COPY_ESCAPES)
+
+
+def _copy_text(value: Any) -> str:
+    """One value as COPY's text format has it (NULL is ``\\N``)."""
+    if value is None:
+        return "\\N"
+    if value is True or value is False:
+        return "t" if value else "f"
+    if isinstance(value, str):
+        return _copy_escape(value)
+    if hasattr(value, "isoformat"):
+        return value.isoformat()
+    return _copy_escape(str(value))
 
 
 class PostgresDialect(Dialect):
@@ -323,6 +344,68 @@ class PostgresDialect(Dialect):
                 copy.write_row([job_id, *values])
                 out.append(self._returned_row(job_id, values, index))
         return out
+
+    # ----- bulk enqueue through COPY, returning ids (issue 30, item 4) ---------------------------------
+    #: ``enqueue_many`` of at least this many rows, none with a dedupe key, goes through :meth:`copy_stamped`.
+    copy_stamped_min_rows = 200
+
+    def copy_stamped(self, cursor: CursorWrapper, columns: list[str], rows: list[list[Any]], payloads: list[str],
+                     meanwhile: Callable[[list[int], Any], Any]) -> Any:
+        """Insert job rows with ONE ``COPY ... FROM STDIN`` in text format; return what ``meanwhile``
+        returns, called with their ids (in row order) and the database clock they were stamped with
+        after the last row is sent and before the server is waited for: the caller's work on the new
+        jobs overlaps the server's (a bulk load's server side takes as long as its client side).
+
+        ``rows`` are in ``columns`` (attnames) order with values in database form; ``payloads`` their
+        payloads' JSON text. None of them may carry a dedupe key: COPY has no ``ON CONFLICT``, so keyed
+        rows take :meth:`insert_job`. Only what the database decides comes back (as
+        :meth:`insert_stamped`): the caller has the rest of every row.
+
+        Why it is faster than :meth:`copy_jobs`: the ids come back as ONE array (not a row per job),
+        in one round trip with the clock; each line is formatted here from a prefix shared by every row
+        with the same values in the columns that are not the payload (rows of one bulk call mostly
+        are), instead of psycopg adapting every value of every row; and the lines go out in large writes.
+        """
+        Job = queue_model("Job")
+        cursor.execute(
+            "SELECT statement_timestamp(), (SELECT array_agg(nextval(pg_get_serial_sequence(%s, %s))) "
+            "FROM generate_series(1, %s))",
+            [Job._meta.db_table, Job._meta.pk.column, len(rows)],
+        )
+        now, drawn = cursor.fetchone()
+        ids = sorted(drawn)  # in row order, as an INSERT's VALUES would have drawn them
+        stamp = now.isoformat()
+        at = columns.index("payload")
+        fixed = [i for i, c in enumerate(columns) if c != "payload"]
+        by_column = {c: i for i, c in enumerate(columns)}
+        stamped = {by_column["enqueued_at"], by_column["updated_at"]}
+        scheduled_at = by_column["scheduled_for"]
+        copy_cols = [columns[i] for i in fixed] + ["payload", "id"]
+        prefixes: dict[tuple[Any, ...], str] = {}
+        lines: list[str] = []
+        with cursor.cursor.copy(
+                f"COPY {self.n.job} ({', '.join(self.n.j[c] for c in copy_cols)}) FROM STDIN") as copy:
+            for row, payload, job_id in zip(rows, payloads, ids, strict=True):
+                key = (*row[:at], *row[at + 1:])  # every value but the payload, in ``fixed`` order
+                prefix = prefixes.get(key)
+                if prefix is None:
+                    cells = []
+                    for i in fixed:
+                        if i in stamped or (i == scheduled_at and row[i] is None):
+                            cells.append(stamp)
+                        else:
+                            cells.append(_copy_text(row[i]))
+                    prefix = prefixes[key] = "\t".join(cells) + "\t"
+                if "\\" in payload:  # json.dumps escapes control characters: a backslash is all there is
+                    payload = _copy_escape(payload)
+                lines.append(f"{prefix}{payload}\t{job_id}\n")
+                if len(lines) >= 2000:
+                    copy.write("".join(lines))
+                    lines.clear()
+            if lines:
+                copy.write("".join(lines))
+            done = meanwhile(ids, now)
+        return done
 
     @staticmethod
     def _returned_row(job_id: int, values: list[Any], index: dict[str, int]) -> tuple[Any, ...]:

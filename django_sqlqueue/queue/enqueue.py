@@ -10,6 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
+from django.db.models import JSONField
+from django.db.models.base import ModelState
 
 from .. import bounds, hooks, jobtypes
 from ..conf import get_settings
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
 INSERT_COLUMNS: list[str] = ["queue", "job_type_id", "status_id", "step", "priority", "attempt_num", "max_attempts",
                              "payload", "error", "enqueued_at", "scheduled_for", "version", "updated_at", "worker",
                              "trace_context", "concurrency_key", "limited", "dedupe_key"]
+#: From this many specs, :meth:`EnqueueMixin.enqueue_many` validates them through :meth:`EnqueueMixin._bulk_rows`.
+BULK_ROWS_MIN = 50
 #: What a new job's remaining columns hold.
 _NOT_YET: dict[str, Any] = dict.fromkeys(("response", "started_at", "finished_at", "duration_ms", "lease_expires_at",
                                           "has_dependents", "batch_id"))
@@ -179,7 +183,9 @@ class EnqueueMixin(RowsMixin):
                 read.append(database_clock(alias))
             return read[0]
 
-        for spec in specs:
+        if len(specs) >= BULK_ROWS_MIN:
+            rows = self._bulk_rows(specs, infos, settings.MAX_PAYLOAD_BYTES, alias, dialect, carrier, clock)
+        for spec in specs if not rows else ():
             info = infos.get(spec.job_type)
             if info is None:
                 bounds.check_type_name(spec.job_type)
@@ -220,6 +226,8 @@ class EnqueueMixin(RowsMixin):
             found: list[Job | None] = [None]
             self._match_inserted(specs, found, 0, rows, inserted, alias)
             return found  # type: ignore[return-value]
+        if self._copies(dialect, rows):
+            return self._enqueue_copied(specs, rows, alias, flow)
         columns = INSERT_COLUMNS
         per_row = len(columns) - 2  # enqueued_at / updated_at are stamped by the database
         chunk = dialect.insert_chunk(per_row)
@@ -358,3 +366,128 @@ class EnqueueMixin(RowsMixin):
             values.update(zip(dialect.STAMPED, stamps, strict=True))
             out.append(self._instance({c: values[c] for c in JOB_COLUMNS}, using, fast))
         return out
+
+
+    # ----- bulk enqueue through the vendor's bulk load (issue 30, item 4) ------------------------------
+    @staticmethod
+    def _copies(dialect: Any, rows: list[list[Any]]) -> bool:
+        """Whether ``rows`` go in through the dialect's bulk load (PostgreSQL's COPY): enough of them, and
+        none with a dedupe key (those need the unique index's ``ON CONFLICT``, which COPY has not)."""
+        least = getattr(dialect, "copy_stamped_min_rows", None)
+        return least is not None and len(rows) >= least and all(r[-1] is None for r in rows)
+
+    def _enqueue_copied(self, specs: list[JobSpec], rows: list[list[Any]], alias: str, flow: bool) -> list[Job]:
+        """:meth:`enqueue_many`'s insert through :meth:`~.dialects.postgresql.PostgresDialect.copy_stamped`,
+        with everything else of it unchanged: one transaction, subtype rows, workflow links, ONE notify.
+
+        The Job objects are built from the rows as sent plus the ids and clock the database gave: no
+        row comes back (a bulk call's payloads would be sent back and parsed again)."""
+        connection = connections[alias]
+        dialect = get_dialect(connection)
+        settings = get_settings()
+        at = INSERT_COLUMNS.index("payload")
+        payloads = [dialect.json_text(r[at]) for r in rows]
+        with transaction.atomic(using=alias), connection.cursor() as cursor:
+            jobs = dialect.copy_stamped(cursor, INSERT_COLUMNS, rows, payloads,
+                                        lambda ids, now: self._copied_jobs(rows, payloads, ids, now, alias))
+            for spec, job in zip(specs, jobs, strict=True):
+                if spec.subtypes:
+                    self._save_subtypes(spec, job, alias)
+            if flow:
+                hooks.link_workflow(specs, jobs, alias)
+            notify = dialect.notify_sql()
+            if notify and settings.NOTIFY_CHANNEL:  # delivered on commit: idle workers wake for committed jobs
+                cursor.execute(notify, [settings.NOTIFY_CHANNEL, ",".join(sorted({s.queue for s in specs}))])
+        return jobs
+
+    def _bulk_rows(self, specs: list[JobSpec], infos: dict[Any, jobtypes.TypeInfo], limit: int, alias: str,
+                   dialect: Any, carrier: str | None, clock: Callable[[], datetime]) -> list[list[Any]]:
+        """The rows of many specs, as :meth:`_validated_row` makes them, validated once per set of options.
+
+        A bulk call's specs mostly share every option but their payload (and dedupe key): the first spec
+        of each set of options (type, queue, priority, schedule, delay, attempts, dependencies, key) goes
+        through :meth:`_validated_row`; the others copy its row and check only what differs, their
+        payload and dedupe key (and derive the concurrency key from the payload where the handler
+        declares one). Values are compared with their types (``1``, ``1.0`` and ``True`` differ); a spec
+        whose options cannot be compared (unhashable) is validated alone. ``infos`` gets each type.
+        """
+        from ..handlers import registry
+
+        payload_at, key_at = INSERT_COLUMNS.index("payload"), INSERT_COLUMNS.index("concurrency_key")
+        empty = dialect.json_param("{}")
+        templates: dict[tuple[Any, ...], tuple[list[Any], Any]] = {}
+        rows: list[list[Any]] = []
+        for spec in specs:
+            options: tuple[Any, ...] | None = (
+                spec.job_type, type(spec.queue), spec.queue, type(spec.priority), spec.priority,
+                type(spec.scheduled_for), spec.scheduled_for, type(spec.delay), spec.delay,
+                type(spec.max_attempts), spec.max_attempts, bool(spec.after),
+                type(spec.concurrency_key), spec.concurrency_key)
+            try:
+                found = templates.get(options)  # type: ignore[arg-type]
+            except TypeError:  # an unhashable option (refused by the validation below)
+                found, options = None, None
+            if found is None:
+                info = infos.get(spec.job_type)
+                if info is None:
+                    bounds.check_type_name(spec.job_type)
+                    info = jobtypes.get_type(spec.job_type, using=alias,
+                                             create=registry.is_registered(spec.job_type))
+                    infos[spec.job_type] = info
+                row = self._validated_row(spec, info, limit, alias, dialect, carrier, clock)
+                if options is not None:
+                    declared = registry.declared(info.name) if spec.concurrency_key is None else None
+                    templates[options] = (row, declared if declared is not None and declared.concurrency_key
+                                          is not None else None)
+                rows.append(row)
+                continue
+            template, declared = found
+            key = spec.dedupe_key  # checked as _validated_row checks it
+            if key is not None:
+                if not isinstance(key, str) or not 0 < len(key) <= 200:
+                    raise InvalidArgument("dedupe_key must be a non-empty string of at most 200 characters")
+                storable_key(key, "dedupe_key")
+            row = template.copy()
+            row[payload_at] = empty if spec.payload is None else dialect.json_param(
+                encode_json(spec.payload, "payload", limit))
+            if declared is not None:
+                row[key_at] = declared.key_of(spec.payload)
+            row[-1] = key
+            rows.append(row)
+        return rows
+
+    def _copied_jobs(self, rows: list[list[Any]], payloads: list[str], ids: list[int], now: datetime,
+                     alias: str) -> list[Job]:
+        """Jobs as a read of the new rows would return them (the JOB_COLUMNS a claim returns), from the
+        rows as sent, their payloads' JSON text, and the ids and clock stamp the database gave."""
+        connection = connections[alias]
+        payload_convs = self._converters(connection, ("payload",))
+        fast = self._fast_init()
+        sent = [(c, INSERT_COLUMNS.index(c)) for c in JOB_COLUMNS
+                if c in INSERT_COLUMNS and c not in ("payload", "enqueued_at", "updated_at", "scheduled_for")]
+        when_at = INSERT_COLUMNS.index("scheduled_for")
+        plain = type(self.model._meta.get_field("payload")).from_db_value is JSONField.from_db_value and \
+            self.model._meta.get_field("payload").decoder is None  # Django's own parse, no custom decoder
+        model, new = self.model, self.model.__new__
+        base = dict.fromkeys(JOB_COLUMNS)
+        base.update(_NOT_YET)
+        base["enqueued_at"] = base["updated_at"] = now
+        jobs = []
+        for row, text, job_id in zip(rows, payloads, ids, strict=True):
+            values = base.copy()
+            for c, i in sent:
+                values[c] = row[i]
+            values["id"] = job_id
+            when = row[when_at]
+            values["scheduled_for"] = now if when is None else when.astimezone(now.tzinfo)
+            # "{}" (no payload) parses to a new empty dict: json.loads of it was a fifth of this loop
+            values["payload"] = {} if text == "{}" and plain else self._convert([text], payload_convs, connection)[0]
+            if fast:  # _instance, inlined (as _rows_to_jobs does)
+                job = new(model)
+                state = job._state = ModelState()
+                state.adding, state.db = False, alias
+                job.__dict__.update(values)
+                jobs.append(job)
+            else:
+                jobs.append(self._instance(values, alias, fast))
+        return jobs

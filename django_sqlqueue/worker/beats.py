@@ -93,6 +93,11 @@ class Beats:
     _identity: Any = None
     _fatal: str | None = None
 
+    @property
+    def beaten(self) -> bool:
+        """A beat got through at least once (the slots it covered may claim)."""
+        return self._last_sent is not None
+
     # ----- slots come and go (the supervisor's loop) ---------------------------------------------------
     def attach(self, index: int, name: str, incarnation: str, link: Any) -> None:
         self.detach(index)

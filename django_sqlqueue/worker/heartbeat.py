@@ -33,6 +33,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from multiprocessing.connection import wait as wait_for
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
@@ -225,6 +226,8 @@ class Heartbeat:
         self._send_lock = threading.Lock()
         self._renewed: dict[int, float] = {}
         self._connect_error: str | None = None
+        #: A pipe whose write ends the linked loop's wait at once (a slot's stop waited up to REPORT_SECONDS).
+        self._stop_pipe: tuple[int, int] | None = None
 
     # ----- called by the worker's main thread ----------------------------------------------------
     def hold(self, leases: dict[int, float], claimed_at: float | None = None) -> None:
@@ -278,6 +281,8 @@ class Heartbeat:
 
     def start(self) -> None:
         loop = self._loop if self._link is None else self._linked_loop
+        if self._link is not None and self._stop_pipe is None:
+            self._stop_pipe = os.pipe()  # stop() wakes the linked loop out of its wait on the pipe to the supervisor
         self._thread = threading.Thread(target=loop, name=f"sqlqueue-heartbeat-{self.name}", daemon=True)
         self._thread.start()
 
@@ -287,8 +292,17 @@ class Heartbeat:
     def stop(self) -> None:
         self._stop = True
         self._wake.set()
+        if self._stop_pipe is not None:
+            try:
+                os.write(self._stop_pipe[1], b"x")
+            except OSError:
+                pass
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._stop_pipe is not None and not self.alive():
+            for fd in self._stop_pipe:
+                os.close(fd)
+            self._stop_pipe = None
 
     # ----- standing ------------------------------------------------------------------------------
     def window(self) -> float:
@@ -392,6 +406,8 @@ class Heartbeat:
 
     def _linked_loop(self) -> None:
         link = self._link
+        assert self._stop_pipe is not None
+        stop = self._stop_pipe[0]
         try:
             while not self._stop:
                 self._report()
@@ -399,7 +415,7 @@ class Heartbeat:
                 while not self._stop and (left := deadline - time.monotonic()) > 0:
                     if self._parent is not None and os.getppid() != self._parent:
                         os._exit(1)  # the supervisor is gone, so are we: our jobs are reclaimed by lease or name
-                    if link.poll(left):
+                    if link in wait_for([link, stop], left):
                         self._apply(link.recv())
         except (EOFError, OSError):  # the supervisor's end is closed: it is gone
             if not self._stop:

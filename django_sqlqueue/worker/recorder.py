@@ -82,7 +82,8 @@ class Recorder:
     def add(self, outcome: Outcome) -> None:
         """Keep a success for the next recording (the handler has returned; nothing is written yet)."""
         with self._lock:
-            if not self._pending:
+            first = not self._pending
+            if first:
                 self._since = time.monotonic()
             self._pending.append(outcome)
             self._publish()
@@ -93,7 +94,9 @@ class Recorder:
             self._thread = threading.Thread(target=self._watch, name=f"sqlqueue-recorder-{self.worker.name}",
                                             daemon=True)
             self._thread.start()
-        else:
+        elif first:
+            # Only the first pending success moves the watchdog's deadline (``_since``); waking it for
+            # every later one made it recompute the same deadline, a thread switch per job.
             self._wake.set()
 
     def pending_ids(self) -> list[int]:

@@ -10,22 +10,39 @@ import ctypes
 import logging
 import signal
 import sys
+import time
+from typing import Any
 
 from .contract import EXIT_FATAL, SlotChannel, WorkerConfig
 from .support import one_line
 
+#: Longest a slot waits for the supervisor's first connect attempt (its connect timeout, and a margin).
+GO_WAIT_SECONDS = 10.0
 
-def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None) -> None:
-    """Entry point of a slot process."""
+
+def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None, go: Any = None) -> None:
+    """Entry point of a slot process (spawned, or forked by the supervisor with Django set up).
+
+    ``go``: an Event the supervisor sets once its own first connect attempt is over; the slot connects
+    after that (or after GO_WAIT_SECONDS), so a role short of connections runs fewer slots.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the worker installs its own handlers
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked slot has the supervisor's handler
     _die_with_parent()
-    import django
+    from django.apps import apps
 
-    django.setup()
+    if not apps.ready:  # spawned: a fresh interpreter (forked: the supervisor's, set up already)
+        import django
+
+        django.setup()
     from .loop import Worker
     from .support import configure_logging
 
     configure_logging(log_level)
+    if go is not None:
+        deadline = time.monotonic() + GO_WAIT_SECONDS
+        while not go.wait(0.05) and not channel.stop.is_set() and time.monotonic() < deadline:
+            pass
     try:
         code = Worker(config, channel).run()
     except Exception as exc:

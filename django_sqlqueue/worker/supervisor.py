@@ -1,7 +1,9 @@
 """Process slots: start N worker processes, restart one that dies, kill one whose job overruns.
 
-Each slot is an OS process (``multiprocessing`` "spawn": a fresh interpreter that sets Django up,
-so no database connection or lock is ever inherited) running a :class:`~django_sqlqueue.worker.Worker`
+Each slot is an OS process (its first forked at the supervisor's start while the supervisor has no
+thread and no connection, see :meth:`Supervisor._first_slots`; a restart ``multiprocessing`` "spawn": a
+fresh interpreter that sets Django up; either way no database connection or lock is ever inherited)
+running a :class:`~django_sqlqueue.worker.Worker`
 named ``<worker-name>/<slot>``. A restarted slot keeps its name but gets a new incarnation (chosen
 here, so the supervisor knows which jobs each process claimed), so its claim takes back at once the
 Processing jobs its previous incarnation held.
@@ -92,6 +94,8 @@ CLEANUP_SECONDS = 5.0
 BURST_DEATHS_SECONDS = 60.0
 #: Connect timeout of the supervisor's connection, when the database's OPTIONS set none.
 CONNECT_TIMEOUT_SECONDS = 5.0
+#: The first maintenance pass waits at most this long for the slots' first beat (see _maintain).
+FIRST_MAINTENANCE_HOLD = 5.0
 
 
 @dataclass
@@ -145,6 +149,7 @@ class Supervisor:
     _signals: int = 0
     _stopping: bool = False
     _stop_deadline: float = 0.0
+    _started: float = 0.0
     _slots: list[Slot] = field(default_factory=list)
     _extra: list[int] = field(default_factory=lambda: [0] * N_COUNTERS)
     _exit_code: int = EXIT_OK
@@ -163,7 +168,7 @@ class Supervisor:
 
         settings = get_settings()
         self._using = self.config.using or settings.DATABASE
-        started = time.monotonic()
+        started = self._started = time.monotonic()
         ctx = multiprocessing.get_context("spawn")
         self._ctx = ctx
         self._beats = Beats(self._using, self.config.name, settings.HEARTBEAT_SECONDS,
@@ -177,13 +182,18 @@ class Supervisor:
         self._slots = [Slot(i, f"{self.config.name}/{i}", ctx.Event(), ctx.RawArray("q", N_COUNTERS))
                        for i in range(self.concurrency)]
         saved = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        bar = self._progress_bar()
+        bar = None
         next_sweep = started + SWEEP_SECONDS
         connections.close_all()  # nothing to inherit: the database thread holds the supervisor's connection
+        self._go = ctx.Event()  # set once the supervisor's first connect attempt is over (see _first_slots)
         try:
+            forked = self._first_slots(budget)
+            bar = self._progress_bar()  # after the fork: its monitor thread would rule forking out
             self._connect_first()
-            for slot in self._slots:
-                self._start(slot, budget)
+            self._db.submit("connected", self._connected)
+            if not forked:
+                for slot in self._slots:
+                    self._start(slot, budget)
             while not all(s.done for s in self._slots):
                 now = time.monotonic()
                 if self._signals and not self._stopping:
@@ -291,6 +301,39 @@ class Supervisor:
             log.info("worker_listening worker=%s slots=%s (one LISTEN for the worker: each notification wakes "
                      "one idle slot)", self.config.name, self.concurrency)
 
+    def _first_slots(self, budget: Any) -> bool:
+        """Fork the first process of every slot, when that is safe; True if it did.
+
+        A spawned slot is a fresh interpreter that imports Django and every app again: a second or more
+        of CPU before its first claim, most of a short --burst run's time. Forked, it starts with the
+        supervisor's imports and set-up Django. Forking is safe only here, before the supervisor starts a
+        thread or opens a connection: ``connections.close_all()`` has just run in the only thread, so no
+        connection, lock or thread is inherited (the reason the slots are otherwise spawned). Linux only,
+        and only while the process has no other thread (an app whose ``ready()`` started one gets
+        spawned slots, as before); a restarted slot is always spawned (the supervisor has threads then).
+        A forked slot waits for :attr:`_go` before it connects, so the supervisor still connects first.
+        """
+        import threading
+
+        if not sys.platform.startswith("linux") or threading.active_count() != 1:
+            return False
+        fork = multiprocessing.get_context("fork")
+        for slot in self._slots:
+            self._start(slot, budget, fork)
+        return True
+
+    def _connected(self) -> None:
+        """On the database thread, after the first connect: let the slots connect (a role short of
+        connections runs fewer slots, never slots without the supervisor's heartbeat)."""
+        from django.db import connections
+
+        try:
+            connections[self._using].ensure_connection()
+        except DatabaseError:
+            pass  # reported by the connect itself; the slots retry on their own
+        finally:
+            self._go.set()
+
     def _connect_now(self) -> None:
         from django.db import connections
 
@@ -365,15 +408,17 @@ class Supervisor:
             slot.done = True
 
     # ----- slots -----------------------------------------------------------------------------------
-    def _start(self, slot: Slot, budget: Any) -> None:
+    def _start(self, slot: Slot, budget: Any, start: Any = None) -> None:
+        """Start a process for ``slot``: spawned, or through ``start`` (the fork context, see _first_slots)."""
         from ..queue import new_incarnation
 
         slot.incarnation = new_incarnation()
         ours, theirs = self._ctx.Pipe(duplex=True)
         slot.channel = SlotChannel(self._ctx, slot.stop, slot.counters, budget, link=theirs, board=self._board,
                                    index=slot.index)
-        slot.proc = self._ctx.Process(target=slot_main, args=(self._slot_config(slot), slot.channel, self.log_level),
-                                      name=f"sqlqueue-slot-{slot.index}")
+        slot.proc = (start or self._ctx).Process(
+            target=slot_main, args=(self._slot_config(slot), slot.channel, self.log_level, self._go),
+            name=f"sqlqueue-slot-{slot.index}")
         slot.proc.start()
         theirs.close()  # the slot has its copy: its death closes the pipe
         self._beats.attach(slot.index, slot.name, slot.incarnation, ours)
@@ -619,6 +664,10 @@ class Supervisor:
         """Submit the maintenance turn when it is due and the last one has finished (no pile-up behind a
         database that does not answer)."""
         if not self._maintenance.due(now) or (self._maintaining is not None and not self._maintaining.finished):
+            return
+        if self._maintaining is None and not self._beats.beaten and now - self._started < FIRST_MAINTENANCE_HOLD:
+            # The first pass waits for the slots' first beat: on the one database thread, a pass (tenths
+            # of a second) submitted before it held every slot's first claim back for as long.
             return
         self._maintaining = self._db.submit("maintenance", self._maintenance.run)
 

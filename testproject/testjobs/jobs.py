@@ -275,3 +275,12 @@ def cancel_then_fail(job: JobContext) -> Any:
         Job.objects.cancel(job.pk, by="operator", reason="testing")
         raise RuntimeError("failed right after the cancel request")
     return {"ran_in_attempt": job.attempt_num}
+
+
+@sqlqueue.handler("test.ProcessInfo")
+def process_info(job: JobContext) -> Any:
+    """How the slot process running it was started: its command line ("spawn_main" for a spawned slot,
+    the supervisor's own for a forked one) and its parent's pid."""
+    with open("/proc/self/cmdline", "rb") as f:
+        cmdline = f.read().replace(b"\0", b" ").decode()
+    return {"cmdline": cmdline, "pid": os.getpid(), "ppid": os.getppid()}

@@ -1,0 +1,48 @@
+"""How a worker's slot processes start: the first process of each slot is forked from the supervisor
+(Django already set up: a short --burst run no longer pays a second interpreter's imports), a
+restarted one is spawned (the supervisor has threads and a connection by then), and a forked slot
+still runs its jobs, stops on SIGTERM and is replaced when it dies, as a spawned one is.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from django_sqlqueue.models import Job
+from django_sqlqueue.queue import JobSpec
+from django_sqlqueue.states import Status
+from tests import workerutil as wu
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
+worker_procs = wu.worker_procs
+
+
+def test_first_slots_are_forked_from_the_supervisor(worker_procs) -> None:
+    jobs = Job.objects.enqueue_many([JobSpec("test.ProcessInfo") for _ in range(6)])
+    w = worker_procs("--burst", "--concurrency", "2", "--batch", "1", "--worker-name", "forked")
+    assert w.wait(90) == 0, w.output()
+    done = list(Job.objects.filter(pk__in=[j.pk for j in jobs]))
+    assert [j.state for j in done] == [Status.COMPLETED] * 6
+    for job in done:
+        info = job.response
+        assert info["ppid"] == w.proc.pid  # a child of the supervisor ...
+        assert "spawn_main" not in info["cmdline"]  # ... not a spawned interpreter
+        assert "run_queue_worker" in info["cmdline"]  # it is the supervisor's process image
+    assert "processed=6 succeeded=6" in w.stdout()
+
+
+def test_a_restarted_slot_is_spawned_and_runs_the_next_job(worker_procs) -> None:
+    died = Job.objects.enqueue("test.Exit", {"code": 3}, priority=10, max_attempts=1)
+    w = worker_procs("--batch", "1", "--worker-name", "respawned")
+    wu.wait_until(lambda: Job.objects.get(pk=died.pk).state == Status.FAILED, 60,
+                  what="the job that killed its slot to be recorded failed")
+    after = Job.objects.enqueue("test.ProcessInfo")
+    wu.wait_until(lambda: Job.objects.get(pk=after.pk).state == Status.COMPLETED, 60,
+                  what="the restarted slot to run the next job")
+    info = Job.objects.get(pk=after.pk).response
+    assert info["ppid"] == w.proc.pid
+    assert "spawn_main" in info["cmdline"]  # a restart is a fresh interpreter
+    w.signal(signal.SIGTERM)
+    assert w.wait(60) == 0, w.output()
