@@ -313,6 +313,15 @@ def _babelfish_fresh_connection(request):
     request.getfixturevalue("django_db_setup")
     with request.getfixturevalue("django_db_blocker").unblock():
         connection.close()
+    # From here on the driver pools this process's connections (tests/sessiondb.py turned its pool off
+    # for the database's creation, above). Babelfish compiles each T-SQL batch once per server
+    # session, 2-7 s for the claim's batch, and every transactional test closes its connections: a
+    # pooled session is reset on its way back (SET options, temp tables and open transactions are
+    # gone, as SQL Server's sp_reset_connection does) but keeps what it compiled, so each test no
+    # longer pays the compile again. Worker processes are their own sessions and still pay it.
+    import mssql_python
+
+    mssql_python.pooling(max_size=16, idle_timeout=3600)
     # The harness's flush keeps content types and permissions (testproject/babelfish: KEPT), so the
     # handlers that would write them back after every transactional test are not needed.
     from django.contrib.auth.management import create_permissions
@@ -322,3 +331,7 @@ def _babelfish_fresh_connection(request):
     post_migrate.disconnect(create_contenttypes)
     post_migrate.disconnect(create_permissions, dispatch_uid="django.contrib.auth.management.create_permissions")
     yield
+    # Really close the pooled sessions before the test database is dropped (it refuses while in use).
+    with request.getfixturevalue("django_db_blocker").unblock():
+        connection.close()
+    mssql_python.pooling(enabled=False)
