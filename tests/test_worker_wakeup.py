@@ -142,7 +142,47 @@ def test_a_wake_up_wakes_exactly_one_idle_slot_process() -> None:
     # No slot idle: the wake-up is kept for the next slot to idle, once.
     assert not board.wake_one()
     assert board.wait(0, 0.0, lambda: False) is True
-    assert board.wait(0, 0.1, lambda: False) is False
+    poller = board.poller.value  # the first of them to idle, which polls on its own interval
+    assert poller in range(4)
+    assert board.wait(poller, 0.1, lambda: False) is False
+
+
+def test_only_one_idle_slot_polls_and_a_busy_poller_hands_the_role_on() -> None:
+    """Issue 28: an idle worker's slots polled each on its own interval (statements per second grew with
+    the slots). One polls; the others wait for a bell; the poller that claimed work passes the role on."""
+    import multiprocessing
+
+    from django_sqlqueue.worker.contract import IDLE_BACKSTOP_SECONDS, WakeBoard
+    from tests.procutil import board_waiter
+
+    ctx = multiprocessing.get_context("spawn")
+    board = WakeBoard(ctx, 3)
+    assert board.wait(0, 0.01, lambda: False) is False  # the first to idle polls: its interval ends its wait
+    assert board.poller.value == 0
+    out = ctx.Queue()
+    other = ctx.Process(target=board_waiter, args=(board, 1, 0.01, out), daemon=True)
+    other.start()
+    wu.wait_until(lambda: board.idle[1] == 1, 60, what="slot 1 idle")
+    time.sleep(1.0)  # a hundred of its intervals: not the poller, it waits for a bell (or the backstop)
+    assert out.empty() and IDLE_BACKSTOP_SECONDS >= 10
+    # A notification wakes an idle slot that is not the poller first.
+    board.idle[0] = 1
+    assert board.wake_one()
+    assert out.get(timeout=30) == (1, True)
+    assert board.idle[0] == 1
+    board.idle[0] = 0
+    other.join(30)
+    # The poller claimed work: the role is free, and an idle slot is woken to take it.
+    other = ctx.Process(target=board_waiter, args=(board, 2, 0.01, out), daemon=True)
+    other.start()
+    wu.wait_until(lambda: board.idle[2] == 1, 60, what="slot 2 idle")
+    board.pass_poll(1)  # not the poller: nothing changes
+    assert board.poller.value == 0 and out.empty()
+    board.pass_poll(0)
+    assert out.get(timeout=30) == (2, True)
+    other.join(30)
+    assert board.poller.value == -1
+    assert board.wait(2, 0.01, lambda: False) is False and board.poller.value == 2  # it polls from now on
 
 
 def test_one_notification_wakes_one_of_four_idle_slots(worker_procs) -> None:

@@ -17,6 +17,9 @@ from typing import Any
 #: Counter slots (shared with the supervisor when there is one).
 SUCCEEDED, RETRIED, FAILED, CANCELLED, RELEASED = range(5)
 N_COUNTERS = 5
+#: Seconds an idle slot that is not its worker's poller waits for a bell before it looks by itself (a
+#: backstop: the poller, a notification or a busy slot's hand-over wakes it first).
+IDLE_BACKSTOP_SECONDS = 30.0
 #: Exit codes of a slot process (a supervisor believes one only if the slot also declared it, see
 #: slots.py: a handler's own ``os._exit(3)`` is a death, not a fatal error).
 EXIT_OK, EXIT_FORCED, EXIT_FATAL, EXIT_REPLACED = 0, 1, 3, 4
@@ -100,11 +103,20 @@ class WakeBoard:
     them: the others stay asleep instead of racing to claim the same job. A notification that finds no
     slot idle is kept (``pending``, at most one per slot) so a slot that was between an empty claim and
     its wait does not sleep through it.
+
+    Only ONE idle slot polls (the *poller*, the first to idle when none is): the others wait for a bell,
+    with :data:`IDLE_BACKSTOP_SECONDS` as a backstop. So an idle worker sends one claim per poll interval
+    whatever its slots (issue 28: four idle slots sent four). A poller whose claim found work passes the
+    role on (:meth:`pass_poll`): it wakes one idle slot, which polls from then on; a notification wakes an
+    idle slot that is not the poller first. Without LISTEN (SQL Server) the board is the same, without
+    the notifications: the poller finds new jobs within the poll interval, as every slot did before.
     """
 
     def __init__(self, ctx: Any, slots: int) -> None:
-        self.idle = ctx.Array("b", slots)  # its lock guards idle and pending
+        self.idle = ctx.Array("b", slots)  # its lock guards idle, pending and poller
         self.pending = ctx.Value("i", 0, lock=False)
+        #: The slot that polls while idle, or -1 (the next slot to idle takes the role).
+        self.poller = ctx.Value("i", -1, lock=False)
         # A semaphore per slot, not an Event: its release is one sem_post (an Event's set waits for the
         # woken process to acknowledge, a round trip between processes on the pickup path).
         self.bells = [ctx.Semaphore(0) for _ in range(slots)]
@@ -114,7 +126,9 @@ class WakeBoard:
     def wake_one(self, *, keep: bool = True) -> bool:
         """Wake one idle slot; True if one was. Else, with ``keep``, remember it for the next to idle."""
         with self.idle.get_lock():
-            for index in range(len(self.bells)):
+            poller = self.poller.value
+            # The poller last: it looks on its own timer anyway, and woken it would hand its role on.
+            for index in [i for i in range(len(self.bells)) if i != poller] + ([poller] if poller >= 0 else []):
                 if self.idle[index]:
                     self.idle[index] = 0
                     self.bells[index].release()
@@ -128,13 +142,27 @@ class WakeBoard:
         for bell in self.bells:
             bell.release()
 
+    def pass_poll(self, index: int) -> None:
+        """Slot ``index`` claimed work: if it was the poller, the role goes to an idle slot (woken to
+        take it), so that the worker keeps looking while this one runs its jobs."""
+        with self.idle.get_lock():
+            if self.poller.value != index:
+                return
+            self.poller.value = -1
+        self.wake_one(keep=False)
+
     def wait(self, index: int, seconds: float, stop: Any) -> bool:
-        """Slot ``index`` idles up to ``seconds``: True when woken (or a wake-up was pending)."""
+        """Slot ``index`` idles up to ``seconds`` if it is the poller, else up to
+        :data:`IDLE_BACKSTOP_SECONDS` (at least ``seconds``): True when woken (or a wake-up was pending)."""
         bell = self.bells[index]
         with self.idle.get_lock():
             if self.pending.value > 0:
                 self.pending.value -= 1
                 return True
+            if self.poller.value < 0:
+                self.poller.value = index
+            if self.poller.value != index:
+                seconds = max(seconds, IDLE_BACKSTOP_SECONDS)
             self.idle[index] = 1
         try:
             end = time.monotonic() + seconds

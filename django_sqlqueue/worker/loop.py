@@ -220,8 +220,11 @@ class Worker:
                 idle = min(idle * 2, s.POLL_MAX_SECONDS)
                 continue
             idle = s.POLL_MIN_SECONDS
-            if len(jobs) >= self._asked > 1 and self.channel is not None and self.channel.board is not None:
-                self.channel.board.wake_one(keep=False)  # a full batch: more may wait, for another idle slot
+            board = self.channel.board if self.channel is not None else None
+            if board is not None:
+                board.pass_poll(self.channel.index)  # busy now: another idle slot keeps looking
+                if len(jobs) >= self._asked > 1:
+                    board.wake_one(keep=False)  # a full batch: more may wait, for another idle slot
             started, ran = time.monotonic(), 0
             for job in jobs:
                 if self.stop_requested():
@@ -683,6 +686,8 @@ class Worker:
         if self._claim_in_doubt and not self.heartbeat.replaced:
             self._db(self._hand_back_unreceived, retry_while_stopping=2)
         self.heartbeat.stop()
+        if self.channel is not None and self.channel.board is not None:
+            self.channel.board.pass_poll(self.channel.index)  # a slot leaving (--max-jobs) stops polling
         if self._listener is not None:
             self._listener.close()
         self._db(mark_stopped, self.name, self.using, self.heartbeat.take_done(), self.incarnation,

@@ -270,8 +270,11 @@ class Supervisor:
         from ..dialects import capabilities
         from . import wakeup
 
-        listens = bool(settings.NOTIFY_CHANNEL) and capabilities(connections[self._using].vendor).can_listen
+        vendor = connections[self._using].vendor
+        listens = bool(settings.NOTIFY_CHANNEL) and capabilities(vendor).can_listen
         if not listens:
+            if vendor != "sqlite":  # one idle slot polls, the others wait for its bell (WakeBoard)
+                self._board = WakeBoard(ctx, self.concurrency)
             return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS)
         self._board = WakeBoard(ctx, self.concurrency)
         listen_alias = settings.LISTEN_DATABASE or self._using
@@ -312,10 +315,19 @@ class Supervisor:
         and only while the process has no other thread (an app whose ``ready()`` started one gets
         spawned slots, as before); a restarted slot is always spawned (the supervisor has threads then).
         A forked slot waits for :attr:`_go` before it connects, so the supervisor still connects first.
+
+        Never on SQL Server: its drivers pool connections in the process (mssql-python by default,
+        pyodbc through the ODBC driver manager), so ``close_all()`` hands the supervisor's session back to
+        the pool instead of closing it, and a forked slot's first connect would take that very session,
+        which the supervisor's own connect takes too: two processes on one TDS stream (seen over TDS:
+        every forked slot died and was respawned).
         """
         import threading
 
-        if not sys.platform.startswith("linux") or threading.active_count() != 1:
+        from django.db import connections
+
+        if (not sys.platform.startswith("linux") or threading.active_count() != 1
+                or connections[self._using].vendor == "microsoft"):
             return False
         fork = multiprocessing.get_context("fork")
         for slot in self._slots:
