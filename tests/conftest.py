@@ -17,10 +17,6 @@ VENDOR_DB = os.environ.get("SQLQUEUE_TEST_DB", "sqlite")
 
 _NEEDS_LOCKING = ("needs SQL Server's locking (UPDLOCK/READPAST/HOLDLOCK between concurrent sessions): Babelfish "
                   "parses and drops every table hint; runs on a real SQL Server (tests/test_mssql_live.py)")
-_BUDGET = ("CI time budget (the stages run at once in 30 min): vendor-independent worker-process, browser and "
-           "admin logic that the sqlite and postgres stages run; the T-SQL these paths send runs here in-process "
-           "(test_claim, test_standing, test_schedules, test_limits, test_admin_pages, test_purge); measured "
-           "2026-11-27: with them the tds stage was at 13 % after 4 min on a quiet machine")
 _BABELFISH_DDL = ("Babelfish gap: ALTER TABLE ... SET (LOCK_ESCALATION = ...) is not supported there, and this test "
                   "migrates back and forward over migration 0014")
 #: The tds stage (Babelfish, not SQL Server): what cannot run there, and why. Node id prefixes.
@@ -33,30 +29,10 @@ TDS_SKIPS = {
     "tests/test_enqueue.py::test_dedupe_under_a_race_of_two_processes": _NEEDS_LOCKING,
     # two workers' schedule looks at once: one job per tick rests on the looks' UPDLOCK/READPAST
     "tests/test_schedules_workers.py::test_two_workers_": _NEEDS_LOCKING,
-    "tests/test_hostile_worker.py": _BUDGET,
-    "tests/test_recovery.py::test_a_worker_killed": _BUDGET,
-    "tests/test_browser_operator.py": _BUDGET,
-    "tests/test_browser_safety.py": _BUDGET,
-    "tests/test_demo_hint.py": _BUDGET,
-    "tests/test_type_cache.py": _BUDGET,
-    "tests/test_admin_operator.py": _BUDGET,
-    "tests/test_hostile_admin.py": _BUDGET,
-    "tests/test_worker_process.py": _BUDGET,
-    "tests/test_cancel_worker.py": _BUDGET,
-    "tests/test_schedules_workers.py": _BUDGET,
-    "tests/test_worker_serving.py": _BUDGET,
-    "tests/test_worker_connections.py": _BUDGET,
-    "tests/test_maintenance.py::test_two_workers_": _BUDGET,
-    "tests/test_worker_names.py::test_two_default_named_workers_in_pid_namespaces": _BUDGET,
-    "tests/test_worker_names.py::test_a_second_worker_in_a_pid_namespace": _BUDGET,
-    "tests/test_worker_names.py::test_a_second_worker_process_under_a_live_name": _BUDGET,
-    "tests/test_newcomer_walkthrough.py::test_the_newcomers_mistakes": _BUDGET,
     # Migrating back and forward in a test: Babelfish refuses 0014's ALTER TABLE ... SET (LOCK_ESCALATION)
     # ("not currently supported in Babelfish", seen 2026-11-27; the session's own migrate runs it once).
     "tests/test_limits.py::test_rows_out_of_bounds_are_clamped_when_read_and_by_the_migration": _BABELFISH_DDL,
     "tests/test_schedules.py::test_migrate_syncs_the_declared_schedules": _BABELFISH_DDL,
-    "tests/test_queue_pause.py::test_a_burst_worker_leaves": _BUDGET,
-    "tests/test_browser_admin.py": _BUDGET,
 }
 
 

@@ -65,7 +65,9 @@ def test_a_worker_row_lists_what_it_serves_and_the_diagnosis_follows() -> None:
         assert any("none of the 1 live worker(s) serves queue default and type nobody.Handles" in r
                    for r in reasons), reasons
         time.sleep(1.0)
-        assert Job.objects.get(pk=job.pk).attempt_num == 0 and not JobAttempt.objects.filter(job_id=job.pk).exists()
+        seen = Job.objects.get(pk=job.pk)
+        assert seen.attempt_num == 0 and not JobAttempt.objects.filter(job_id=job.pk).exists(), (
+            seen.worker, list(Worker.objects.values_list("name", "stopped_at", "types")))
 
 
 def test_a_type_created_after_the_start_is_handed_back_once_attempt_refunded() -> None:
