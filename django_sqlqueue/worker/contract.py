@@ -188,6 +188,9 @@ class SlotChannel:
     def __init__(self, ctx: Any, stop: Any, counters: Any, budget: Any, *, link: Any = None,
                  board: WakeBoard | None = None, index: int = 0) -> None:
         self.stop = stop  # multiprocessing Event: "stop after the current job"
+        #: The supervisor's pid: a slot whose parent is another process by the time it asked to die with
+        #: its parent was orphaned before it could ask (slots.py).
+        self.supervisor_pid = os.getpid()
         #: The slot's end of a pipe to the supervisor: SlotReports go up, BeatResults come back.
         self.link = link
         #: Idle slots wait here for the supervisor's LISTEN (None: the slot waits its own way).

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import signal
 import sys
 import time
 from typing import Any
 
-from .contract import EXIT_FATAL, SlotChannel, WorkerConfig
+from .contract import EXIT_FATAL, EXIT_FORCED, SlotChannel, WorkerConfig
 from .support import one_line
 
 #: Longest a slot waits for the supervisor's first connect attempt (its connect timeout, and a margin).
@@ -29,6 +30,10 @@ def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None,
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the worker installs its own handlers
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked slot has the supervisor's handler
     _die_with_parent()
+    if os.getppid() != channel.supervisor_pid:
+        # The supervisor was gone before the line above could tie this process to it (a slot started
+        # while it stopped): nobody would stop this slot, which would claim and run jobs on its own.
+        os._exit(EXIT_FORCED)
     from django.apps import apps
 
     if not apps.ready:  # spawned: a fresh interpreter (forked: the supervisor's, set up already)
