@@ -17,8 +17,6 @@ VENDOR_DB = os.environ.get("SQLQUEUE_TEST_DB", "sqlite")
 
 _NEEDS_LOCKING = ("needs SQL Server's locking (UPDLOCK/READPAST/HOLDLOCK between concurrent sessions): Babelfish "
                   "parses and drops every table hint; runs on a real SQL Server (tests/test_mssql_live.py)")
-_BABELFISH_DDL = ("Babelfish gap: ALTER TABLE ... SET (LOCK_ESCALATION = ...) is not supported there, and this test "
-                  "migrates back and forward over migration 0014")
 #: The tds stage (Babelfish, not SQL Server): what cannot run there, and why. Node id prefixes.
 TDS_SKIPS = {
     "tests/test_concurrency.py": _NEEDS_LOCKING,
@@ -35,10 +33,6 @@ TDS_SKIPS = {
     # a look held up by another session's lock on the schedule table (and, over TDS, the killed slot's
     # claim, still waiting in its server session, went on to claim the next test's job as that slot)
     "tests/test_schedules_workers.py::test_a_look_waiting_on_a_lock": _NEEDS_LOCKING,
-    # Migrating back and forward in a test: Babelfish refuses 0014's ALTER TABLE ... SET (LOCK_ESCALATION)
-    # ("not currently supported in Babelfish", seen 2026-11-27; the session's own migrate runs it once).
-    "tests/test_limits.py::test_rows_out_of_bounds_are_clamped_when_read_and_by_the_migration": _BABELFISH_DDL,
-    "tests/test_schedules.py::test_migrate_syncs_the_declared_schedules": _BABELFISH_DDL,
 }
 
 

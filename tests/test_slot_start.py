@@ -56,8 +56,7 @@ def test_a_restarted_slot_is_spawned_and_runs_the_next_job(worker_procs) -> None
 
 def test_a_slot_orphaned_before_it_could_tie_itself_to_its_supervisor_exits_at_once() -> None:
     """A slot started while its supervisor was stopping can find it gone before it asks the kernel to
-    kill it with its parent: nobody would stop it, and it would claim and run jobs on its own (over TDS
-    a restarted slot went on claiming after its test's worker had exited 0)."""
+    kill it with its parent: nobody would stop it, and it would claim and run jobs on its own."""
     import multiprocessing
 
     from django_sqlqueue.worker.contract import EXIT_FORCED, N_COUNTERS, SlotChannel, WorkerConfig
