@@ -56,19 +56,20 @@ def test_a_restarted_slot_is_spawned_and_runs_the_next_job(worker_procs) -> None
 
 def test_a_slot_orphaned_before_it_could_tie_itself_to_its_supervisor_exits_at_once() -> None:
     """A slot started while its supervisor was stopping can find it gone before it asks the kernel to
-    kill it with its parent: nobody would stop it, and it would claim and run jobs on its own."""
+    kill it with its parent: nobody would stop it, and it would claim and run jobs on its own. It exits
+    with its own code before it sets Django up or runs a worker (which would declare an exit code)."""
     import multiprocessing
+    import os
 
-    from django_sqlqueue.worker.contract import EXIT_FORCED, N_COUNTERS, SlotChannel, WorkerConfig
+    from django_sqlqueue.worker.contract import EXIT_ORPHANED, N_COUNTERS, SlotChannel, WorkerConfig
     from django_sqlqueue.worker.slots import slot_main
 
     ctx = multiprocessing.get_context("spawn")
     channel = SlotChannel(ctx, ctx.Event(), ctx.RawArray("q", N_COUNTERS), None)
-    assert channel.supervisor_pid == __import__("os").getpid()
+    assert channel.supervisor_pid == os.getpid()
     channel.supervisor_pid = -1  # the process that starts it is not the supervisor it was made for
-    job = Job.objects.enqueue("test.Noop")
     proc = ctx.Process(target=slot_main, args=(WorkerConfig(name="orphan", burst=True), channel, None))
     proc.start()
     proc.join(120)
-    assert proc.exitcode == EXIT_FORCED
-    assert Job.objects.get(pk=job.pk).state == Status.PENDING  # it claimed nothing
+    assert proc.exitcode == EXIT_ORPHANED
+    assert channel.declared.value == -1  # no Worker ran (a run declares its exit code)

@@ -181,8 +181,57 @@ def test_only_one_idle_slot_polls_and_a_busy_poller_hands_the_role_on() -> None:
     board.pass_poll(0)
     assert out.get(timeout=30) == (2, True)
     other.join(30)
-    assert board.poller.value == -1
-    assert board.wait(2, 0.01, lambda: False) is False and board.poller.value == 2  # it polls from now on
+    assert board.poller.value == 2  # the woken slot polls from now on ...
+    assert board.wait(2, 0.01, lambda: False) is False and board.poller.value == 2
+    # ... and hands the role on in turn when its claim gets work: a backlog wakes the idle slots one by one
+    # (with one job per claim, no "full batch" wake-up would).
+    chain = [ctx.Process(target=board_waiter, args=(board, i, 300.0, out), daemon=True) for i in (0, 1)]
+    for proc in chain:
+        proc.start()
+    wu.wait_until(lambda: board.idle[0] == 1 and board.idle[1] == 1, 60, what="slots 0 and 1 idle")
+    board.pass_poll(2)
+    first = out.get(timeout=30)
+    assert first[1] is True and board.poller.value == first[0]
+    board.pass_poll(first[0])
+    assert out.get(timeout=30) == (1 - first[0], True) and board.poller.value == 1 - first[0]
+    for proc in chain:
+        proc.join(30)
+
+
+def test_a_dead_slot_leaves_the_board_and_a_leaving_slot_wakes_the_idle_ones() -> None:
+    """A slot killed while idle (it was the poller) must not keep the role nor swallow wake-ups; a --burst
+    slot that leaves (drained) wakes the idle ones, which would otherwise see it only at their backstop."""
+    import multiprocessing
+
+    from django_sqlqueue.worker.contract import WakeBoard
+    from tests.procutil import board_waiter
+
+    ctx = multiprocessing.get_context("spawn")
+    board = WakeBoard(ctx, 3)
+    assert board.wait(0, 0.01, lambda: False) is False and board.poller.value == 0
+    out = ctx.Queue()
+    waiter = ctx.Process(target=board_waiter, args=(board, 1, 300.0, out), daemon=True)
+    waiter.start()
+    wu.wait_until(lambda: board.idle[1] == 1, 60, what="slot 1 idle")
+    board.idle[0] = 1  # slot 0 idle ... and killed there (its process never clears the flag)
+    board.slot_gone(0)
+    assert board.idle[0] == 0
+    assert out.get(timeout=30) == (1, True) and board.poller.value == 1  # the role went to an idle slot
+    waiter.join(30)
+    # A bell rung for a process that died before it woke is kept for the next slot to idle.
+    board.idle[2] = 1
+    assert board.wake_one()
+    board.slot_gone(2)
+    assert board.pending.value == 1 and board.wait(1, 300.0, lambda: False) is True
+    # wake_idle: every idle slot, not one.
+    waiters = [ctx.Process(target=board_waiter, args=(board, i, 300.0, out), daemon=True) for i in (0, 2)]
+    for proc in waiters:
+        proc.start()
+    wu.wait_until(lambda: board.idle[0] == 1 and board.idle[2] == 1, 60, what="slots 0 and 2 idle")
+    board.wake_idle()
+    assert sorted(out.get(timeout=30) for _ in waiters) == [(0, True), (2, True)]
+    for proc in waiters:
+        proc.join(30)
 
 
 def test_one_notification_wakes_one_of_four_idle_slots(worker_procs) -> None:

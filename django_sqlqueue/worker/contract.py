@@ -23,6 +23,8 @@ IDLE_BACKSTOP_SECONDS = 30.0
 #: Exit codes of a slot process (a supervisor believes one only if the slot also declared it, see
 #: slots.py: a handler's own ``os._exit(3)`` is a death, not a fatal error).
 EXIT_OK, EXIT_FORCED, EXIT_FATAL, EXIT_REPLACED = 0, 1, 3, 4
+#: A slot that found its supervisor gone before it started (slots.py): no supervisor reads it.
+EXIT_ORPHANED = 6
 #: A --burst slot gave up on an unreachable database after WorkerConfig.db_wait seconds.
 EXIT_DB_GONE = 5
 
@@ -143,16 +145,42 @@ class WakeBoard:
             bell.release()
 
     def pass_poll(self, index: int) -> None:
-        """Slot ``index`` claimed work: if it was the poller, the role goes to an idle slot (woken to
-        take it), so that the worker keeps looking while this one runs its jobs."""
+        """Slot ``index`` claimed work: if it was the poller, the role goes to an idle slot, woken to take
+        it, so that the worker keeps looking while this one runs its jobs. The woken slot is the poller
+        from then on: if its claim gets work too, it hands the role on in turn, so a backlog wakes the
+        idle slots one after the other (a batch of one per claim included)."""
         with self.idle.get_lock():
             if self.poller.value != index:
                 return
             self.poller.value = -1
-        self.wake_one(keep=False)
+            for other in range(len(self.bells)):
+                if other != index and self.idle[other]:
+                    self.idle[other] = 0
+                    self.poller.value = other
+                    self.bells[other].release()
+                    return
 
-    def wait(self, index: int, seconds: float, stop: Any) -> bool:
-        """Slot ``index`` idles up to ``seconds`` if it is the poller, else up to
+    def wake_idle(self) -> None:
+        """Wake every idle slot (one leaves for good: a --burst run drained, a --max-jobs budget spent;
+        the others find out at their next claim, not at their backstop)."""
+        with self.idle.get_lock():
+            for index in range(len(self.bells)):
+                if self.idle[index]:
+                    self.idle[index] = 0
+                    self.bells[index].release()
+
+    def slot_gone(self, index: int) -> None:
+        """Slot ``index``'s process is gone (it died, or was killed while idle): it is no longer idle, and
+        if it was the poller another idle slot takes the role."""
+        with self.idle.get_lock():
+            self.idle[index] = 0
+            while self.bells[index].acquire(False):  # a wake-up rung for the dead process: not lost
+                self.pending.value = min(len(self.bells), self.pending.value + 1)
+        self.pass_poll(index)
+
+    def wait(self, index: int, seconds: float, stop: Any, *, alone: bool = False) -> bool:
+        """Slot ``index`` idles up to ``seconds`` if it is the poller (or ``alone``: a --burst or
+        --max-jobs run, where every slot looks on its own interval), else up to
         :data:`IDLE_BACKSTOP_SECONDS` (at least ``seconds``): True when woken (or a wake-up was pending)."""
         bell = self.bells[index]
         with self.idle.get_lock():
@@ -161,7 +189,7 @@ class WakeBoard:
                 return True
             if self.poller.value < 0:
                 self.poller.value = index
-            if self.poller.value != index:
+            if self.poller.value != index and not alone:
                 seconds = max(seconds, IDLE_BACKSTOP_SECONDS)
             self.idle[index] = 1
         try:

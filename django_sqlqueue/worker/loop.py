@@ -163,7 +163,11 @@ class Worker:
         if channel is None or channel.link is None:
             return wakeup.for_worker(self.using, self.config.queues, self.stop_requested, self.name)
         if channel.board is not None:  # the supervisor LISTENs (or will, once its connection is back)
-            return wakeup.BoardWaker(channel.board, channel.index), "listen" if channel.board.listening.value else "poll"
+            # A --burst or --max-jobs run ends when its slots find nothing (or the budget spent) at their
+            # next claim: each looks on its own interval there, not after the idle backstop.
+            alone = self.config.burst or bool(self.config.max_jobs)
+            return (wakeup.BoardWaker(channel.board, channel.index, alone=alone),
+                    "listen" if channel.board.listening.value else "poll")
         watcher = wakeup.SqliteWatcher.for_alias(self.using)
         return (watcher, "data_version") if watcher is not None else (None, "poll")
 
@@ -687,7 +691,9 @@ class Worker:
             self._db(self._hand_back_unreceived, retry_while_stopping=2)
         self.heartbeat.stop()
         if self.channel is not None and self.channel.board is not None:
-            self.channel.board.pass_poll(self.channel.index)  # a slot leaving (--max-jobs) stops polling
+            self.channel.board.pass_poll(self.channel.index)  # a slot leaving stops polling
+            if self.config.burst or self.config.max_jobs:
+                self.channel.board.wake_idle()  # drained or budget spent: the others find out at once
         if self._listener is not None:
             self._listener.close()
         self._db(mark_stopped, self.name, self.using, self.heartbeat.take_done(), self.incarnation,

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from .contract import EXIT_FATAL, EXIT_FORCED, SlotChannel, WorkerConfig
+from .contract import EXIT_FATAL, EXIT_ORPHANED, SlotChannel, WorkerConfig
 from .support import one_line
 
 #: Longest a slot waits for the supervisor's first connect attempt (its connect timeout, and a margin).
@@ -33,7 +33,7 @@ def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None,
     if os.getppid() != channel.supervisor_pid:
         # The supervisor was gone before the line above could tie this process to it (a slot started
         # while it stopped): nobody would stop this slot, which would claim and run jobs on its own.
-        os._exit(EXIT_FORCED)
+        os._exit(EXIT_ORPHANED)
     from django.apps import apps
 
     if not apps.ready:  # spawned: a fresh interpreter (forked: the supervisor's, set up already)

@@ -456,6 +456,8 @@ class Supervisor:
             self._check_timeout(slot)
             return
         slot.proc.join()
+        if self._board is not None:
+            self._board.slot_gone(slot.index)  # not idle any more; its poller role goes to an idle slot
         code = slot.proc.exitcode
         running = int(slot.channel.current[0]) if slot.channel is not None else 0
         declared = slot.channel.declared.value if slot.channel is not None else code

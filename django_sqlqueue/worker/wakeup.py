@@ -329,12 +329,13 @@ class SqliteWatcher:
 class BoardWaker:
     """A slot's wait under a supervisor that LISTENs for it: woken through the worker's WakeBoard."""
 
-    def __init__(self, board: Any, index: int) -> None:
+    def __init__(self, board: Any, index: int, *, alone: bool = False) -> None:
         self.board = board
         self.index = index
+        self.alone = alone  # poll on its own interval even when another slot is the poller
 
     def wait(self, seconds: float, stop: Callable[[], bool]) -> bool:
-        return bool(self.board.wait(self.index, seconds, stop))
+        return bool(self.board.wait(self.index, seconds, stop, alone=self.alone))
 
     def close(self) -> None:
         pass
