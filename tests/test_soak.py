@@ -71,7 +71,7 @@ def _others_wait_for_us(query_like: str) -> bool:
         return cursor.fetchone()[0] > 0
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(420)  # a bound for a hang: its waits add up to minutes on a loaded machine
 def test_slot_killed_while_recording_its_result_does_not_get_its_attempt_back(worker_procs, tmp_path) -> None:
     """A slot killed after its handler ran, before the outcome committed: the run must stay in the history.
 
@@ -123,7 +123,7 @@ def test_slot_killed_while_recording_its_result_does_not_get_its_attempt_back(wo
     assert Job.objects.get(pk=job.pk).attempt_num == 2
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(420)  # a bound for a hang: two worker start-ups, a 60 s lease and a reclaim under load
 def test_a_restarted_slot_that_dies_does_not_hand_back_its_predecessors_job(worker_procs) -> None:
     """A job still held under a slot's name by an EARLIER process (a worker killed -9 and restarted under
     the same name) ran in that process: the new slot dying must not hand it back as unstarted.
@@ -163,7 +163,10 @@ def test_a_restarted_slot_that_dies_does_not_hand_back_its_predecessors_job(work
         os.kill(slots[0], signal.SIGKILL)
         wu.wait_until(lambda: "slot_died" in second.stderr(), 10, what="the supervisor to see the slot die")
     # Up to its 60 s lease and a claim after it on a loaded machine: a bound for a hang, not a speed.
-    wu.wait_until(lambda: Job.objects.get(pk=job.pk).state == Status.COMPLETED, 180, what="the job to complete")
+    try:
+        wu.wait_until(lambda: Job.objects.get(pk=job.pk).state == Status.COMPLETED, 180, what="the job to complete")
+    except AssertionError as exc:  # what the worker was doing meanwhile
+        raise AssertionError(f"{exc}\n{second.output()}") from None
     second.signal(signal.SIGTERM)
     assert second.wait(30) == 0, second.output()
     runs = sorted(SideEffect.objects.filter(job_id=job.pk).values_list("attempt_num", flat=True))
