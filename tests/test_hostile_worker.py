@@ -72,7 +72,7 @@ def resume_group(proc: wu.WorkerProcess) -> None:
     os.killpg(proc.pid, signal.SIGCONT)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(360)  # a bound for a hang: the waits below add up to more under load
 def test_a_paused_worker_and_its_same_name_twin_never_run_one_job_at_once(worker_procs, tmp_path) -> None:
     """Finding 21.1: pause past the dead-after time, a twin starts under the name, the first resumes."""
     path = tmp_path / "ticks.log"
@@ -113,7 +113,7 @@ def first_pid(path: Path) -> int:
     return ticks(path)[0][0]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # a bound for a hang: the waits below add up to more under load
 def test_a_slot_paused_past_its_lease_never_runs_alongside_the_new_owner(worker_procs, tmp_path) -> None:
     """Finding 21.6: only the slot is paused (its supervisor is not); another worker takes the job.
 
@@ -172,7 +172,7 @@ def test_a_handler_exit_code_is_a_slot_death_not_a_worker_verdict(worker_procs, 
     assert worker.wait(timeout=60) == 0, worker.output()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(360)  # a bound for a hang: the waits below add up to more under load
 def test_a_handler_exiting_0_under_burst_is_a_death_and_the_worker_row_is_stopped(worker_procs, job_log) -> None:
     """Finding 21.10: ``os._exit(0)`` under --burst used to look like a drained slot."""
     dying = Job.objects.enqueue("test.Exit", {"log": str(job_log.path), "code": 0}, max_attempts=1)
@@ -226,7 +226,7 @@ def test_a_claim_whose_reply_is_lost_costs_no_attempt(worker_procs, job_log) -> 
     assert lost.exists() and all(a.outcome_id == Status.PENDING and a.finished_at for a in lost)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # a bound for a hang: the waits below add up to more under load
 def test_a_slot_whose_heartbeat_cannot_connect_stops_claiming(worker_procs, tmp_path) -> None:
     """Finding 22.1: a role at its connection limit lets the job connection work while every heartbeat
     fails; the slot used to go on claiming, and others took its jobs as a dead worker's: double runs."""

@@ -69,7 +69,7 @@ def _log_count(proc: wu.WorkerProcess, text: str) -> int:
     return proc.stderr().count(text)
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)  # a bound for a hang: the waits below add up to more under load
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_one_runs_maintenance_and_the_other_takes_over_once_its_lease_ran_out(worker_procs) -> None:
     # A 12-s maintenance lease: a loaded machine's stall of a few seconds must not let the other worker

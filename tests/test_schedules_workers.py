@@ -122,7 +122,7 @@ def test_a_malformed_schedules_setting_stops_no_worker(worker_procs, malformed):
     assert kept.declared and kept.enabled
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(540)  # a bound for a hang: the waits below add up to more under load
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_frozen_inside_a_look_does_not_stop_the_fleets_ticks(worker_procs):
     """Issue 31, item 2: a supervisor SIGSTOPped while its look's transaction holds the claimed schedule
@@ -193,7 +193,7 @@ def test_a_worker_frozen_inside_a_look_does_not_stop_the_fleets_ticks(worker_pro
     assert len(set(counts)) == len(counts)  # (the unique key says so too: no tick twice)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)  # a bound for a hang: the waits below add up to more under load
 @pytest.mark.django_db(transaction=True)
 def test_a_look_waiting_on_a_lock_does_not_hold_up_the_supervisor(worker_procs):
     """The looks run in a thread of their own: while the schedule table is locked (SQLite: another
