@@ -163,6 +163,10 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if _CLAIMED:
+        mine = sorted(path for path, claimed in _CLAIMED.items() if claimed)
+        terminalreporter.line(f"part {os.environ.get('SQLQUEUE_TEST_SHARD')}: ran {len(mine)} of {len(_CLAIMED)} "
+                              f"test files (dealt at run time): {' '.join(mine)}")
     unexpected = getattr(config, "_sqlqueue_unexpected_skips", None)
     if not unexpected:
         return
@@ -192,13 +196,18 @@ TDS_SECONDS_FILE = Path(__file__).with_name("tds_seconds.json")
 
 
 def _keep_shard(config, items, runs: dict[str, int], shard: str) -> None:
-    """``SQLQUEUE_TEST_SHARD=K/N``: keep the test files of part K of N (scripts/test.sh runs the tds stage
+    """``SQLQUEUE_TEST_SHARD=K/N``: run part K of N of the test files (scripts/test.sh runs the tds stage
     in two parts at once, each with its own test database: one session keeps one core busy, Babelfish's
-    and the client's turns alternating). Whole files, dealt longest first to the part with the least
-    time so far, so that both sessions collect the same split. A file's time is what it took in a
-    recorded run (tests/tds_seconds.json: dealing by test count left one part 700 s longer than the
-    other, since one worker-process test costs what fifty in-process ones do); a file not recorded
-    counts the recorded median per test, times its tests."""
+    and the client's turns alternating). Whole files, longest first by what each took in a recorded run
+    (tests/tds_seconds.json; a file not recorded counts the recorded median per test, times its tests).
+
+    With ``SQLQUEUE_TEST_SHARD_CLAIMS=DIR`` (a directory the parts share, empty at the start) the files are
+    dealt while the parts run: each part collects every file in that order and, on reaching a file, runs
+    it only if it is the first to claim it (:func:`pytest_runtest_protocol`). Whichever part is free takes
+    the next longest file, so a wrong estimate costs at most one file's time at the end, where the
+    split dealt up front once left one part 440 s longer than the other. Without it the files are dealt
+    up front, longest first to the part with the least time so far, so that every part collects the same
+    split."""
     k, _, n = shard.partition("/")
     part, parts = int(k), int(n)
     if not 1 <= part <= parts:
@@ -212,14 +221,59 @@ def _keep_shard(config, items, runs: dict[str, int], shard: str) -> None:
             return 0.0
         return float(recorded[path]) if path in recorded else median * runs[path]
 
+    order = sorted(runs, key=lambda p: (-cost(p), p))
+    if _claims_dir():
+        rank = {path: i for i, path in enumerate(order)}
+        items.sort(key=lambda item: rank[_file_of(item)])  # stable: a file's tests keep their order
+        return
     loads = [0.0] * parts
     owner: dict[str, int] = {}
-    for path in sorted(runs, key=lambda p: (-cost(p), p)):
+    for path in order:
         owner[path] = loads.index(min(loads)) + 1
         loads[owner[path] - 1] += cost(path)
-    kept = [item for item in items if owner[item.nodeid.split("::")[0]] == part]
-    config.hook.pytest_deselected(items=[item for item in items if owner[item.nodeid.split("::")[0]] != part])
+    kept = [item for item in items if owner[_file_of(item)] == part]
+    config.hook.pytest_deselected(items=[item for item in items if owner[_file_of(item)] != part])
     items[:] = kept
+
+
+def _file_of(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _claims_dir() -> Path | None:
+    """The directory the parts of a sharded run claim their files in, when they are dealt at run time."""
+    claims = os.environ.get("SQLQUEUE_TEST_SHARD_CLAIMS", "")
+    return Path(claims) if claims and os.environ.get("SQLQUEUE_TEST_SHARD") else None
+
+
+#: Test file -> whether this part claimed it (files dealt at run time; see :func:`_keep_shard`).
+_CLAIMED: dict[str, bool] = {}
+
+
+def _claim(claims: Path, path: str) -> bool:
+    """Claim ``path`` for this part: the first part to create its marker file (O_EXCL) runs it."""
+    marker = claims / (re.sub(r"[^A-Za-z0-9_.-]", "_", path) + ".claim")
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as out:
+        out.write(os.environ.get("SQLQUEUE_TEST_SHARD", "") + "\n")
+    return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Files dealt at run time: a test of a file another part claimed is passed over without a report
+    (that part runs and reports it). Every test of a file sits together, so the claim is made once, at
+    the file's first test; the fixtures of the file run before stay torn down as usual."""
+    claims = _claims_dir()
+    if claims is None:
+        return None
+    path = _file_of(item)
+    if path not in _CLAIMED:
+        _CLAIMED[path] = _claim(claims, path)
+    return None if _CLAIMED[path] else True
 
 
 @pytest.fixture
