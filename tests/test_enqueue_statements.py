@@ -288,3 +288,38 @@ def test_a_keyed_enqueue_in_autocommit_wakes_workers(noop_type: JobType, listene
     assert [n.payload for n in listener.notifies(timeout=30, stop_after=1)] == ["keyed"]
     Job.objects.enqueue("Noop", queue="keyed", dedupe_key="k1")  # deduplicated: nothing new to wake for
     assert _notes(listener, 0.5) == []
+
+
+#: 90 queue names of 100 characters: their list (9,089 bytes) is longer than PostgreSQL takes in one
+#: notification (under 8,000 bytes).
+MANY_QUEUES = [f"{i:02d}-" + "q" * 97 for i in range(90)]
+
+
+def test_an_enqueue_to_more_queues_than_one_notification_names_wakes_every_queue(
+        noop_type: JobType, listener: Any) -> None:
+    """Before, the bulk enqueue sent the whole list and PostgreSQL refused it ("payload string too
+    long"): the enqueue failed. Now the jobs go in and the wake-up names every queue."""
+    from django_sqlqueue.dialects import WAKE_ALL
+    from django_sqlqueue.queue import JobSpec
+
+    _warm()
+    _notes(listener, 0.2)
+    jobs = Job.objects.enqueue_many([JobSpec("Noop", queue=q) for q in MANY_QUEUES])
+    assert Job.objects.filter(pk__in=[j.pk for j in jobs]).count() == len(MANY_QUEUES)
+    assert [n.payload for n in listener.notifies(timeout=30, stop_after=1)] == [WAKE_ALL]
+    with transaction.atomic():  # one transaction's wake-up after its commit, the same way
+        for queue in MANY_QUEUES:
+            Job.objects.enqueue("Noop", queue=queue)
+    assert [n.payload for n in listener.notifies(timeout=30, stop_after=1)] == [WAKE_ALL]
+    Job.objects.enqueue_many([JobSpec("Noop", queue=q) for q in MANY_QUEUES[:3]])  # a short list is named
+    assert [n.payload for n in listener.notifies(timeout=30, stop_after=1)] == [",".join(sorted(MANY_QUEUES[:3]))]
+
+
+def test_a_worker_wakes_for_its_queues_or_for_all() -> None:
+    from django_sqlqueue.dialects import WAKE_ALL, wake_payload, wakes
+
+    assert wake_payload(["b", "a", "b"]) == "a,b"
+    assert wake_payload(MANY_QUEUES) == WAKE_ALL
+    assert len(wake_payload(MANY_QUEUES[:70]).encode()) < 8000  # the longest list still named
+    assert wakes("a,b", ["b"]) and wakes("a,b", []) and wakes(WAKE_ALL, ["x"])
+    assert not wakes("a,b", ["c"]) and not wakes("ab", ["a"])

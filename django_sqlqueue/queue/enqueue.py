@@ -15,7 +15,7 @@ from django.db.models.base import ModelState
 
 from .. import bounds, hooks, jobtypes
 from ..conf import get_settings
-from ..dialects import JOB_COLUMNS, get_dialect
+from ..dialects import JOB_COLUMNS, get_dialect, wake_payload
 from ..exceptions import InvalidArgument, SubtypeMismatch
 from ..states import DEDUPE_SCOPE, Status
 from .rows import RowsMixin
@@ -78,7 +78,7 @@ def _send_pending_wakeup(alias: str, channel: str) -> None:
     pending = getattr(connection, _PENDING, None)
     if not pending:
         return
-    queues = ",".join(sorted(pending))
+    queues = wake_payload(pending)
     pending.clear()
     with connection.cursor() as cursor:
         get_dialect(connection).notify_after_commit(cursor, channel, queues)
@@ -204,7 +204,7 @@ class EnqueueMixin(RowsMixin):
             # the same round trip, see Dialect.insert_stamped): no BEGIN, no COMMIT round trips.
             # Inside the caller's atomic() no SAVEPOINT either (one statement cannot half-succeed),
             # and the wake-up is sent once per transaction, after its commit (_notify_on_commit).
-            queues = ",".join(sorted({s.queue for s in specs}))
+            queues = wake_payload(s.queue for s in specs)
             # commit_on_exit is False in an atomic() entered with AUTOCOMMIT off: Django never runs its
             # on_commit hooks there, so the wake-up rides in the transaction (insert_stamped) instead.
             inside = connection.in_atomic_block and connection.commit_on_exit
@@ -248,9 +248,8 @@ class EnqueueMixin(RowsMixin):
                 hooks.link_workflow(specs, jobs, alias)  # type: ignore[arg-type]
             notify = dialect.notify_sql()
             if notify and settings.NOTIFY_CHANNEL:
-                queues = sorted({s.queue for s in specs})
                 # Delivered only when the transaction commits: idle workers wake for committed jobs.
-                cursor.execute(notify, [settings.NOTIFY_CHANNEL, ",".join(queues)])
+                cursor.execute(notify, [settings.NOTIFY_CHANNEL, wake_payload(s.queue for s in specs)])
         return jobs  # type: ignore[return-value]
 
     def _validated_row(self, spec: JobSpec, info: jobtypes.TypeInfo, limit: int, alias: str,
@@ -397,7 +396,7 @@ class EnqueueMixin(RowsMixin):
                 hooks.link_workflow(specs, jobs, alias)
             notify = dialect.notify_sql()
             if notify and settings.NOTIFY_CHANNEL:  # delivered on commit: idle workers wake for committed jobs
-                cursor.execute(notify, [settings.NOTIFY_CHANNEL, ",".join(sorted({s.queue for s in specs}))])
+                cursor.execute(notify, [settings.NOTIFY_CHANNEL, wake_payload(s.queue for s in specs)])
         return jobs
 
     def _bulk_rows(self, specs: list[JobSpec], infos: dict[Any, jobtypes.TypeInfo], limit: int, alias: str,

@@ -43,6 +43,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from ..dialects import wakes
+
 log = logging.getLogger("django_sqlqueue.worker")
 
 #: Seconds a listener waits for its own test notification before it decides LISTEN does not work
@@ -244,7 +246,7 @@ class PgListener:
                 continue
             try:
                 for note in self._conn.notifies(timeout=min(left, 0.25), stop_after=1):
-                    if not self.queues or self.queues & set(note.payload.split(",")):
+                    if wakes(note.payload, self.queues):
                         return True
             except Exception as exc:
                 self._give_up(exc)
@@ -341,10 +343,6 @@ class BoardWaker:
         pass
 
 
-def _wanted(payload: str, queues: set[str]) -> bool:
-    return not queues or bool(queues & set(payload.split(",")))
-
-
 class SharedListener:
     """LISTEN on the supervisor's own connection; each notification wakes one idle slot.
 
@@ -382,7 +380,7 @@ class SharedListener:
             self._lost(exc)
             return
         for note in notes:
-            if note.channel == self.channel and _wanted(note.payload, self.queues):
+            if note.channel == self.channel and wakes(note.payload, self.queues):
                 self.board.wake_one()
 
     def _connection(self) -> Any:
