@@ -160,6 +160,11 @@ def _build(user: Any) -> QueueSettings:
         if not isinstance(getattr(result, name), str):
             problems.append(f"SQLQUEUE[{name!r}] must be a string (a database alias, a channel name), "
                             f"got {getattr(result, name)!r}")
+    if isinstance(result.NOTIFY_CHANNEL, str) and len(result.NOTIFY_CHANNEL.encode()) > 63:
+        # PostgreSQL's identifier limit: pg_notify refuses a longer channel ("channel name too long")
+        # and, sent after an autocommit enqueue's COMMIT, would fail every enqueue of committed jobs.
+        problems.append(f"SQLQUEUE['NOTIFY_CHANNEL'] must be at most 63 bytes (a PostgreSQL identifier), "
+                        f"got {len(result.NOTIFY_CHANNEL.encode())}")
     databases = getattr(django_settings, "DATABASES", {}) or {}
     if isinstance(result.DATABASE, str) and result.DATABASE not in databases:
         problems.append(f"SQLQUEUE['DATABASE'] names {result.DATABASE!r}, which is not in DATABASES"

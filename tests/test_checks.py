@@ -35,6 +35,16 @@ def test_every_settings_mistake_is_reported_at_once() -> None:
     assert text.count("sqlqueue.E001") == 3 and text.count("sqlqueue.E002") == 1
 
 
+def test_a_notify_channel_postgresql_would_refuse_fails_plain_check() -> None:
+    """pg_notify refuses a channel over 63 bytes: sent after an autocommit enqueue's COMMIT, it would
+    fail every enqueue of jobs that did go in. Refused at check time instead."""
+    with override_settings(SQLQUEUE={"NOTIFY_CHANNEL": "c" * 64}):
+        text = check_ids()
+    assert "SQLQUEUE['NOTIFY_CHANNEL'] must be at most 63 bytes (a PostgreSQL identifier), got 64" in text
+    with override_settings(SQLQUEUE={"NOTIFY_CHANNEL": "c" * 63}):
+        call_command("check")  # the longest PostgreSQL takes
+
+
 def test_use_tz_false_fails_plain_check() -> None:
     with override_settings(USE_TZ=False):
         assert "sqlqueue.E004" in check_ids()
