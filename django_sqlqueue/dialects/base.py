@@ -385,6 +385,19 @@ class Dialect:
             f"OR (j.{j['status_id']} = {int(Status.PROCESSING)} AND j.{j['lease_expires_at']} < {self.now()}))"
         )
 
+    def oldest_limited_due_sql(self) -> str:
+        """``MIN(scheduled_for)`` of the due Pending jobs of limited types (the dashboard, the metrics).
+
+        Those jobs are not in the claim index. Read from ``sqlqueue_job_limited`` alone (its own filter,
+        literally), which holds only limited jobs: SQLite's planner, without statistics, took the status
+        index's range of EVERY Pending job instead (an equality on its first column looks cheaper), so
+        the index is pinned there."""
+        j = self.n.j
+        return (f"SELECT MIN(j.{j['scheduled_for']}) FROM {self.n.job} j{self.index_hint('sqlqueue_job_limited')} "
+                f"WHERE j.{j['status_id']} IN ({sql_list(CLAIMABLE | {Status.PROCESSING})}) "
+                f"AND j.{j['limited']} = {self.true_literal} AND j.{j['status_id']} = {int(Status.PENDING)} "
+                f"AND j.{j['scheduled_for']} <= {self.now()}")
+
     def permit_filters(self, req: ClaimRequest) -> tuple[str, list[Any]]:
         """The permits (alias ``p``) a claim may take: free, of the worker's types if it names some, not
         *surplus*, and of a scope none of whose surplus permits is held.

@@ -17,9 +17,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.db import connections
 from django.db.models import Min, Q, QuerySet
+from django.db.models.expressions import Col
 
 from ..conf import get_settings
+from ..dialects import get_dialect
 from ..dialects.predicates import claim_index_rows, index_predicate
 from ..states import CLAIMABLE, Status, sql_list
 
@@ -140,15 +143,28 @@ def oldest_due(job_model: type[Job], now: datetime) -> datetime | None:
     # the (status, type, queue) index and every claimable row per priority: 0.3 s each at 100,000 due).
     using = job_model.objects.db
     unlimited = job_model.objects.filter(claim_index_rows(using))
-    oldest = (job_model.objects.filter(index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})"),
-                                       limited=True, status_id=Status.PENDING, scheduled_for__lte=now)
-              .aggregate(m=Min("scheduled_for"))["m"])
+    oldest = _oldest_limited_due(job_model)
     for priority in distinct_values(unlimited, "priority", limit=100):
         first = (unlimited.filter(status_id=Status.PENDING, priority=priority, scheduled_for__lte=now)
                  .order_by("scheduled_for").values_list("scheduled_for", flat=True).first())
         if first is not None and (oldest is None or first < oldest):
             oldest = first
     return oldest
+
+
+def _oldest_limited_due(job_model: type[Job]) -> datetime | None:
+    """The due time of the oldest due Pending job of a limited type (the database's clock), converted as
+    the ORM converts the column (SQLite's text, SQL Server's naive UTC)."""
+    connection = connections[job_model.objects.db]
+    with connection.cursor() as cursor:
+        cursor.execute(get_dialect(connection).oldest_limited_due_sql(), [])
+        value = cursor.fetchone()[0]
+    if value is None:
+        return None
+    column = Col(job_model._meta.db_table, job_model._meta.get_field("scheduled_for"))
+    for convert in connection.ops.get_db_converters(column):
+        value = convert(value, column, connection)
+    return value
 
 
 # ----- per-queue latency (the dashboard, the metrics, the throughput page) ------------------------------
