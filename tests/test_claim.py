@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from django_sqlqueue import InvalidArgument, Status, UnknownJobType, enqueue, jobtypes
@@ -213,3 +214,27 @@ def test_a_claim_alone_is_one_statement_without_begin_or_commit(noop_type: JobTy
         [done], [second] = Job.objects.complete_and_claim([(first, {"ok": 1})], "w", 1)
     assert [q["sql"].split()[0] for q in joined.captured_queries] == ["BEGIN", "WITH", "WITH", "COMMIT"]
     assert done.state is Status.COMPLETED and second.state is Status.PROCESSING and second.pk != first.pk
+
+
+def test_claimed_rows_convert_their_datetimes_as_django_does(noop_type: JobType) -> None:
+    """The claim's rows skip Django's per-value datetime converter where the connection is UTC
+    (queue/rows.py): the values must be what the ORM itself reads, on every vendor."""
+    from datetime import UTC, datetime
+
+    from django_sqlqueue.queue.rows import _faster, _utc_datetime_value
+
+    job = Job.objects.enqueue("Noop", delay=60)
+    Job.objects.filter(pk=job.pk).update(scheduled_for=timezone.now() - timedelta(hours=1))
+    claimed = Job.objects.claim("w-conv", 1)[0]
+    read = Job.objects.get(pk=job.pk)
+    for name in ("enqueued_at", "scheduled_for", "started_at", "lease_expires_at", "updated_at"):
+        assert getattr(claimed, name) == getattr(read, name) and getattr(claimed, name).utcoffset() == timedelta(0), name
+    assert claimed.finished_at is None and read.finished_at is None
+    backend = getattr(connection.ops, "convert_datetimefield_value", None)
+    if backend is None:  # PostgreSQL: the driver returns aware values, there is nothing to convert
+        return
+    assert _faster(backend, connection) is _utc_datetime_value
+    naive = datetime(2026, 11, 27, 21, 0, 0, 123456)
+    samples = [None, naive, naive.replace(tzinfo=UTC)] + (["2026-11-27 21:00:00.123456"] if connection.vendor == "sqlite" else [])
+    for value in samples:
+        assert _utc_datetime_value(value, None, connection) == backend(value, None, connection), value
