@@ -859,7 +859,7 @@ def tasks_drain_rows(results: list[dict]) -> str:
     over the ``--repeat`` interleaved repeats: min and median of each system's drain rate and of the
     ratio taken within each repeat (the two systems of one repeat ran back to back)."""
     lines = ["drain via @task vs django-tasks-db (launch to exit, start-up included; min / median over the repeats):"]
-    plain = [r for r in results if not r.get("target") and not r.get("interleaved_run")]
+    plain = [r for r in results if not r.get("target") and not r.get("interleaved_run") and not r.get("concurrent_run")]
     for dbk, slots in sorted({(r["database"], r["slots"]) for r in plain}):
         at: dict[int, dict[str, dict]] = {}
         for r in plain:
