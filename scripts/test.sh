@@ -109,8 +109,8 @@ if "$PY" -c 'import sys; from tests.babelfish import kit; sys.exit(0 if kit() el
     # Babelfish now and then fails a statement it ran many times before with this planner error (never
     # SQL Server's; the table it names is a control character, e.g. "\x05", so the pattern stops before
     # the name): such a test runs again from its start, twice at most; any other failure fails the stage.
-    # The parts deal the test files between them as they go, longest first (SQLQUEUE_TEST_SHARD_CLAIMS: a
-    # directory where each part claims a file before running it), so they end within about one file.
+    # The parts deal the test files between them as they go, in the suite's order (SQLQUEUE_TEST_SHARD_CLAIMS:
+    # a directory where each part claims a file before running it), so they end within about one file.
     claims="$logdir/tds-claims"
     mkdir -p "$claims"
     for part in 1 2; do

@@ -203,12 +203,14 @@ def _keep_shard(config, items, runs: dict[str, int], shard: str) -> None:
     (tests/tds_seconds.json; a file not recorded counts the recorded median per test, times its tests).
 
     With ``SQLQUEUE_TEST_SHARD_CLAIMS=DIR`` (a directory the parts share, empty at the start) the files are
-    dealt while the parts run: each part collects every file in that order and, on reaching a file, runs
-    it only if it is the first to claim it (:func:`pytest_runtest_protocol`). Whichever part is free takes
-    the next longest file, so a wrong estimate costs at most one file's time at the end, where the
-    split dealt up front once left one part 440 s longer than the other. Without it the files are dealt
-    up front, longest first to the part with the least time so far, so that every part collects the same
-    split."""
+    dealt while the parts run: each part collects every file, in the suite's order, and on reaching a
+    file runs it only if it is the first to claim it (:func:`pytest_runtest_protocol`). Whichever part is
+    free takes the next file, so the parts end within about one file of each other, where the split
+    dealt up front once left one part 440 s longer than the other. (Longest first was tried: both parts
+    then ran the heaviest worker-process files at once, at the start, beside the other stages' start, and
+    five of them failed their bounds over TDS; each part in the suite's order, as before, spreads them.)
+    Without it the files are dealt up front, longest first to the part with the least time so far, so
+    that every part collects the same split."""
     k, _, n = shard.partition("/")
     part, parts = int(k), int(n)
     if not 1 <= part <= parts:
@@ -222,11 +224,9 @@ def _keep_shard(config, items, runs: dict[str, int], shard: str) -> None:
             return 0.0
         return float(recorded[path]) if path in recorded else median * runs[path]
 
-    order = sorted(runs, key=lambda p: (-cost(p), p))
     if _claims_dir():
-        rank = {path: i for i, path in enumerate(order)}
-        items.sort(key=lambda item: rank[_file_of(item)])  # stable: a file's tests keep their order
-        return
+        return  # every file collected, in order; pytest_runtest_protocol runs the ones this part claims
+    order = sorted(runs, key=lambda p: (-cost(p), p))
     loads = [0.0] * parts
     owner: dict[str, int] = {}
     for path in order:

@@ -241,6 +241,7 @@ def test_one_notification_wakes_one_of_four_idle_slots(worker_procs) -> None:
         pytest.skip("PostgreSQL: LISTEN/NOTIFY")
     w = worker_procs("--worker-name", "one", "--concurrency", "4", "--log-level", "DEBUG")
     wu.wait_until(lambda: w.stderr().count("wakeup=listen") == 4, 90, what=f"four listening slots\n{w.output()}")
+    assert w.stderr().count("worker_listening") == 1  # one LISTEN for the worker, said once
     time.sleep(2.0)
     before = w.stderr().count("slot_woken")
     jobs = []
@@ -286,6 +287,6 @@ def test_a_backlog_the_poller_finds_wakes_the_other_idle_slots_one_after_another
     gate.touch()
     wu.wait_until(lambda: Job.objects.filter(pk__in=[j.pk for j in jobs], status_id=Status.COMPLETED).count() == 3,
                   60, what=f"the three jobs done\n{w.output()}")
-    assert "wakeup=listen" not in w.stderr()  # it really heard nothing
+    assert "wakeup=listen" not in w.stderr() and "worker_listening" not in w.stderr()  # it heard nothing
     w.signal(signal.SIGTERM)
     assert w.wait(60) == 0, w.output()

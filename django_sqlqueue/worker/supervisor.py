@@ -293,6 +293,7 @@ class Supervisor:
         """Start connecting (and LISTENing) before the slots start: a slot takes a second or more to
         boot, so a role short of connections runs fewer slots, never slots that no heartbeat covers."""
         listener = getattr(self, "_shared_listener", None)
+        listening = listener is not None
         if listener is not None:
             self._db.start()  # its idle hook connects and LISTENs at once
         else:
@@ -300,7 +301,10 @@ class Supervisor:
             if self._listen_thread is not None and self._listen_thread.start():
                 assert self._board is not None
                 self._board.listening.value = 1
-        if self._board is not None:
+                listening = True
+        # Only where it LISTENs: SQL Server (and PostgreSQL with NOTIFY_CHANNEL = "") has the board with
+        # no notifications, and the slots' worker_started line says wakeup=poll there.
+        if listening:
             log.info("worker_listening worker=%s slots=%s (one LISTEN for the worker: each notification wakes "
                      "one idle slot)", self.config.name, self.concurrency)
 
