@@ -187,9 +187,28 @@ def pytest_collection_modifyitems(config, items) -> None:
         if reason:
             item.add_marker(pytest.mark.skip(reason=f"{label}: {reason}"))
         runs[item.nodeid.split("::")[0]] = runs.get(item.nodeid.split("::")[0], 0) + (0 if reason else 1)
+    if VENDOR_DB == "tds":
+        _stretch_hang_bounds(config, items)
     shard = os.environ.get("SQLQUEUE_TEST_SHARD", "")
     if shard:
         _keep_shard(config, items, runs, shard)
+
+
+#: How much longer a test's hang bound (pytest-timeout) is over TDS (see tests/workerutil.py's floor).
+TDS_TIMEOUT_FACTOR = 2.5
+
+
+def _stretch_hang_bounds(config, items) -> None:
+    """Over TDS, every test's pytest-timeout bound is :data:`TDS_TIMEOUT_FACTOR` times what it says (or the
+    ini default): Babelfish compiles each statement a new session sends, and a worker process is several
+    new sessions, so a worker test there takes several times what it takes on PostgreSQL. A bound for a
+    hang stays one; a test that passes is not slowed by it."""
+    default = float(config.getini("timeout") or 0)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        seconds = float(marker.args[0]) if marker is not None and marker.args else default
+        if seconds > 0:
+            item.add_marker(pytest.mark.timeout(seconds * TDS_TIMEOUT_FACTOR), append=False)
 
 
 #: Seconds each test file took in the tds stage (a run of scripts/test.sh; see :func:`_keep_shard`).

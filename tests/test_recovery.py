@@ -65,14 +65,18 @@ def test_a_worker_killed_with_its_group_has_its_job_taken_by_a_worker_of_its_hos
                                                                                           tmp_path) -> None:
     """kill -9 of a whole worker (no supervisor left): its heartbeat row looks fresh for 60 s and the job's
     lease runs 60 s, yet another worker of the host takes the job within seconds."""
-    job = Job.objects.enqueue("test.Ticker", {"ticks": str(tmp_path / "ticks.log"), "seconds": 12})
+    # The job runs until the gate opens, after the kill (a fixed 12 s once ran out on a loaded machine
+    # while the rescuer was still starting: the victim completed it itself).
+    gate = tmp_path / "gate"
+    job = Job.objects.enqueue("test.Sleep", {"seconds": 600, "until": str(gate)})
     a = worker_procs("--worker-name", "victim", "--concurrency", "1")
-    wu.wait_until(lambda: (tmp_path / "ticks.log").exists(), what="the victim to start the job")
+    wu.wait_until(lambda: Job.objects.get(pk=job.pk).status_id == Status.PROCESSING, what="the victim to start the job")
     b = worker_procs("--worker-name", "rescuer", "--concurrency", "1")
     wu.wait_until(lambda: WorkerRow.objects.filter(name="rescuer/0", stopped_at=None).exists(),
                   what="the rescuer to register")
     os.killpg(a.pid, signal.SIGKILL)
     a.proc.wait(timeout=30)
+    gate.touch()
     # Well inside WORKER_DEAD_AFTER_SECONDS (60) and the job's lease (60 s): only the sweep can free it.
     wu.wait_until(lambda: Job.objects.get(pk=job.pk).status_id == Status.COMPLETED, timeout=45,
                   what="the rescuer to take the job over and complete it")
