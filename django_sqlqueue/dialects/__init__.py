@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, connections
 
 from ..exceptions import UnsupportedDatabase
-from .base import COL, JOB_COLUMNS, WAKE_ALL, ClaimRequest, Dialect, wake_payload, wakes
+from .base import COL, JOB_COLUMNS, ClaimRequest, Dialect
+from .wake import WAKE_ALL, wake_payload, wakes
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper

@@ -9,7 +9,7 @@ rendered as literals so that filtered indexes match at compile time.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import cache, cached_property
@@ -56,29 +56,6 @@ CLAIM_INDEX = "sqlqueue_job_claim"
 PROCESSING_INDEX = "sqlqueue_job_processing"
 #: Position of each of JOB_COLUMNS in a returned row.
 COL: dict[str, int] = {c: i for i, c in enumerate(JOB_COLUMNS)}
-
-
-
-#: The wake-up payload that names every queue: sent when the names of the queues an enqueue wrote to
-#: would not fit in one notification.
-WAKE_ALL = "*"
-#: PostgreSQL refuses a NOTIFY payload of 8,000 bytes or more ("payload string too long"), which would
-#: fail the enqueue that sends it (or, after its commit, report a failure for committed jobs).
-WAKE_PAYLOAD_MAX_BYTES = 7_900
-
-
-def wake_payload(queues: Iterable[str]) -> str:
-    """The payload of a wake-up for jobs enqueued to ``queues``: their names, comma-separated, or
-    :data:`WAKE_ALL` when that list is too long for one notification (an enqueue to many queues of
-    up to 100 characters each). A worker wakes for a payload that names one of its queues, or all."""
-    names = ",".join(sorted(set(queues)))
-    return names if len(names.encode()) <= WAKE_PAYLOAD_MAX_BYTES else WAKE_ALL
-
-
-def wakes(payload: str, queues: Iterable[str]) -> bool:
-    """Whether a wake-up with ``payload`` concerns a worker serving ``queues`` (empty: every queue)."""
-    served = set(queues)
-    return not served or payload == WAKE_ALL or not served.isdisjoint(payload.split(","))
 
 
 @dataclass(frozen=True)
