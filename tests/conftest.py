@@ -285,8 +285,10 @@ def _claim(claims: Path, path: str) -> bool:
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
     """Files dealt at run time: a test of a file another part claimed is passed over without a report
-    (that part runs and reports it). Every test of a file sits together, so the claim is made once, at
-    the file's first test; the fixtures of the file run before stay torn down as usual."""
+    (that part runs and reports it). The claim is made at the file's first test and holds for all its
+    tests, wherever they sit (pytest-django runs the tests inside a transaction before the transactional
+    ones, so one file's tests may come in two groups); every part sees the same order, so exactly one
+    part runs each file, whole."""
     claims = _claims_dir()
     if claims is None:
         return None
