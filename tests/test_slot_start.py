@@ -6,6 +6,7 @@ still runs its jobs, stops on SIGTERM and is replaced when it dies, as a spawned
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -73,3 +74,38 @@ def test_a_slot_orphaned_before_it_could_tie_itself_to_its_supervisor_exits_at_o
     proc.join(120)
     assert proc.exitcode == EXIT_ORPHANED
     assert channel.declared.value == -1  # no Worker ran (a run declares its exit code)
+
+
+def _wait_for_go(go, waiting) -> None:
+    from django_sqlqueue.worker.slots import wait_for_go
+
+    waiting.value = 1
+    while True:  # as a slot does while the supervisor's first connect is held up
+        wait_for_go(go, None)
+
+
+def test_the_start_gate_survives_a_waiter_killed_in_its_wait() -> None:
+    """A slot killed while it waits on the supervisor's start gate (after its start, until the
+    supervisor's first connect is over) leaves the gate usable: opening it returns at once. With the
+    multiprocessing.Event the gate was, the killed waiter stayed counted as a sleeper of the Event's
+    condition and ``set()`` waited for it forever: the supervisor's database thread hung, and with it
+    every heartbeat and restart (test_soak's restarted-slot test, on SQLite, in two CI runs; this test
+    fails with the Event put back: checked)."""
+    import multiprocessing
+    import threading
+    import time
+
+    from django_sqlqueue.worker.contract import gate_open, open_gate, start_gate
+
+    ctx = multiprocessing.get_context("fork")  # the child has the test's imports (no database use)
+    go, waiting = start_gate(ctx), ctx.RawValue("b", 0)
+    child = ctx.Process(target=_wait_for_go, args=(go, waiting))
+    child.start()
+    wu.wait_until(lambda: waiting.value, 60, what="the child to wait")
+    time.sleep(0.2)  # inside its wait
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(30)
+    opened = threading.Thread(target=open_gate, args=(go,), daemon=True)
+    opened.start()
+    opened.join(30)  # a bound for a hang
+    assert not opened.is_alive() and gate_open(go)

@@ -215,7 +215,7 @@ class SlotChannel:
 
     def __init__(self, ctx: Any, stop: Any, counters: Any, budget: Any, *, link: Any = None,
                  board: WakeBoard | None = None, index: int = 0) -> None:
-        self.stop = stop  # multiprocessing Event: "stop after the current job"
+        self.stop = stop  # a Flag (below): "stop after the current job"
         #: The supervisor's pid: a slot whose parent is another process by the time it asked to die with
         #: its parent was orphaned before it could ask (slots.py).
         self.supervisor_pid = os.getpid()
@@ -320,4 +320,39 @@ class SlotChannel:
 
 __all__ = ["BeatResult", "CANCELLED", "EXIT_FATAL", "EXIT_FORCED", "EXIT_OK", "EXIT_REPLACED", "FAILED", "N_COUNTERS",
            "RELEASED", "RETRIED", "SUCCEEDED", "SlotChannel", "SlotReport", "WakeBoard", "WorkerConfig",
-           "default_worker_name"]
+           "default_worker_name", "Flag", "start_gate", "open_gate", "gate_open"]
+
+
+# ----- flags shared with the slots: lock-free ---------------------------------------------------------
+class Flag:
+    """A boolean shared between the supervisor and its slots: ``set()`` and ``is_set()``, a shared byte.
+
+    Not a ``multiprocessing.Event``, on purpose. An Event's ``wait`` counts its caller as a sleeper of the
+    Event's condition, and a waiter killed in its wait (kill -9, a timeout's kill, the OOM killer) is never
+    woken, so ``set()`` waited for it forever; its ``is_set`` holds the condition's lock, which a process
+    killed inside it never gives back. Slots are killed as a matter of course, and the supervisor's
+    ``set()`` must not hang on one: with the start gate an Event, the supervisor's database thread hung
+    (no heartbeat, no slot restarted; test_soak, twice in CI)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._value = ctx.RawValue("b", 0)
+
+    def set(self) -> None:
+        self._value.value = 1
+
+    def is_set(self) -> bool:
+        return bool(self._value.value)
+
+
+def start_gate(ctx: Any) -> Flag:
+    """Set by the supervisor once its first connect attempt is over; its slots connect after that
+    (slots.wait_for_go), so a role short of connections runs fewer slots."""
+    return Flag(ctx)
+
+
+def open_gate(gate: Flag) -> None:
+    gate.set()
+
+
+def gate_open(gate: Flag) -> bool:
+    return gate.is_set()

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from .contract import EXIT_FATAL, EXIT_ORPHANED, SlotChannel, WorkerConfig
+from .contract import EXIT_FATAL, EXIT_ORPHANED, SlotChannel, WorkerConfig, gate_open
 from .support import one_line
 
 #: Longest a slot waits for the supervisor's first connect attempt (its connect timeout, and a margin).
@@ -24,8 +24,9 @@ GO_WAIT_SECONDS = 10.0
 def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None, go: Any = None) -> None:
     """Entry point of a slot process (spawned, or forked by the supervisor with Django set up).
 
-    ``go``: an Event the supervisor sets once its own first connect attempt is over; the slot connects
-    after that (or after GO_WAIT_SECONDS), so a role short of connections runs fewer slots.
+    ``go``: the supervisor's start gate (contract.start_gate), opened once its own first connect attempt
+    is over; the slot connects after that (or after GO_WAIT_SECONDS), so a role short of connections
+    runs fewer slots. A lock-free byte, not an Event: see start_gate for the hang an Event caused.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the worker installs its own handlers
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked slot has the supervisor's handler
@@ -45,9 +46,7 @@ def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None,
 
     configure_logging(log_level)
     if go is not None:
-        deadline = time.monotonic() + GO_WAIT_SECONDS
-        while not go.wait(0.05) and not channel.stop.is_set() and time.monotonic() < deadline:
-            pass
+        wait_for_go(go, channel)
     try:
         code = Worker(config, channel).run()
     except Exception as exc:
@@ -63,6 +62,14 @@ def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None,
             raise
     channel.declared.value = code
     sys.exit(code)
+
+
+def wait_for_go(go: Any, channel: SlotChannel | None) -> None:
+    """Until the supervisor opens its start gate (contract.start_gate), its stop is asked, or
+    GO_WAIT_SECONDS pass: polled, so that a slot killed here leaves nothing held."""
+    deadline = time.monotonic() + GO_WAIT_SECONDS
+    while not gate_open(go) and not (channel is not None and channel.stop.is_set()) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def _die_with_parent() -> None:

@@ -69,9 +69,12 @@ from .contract import (
     N_COUNTERS,
     RETRIED,
     SUCCEEDED,
+    Flag,
     SlotChannel,
     WakeBoard,
     WorkerConfig,
+    open_gate,
+    start_gate,
 )
 from .dbthread import Call, DatabaseThread
 from .loop import Worker  # the sender of the signals (signals.py)
@@ -179,13 +182,13 @@ class Supervisor:
         self._maintenance = Maintenance(self._using, new_holder(self.config.name))
         budget = ctx.Value("q", self.config.max_jobs) if self.config.max_jobs is not None else None
         self._budget = budget
-        self._slots = [Slot(i, f"{self.config.name}/{i}", ctx.Event(), ctx.RawArray("q", N_COUNTERS))
+        self._slots = [Slot(i, f"{self.config.name}/{i}", Flag(ctx), ctx.RawArray("q", N_COUNTERS))
                        for i in range(self.concurrency)]
         saved = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         bar = None
         next_sweep = started + SWEEP_SECONDS
         connections.close_all()  # nothing to inherit: the database thread holds the supervisor's connection
-        self._go = ctx.Event()  # set once the supervisor's first connect attempt is over (see _first_slots)
+        self._go = start_gate(ctx)  # opened once the first connect attempt is over (see _first_slots)
         try:
             forked = self._first_slots(budget)
             bar = self._progress_bar()  # after the fork: its monitor thread would rule forking out
@@ -348,7 +351,7 @@ class Supervisor:
         except DatabaseError:
             pass  # reported by the connect itself; the slots retry on their own
         finally:
-            self._go.set()
+            open_gate(self._go)
 
     def _connect_now(self) -> None:
         from django.db import connections
