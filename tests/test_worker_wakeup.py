@@ -259,34 +259,3 @@ def test_one_notification_wakes_one_of_four_idle_slots(worker_procs) -> None:
     assert woken <= 7, w.output()
     w.signal(signal.SIGTERM)
     assert w.wait(60) == 0, w.output()
-
-
-def test_a_backlog_the_poller_finds_wakes_the_other_idle_slots_one_after_another(worker_procs, tmp_path) -> None:
-    """The poller's hand-over in real slot processes (issue 28): a worker that hears no notification
-    (its NOTIFY_CHANNEL is off) finds three jobs through its one polling slot. That slot, busy now,
-    passes the role to an idle slot and rings its bell; that one claims the next job and passes it on
-    again. So the three jobs run at once on three slots, and two slots were woken by a bell (logged
-    ``slot_woken``): a slot that waited out its 30 s backstop instead is woken by nothing."""
-    if connection.vendor != "postgresql":
-        pytest.skip("PostgreSQL: LISTEN/NOTIFY off here, the poller's hand-over between slot processes "
-                    "(SQLite slots watch data_version; over TDS two slots claiming at once need table hints)")
-    from django_sqlqueue.queue import JobSpec
-
-    gate = tmp_path / "go"
-    w = worker_procs("--worker-name", "relay", "--concurrency", "3", "--batch", "1", "--log-level", "DEBUG",
-                     env={"SQLQUEUE_TEST_NOTIFY_CHANNEL": ""})
-    wu.wait_until(lambda: w.stderr().count("worker_started") == 3, 90, what=f"three slots\n{w.output()}")
-    time.sleep(1.0)  # idle: one slot is the poller, the other two wait for a bell
-    before = w.stderr().count("slot_woken")
-    jobs = Job.objects.enqueue_many([JobSpec("test.Sleep", {"seconds": 120, "until": str(gate)})] * 3)
-    # All three run at once (each waits for the gate): each on its own slot.
-    wu.wait_until(lambda: Job.objects.filter(pk__in=[j.pk for j in jobs], status_id=Status.PROCESSING).count() == 3,
-                  90, what=f"three jobs running\n{w.output()}")
-    assert len(set(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("worker", flat=True))) == 3
-    assert w.stderr().count("slot_woken") - before >= 2, w.output()  # handed on by bells, not found at backstops
-    gate.touch()
-    wu.wait_until(lambda: Job.objects.filter(pk__in=[j.pk for j in jobs], status_id=Status.COMPLETED).count() == 3,
-                  60, what=f"the three jobs done\n{w.output()}")
-    assert "wakeup=listen" not in w.stderr() and "worker_listening" not in w.stderr()  # it heard nothing
-    w.signal(signal.SIGTERM)
-    assert w.wait(60) == 0, w.output()
