@@ -143,10 +143,6 @@ SQLQUEUE = {
         "HEARTBEAT_SECONDS": float(os.environ.get("SQLQUEUE_TEST_HEARTBEAT", "0.2"))}
        if os.environ.get("SQLQUEUE_TEST_DEAD_AFTER") else {}),
     **({"LISTEN_DATABASE": "listen"} if "listen" in DATABASES else {}),
-    # Wake-up tests: a worker that hears no enqueue's notification ("" turns LISTEN off), so that only
-    # its polling finds work.
-    **({"NOTIFY_CHANNEL": os.environ["SQLQUEUE_TEST_NOTIFY_CHANNEL"]}
-       if "SQLQUEUE_TEST_NOTIFY_CHANNEL" in os.environ else {}),
     # Schedule tests: declared schedules (JSON) and how often workers look for due ones.
     **({"SCHEDULES": json.loads(os.environ["SQLQUEUE_TEST_SCHEDULES"])} if os.environ.get("SQLQUEUE_TEST_SCHEDULES") else {}),
     **({"SCHEDULES_CHECK_SECONDS": float(os.environ["SQLQUEUE_TEST_SCHEDULES_CHECK"])}

@@ -234,6 +234,8 @@ def _keep_shard(config, items, runs: dict[str, int], shard: str) -> None:
     part, parts = int(k), int(n)
     if not 1 <= part <= parts:
         raise pytest.UsageError(f"SQLQUEUE_TEST_SHARD must be K/N with 1 <= K <= N, not {shard!r}")
+    if _claims_dir():
+        return  # every file collected, in order; pytest_runtest_protocol runs the ones this part claims
     recorded = json.loads(TDS_SECONDS_FILE.read_text()) if TDS_SECONDS_FILE.exists() else {}
     per_test = sorted(recorded[p] / runs[p] for p in recorded if runs.get(p)) or [1.0]
     median = per_test[len(per_test) // 2]
@@ -243,8 +245,6 @@ def _keep_shard(config, items, runs: dict[str, int], shard: str) -> None:
             return 0.0
         return float(recorded[path]) if path in recorded else median * runs[path]
 
-    if _claims_dir():
-        return  # every file collected, in order; pytest_runtest_protocol runs the ones this part claims
     order = sorted(runs, key=lambda p: (-cost(p), p))
     loads = [0.0] * parts
     owner: dict[str, int] = {}

@@ -95,17 +95,17 @@ def test_the_start_gate_survives_a_waiter_killed_in_its_wait() -> None:
     import threading
     import time
 
-    from django_sqlqueue.worker.contract import gate_open, open_gate, start_gate
+    from django_sqlqueue.worker.contract import Flag
 
     ctx = multiprocessing.get_context("fork")  # the child has the test's imports (no database use)
-    go, waiting = start_gate(ctx), ctx.RawValue("b", 0)
+    go, waiting = Flag(ctx), ctx.RawValue("b", 0)
     child = ctx.Process(target=_wait_for_go, args=(go, waiting))
     child.start()
     wu.wait_until(lambda: waiting.value, 60, what="the child to wait")
     time.sleep(0.2)  # inside its wait
     os.kill(child.pid, signal.SIGKILL)
     child.join(30)
-    opened = threading.Thread(target=open_gate, args=(go,), daemon=True)
+    opened = threading.Thread(target=go.set, daemon=True)
     opened.start()
     opened.join(30)  # a bound for a hang
-    assert not opened.is_alive() and gate_open(go)
+    assert not opened.is_alive() and go.is_set()

@@ -320,7 +320,7 @@ class SlotChannel:
 
 __all__ = ["BeatResult", "CANCELLED", "EXIT_FATAL", "EXIT_FORCED", "EXIT_OK", "EXIT_REPLACED", "FAILED", "N_COUNTERS",
            "RELEASED", "RETRIED", "SUCCEEDED", "SlotChannel", "SlotReport", "WakeBoard", "WorkerConfig",
-           "default_worker_name", "Flag", "start_gate", "open_gate", "gate_open"]
+           "default_worker_name", "Flag"]
 
 
 # ----- flags shared with the slots: lock-free ---------------------------------------------------------
@@ -331,8 +331,9 @@ class Flag:
     Event's condition, and a waiter killed in its wait (kill -9, a timeout's kill, the OOM killer) is never
     woken, so ``set()`` waited for it forever; its ``is_set`` holds the condition's lock, which a process
     killed inside it never gives back. Slots are killed as a matter of course, and the supervisor's
-    ``set()`` must not hang on one: with the start gate an Event, the supervisor's database thread hung
-    (no heartbeat, no slot restarted; test_soak, twice in CI)."""
+    ``set()`` must not hang on one: with the start gate (set once the supervisor's first connect attempt
+    is over; slots.wait_for_go) an Event, the supervisor's database thread hung (no heartbeat, no slot
+    restarted; test_soak, twice in CI)."""
 
     def __init__(self, ctx: Any) -> None:
         self._value = ctx.RawValue("b", 0)
@@ -342,17 +343,3 @@ class Flag:
 
     def is_set(self) -> bool:
         return bool(self._value.value)
-
-
-def start_gate(ctx: Any) -> Flag:
-    """Set by the supervisor once its first connect attempt is over; its slots connect after that
-    (slots.wait_for_go), so a role short of connections runs fewer slots."""
-    return Flag(ctx)
-
-
-def open_gate(gate: Flag) -> None:
-    gate.set()
-
-
-def gate_open(gate: Flag) -> bool:
-    return gate.is_set()

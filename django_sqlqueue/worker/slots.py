@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from .contract import EXIT_FATAL, EXIT_ORPHANED, SlotChannel, WorkerConfig, gate_open
+from .contract import EXIT_FATAL, EXIT_ORPHANED, Flag, SlotChannel, WorkerConfig
 from .support import one_line
 
 #: Longest a slot waits for the supervisor's first connect attempt (its connect timeout, and a margin).
@@ -24,9 +24,9 @@ GO_WAIT_SECONDS = 10.0
 def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None, go: Any = None) -> None:
     """Entry point of a slot process (spawned, or forked by the supervisor with Django set up).
 
-    ``go``: the supervisor's start gate (contract.start_gate), opened once its own first connect attempt
+    ``go``: the supervisor's start gate (a contract.Flag), set once its own first connect attempt
     is over; the slot connects after that (or after GO_WAIT_SECONDS), so a role short of connections
-    runs fewer slots. A lock-free byte, not an Event: see start_gate for the hang an Event caused.
+    runs fewer slots. Not an Event: see contract.Flag for the hang an Event caused.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # until the worker installs its own handlers
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked slot has the supervisor's handler
@@ -64,11 +64,11 @@ def slot_main(config: WorkerConfig, channel: SlotChannel, log_level: str | None,
     sys.exit(code)
 
 
-def wait_for_go(go: Any, channel: SlotChannel | None) -> None:
-    """Until the supervisor opens its start gate (contract.start_gate), its stop is asked, or
-    GO_WAIT_SECONDS pass: polled, so that a slot killed here leaves nothing held."""
+def wait_for_go(go: Flag, channel: SlotChannel | None) -> None:
+    """Until the supervisor sets its start gate (a contract.Flag), its stop is asked, or GO_WAIT_SECONDS
+    pass: polled, so that a slot killed here leaves nothing held."""
     deadline = time.monotonic() + GO_WAIT_SECONDS
-    while not gate_open(go) and not (channel is not None and channel.stop.is_set()) and time.monotonic() < deadline:
+    while not go.is_set() and not (channel is not None and channel.stop.is_set()) and time.monotonic() < deadline:
         time.sleep(0.01)
 
 

@@ -73,8 +73,6 @@ from .contract import (
     SlotChannel,
     WakeBoard,
     WorkerConfig,
-    open_gate,
-    start_gate,
 )
 from .dbthread import Call, DatabaseThread
 from .loop import Worker  # the sender of the signals (signals.py)
@@ -188,7 +186,7 @@ class Supervisor:
         bar = None
         next_sweep = started + SWEEP_SECONDS
         connections.close_all()  # nothing to inherit: the database thread holds the supervisor's connection
-        self._go = start_gate(ctx)  # opened once the first connect attempt is over (see _first_slots)
+        self._go = Flag(ctx)  # the start gate: set once the first connect attempt is over (see _first_slots)
         try:
             forked = self._first_slots(budget)
             bar = self._progress_bar()  # after the fork: its monitor thread would rule forking out
@@ -351,7 +349,7 @@ class Supervisor:
         except DatabaseError:
             pass  # reported by the connect itself; the slots retry on their own
         finally:
-            open_gate(self._go)
+            self._go.set()
 
     def _connect_now(self) -> None:
         from django.db import connections
