@@ -11,7 +11,7 @@
 #    (enough for the demo).  SQLQUEUE_SKIP_APT=1 skips this step entirely.
 # 2. A repo-local .venv with Python >= 3.12, chosen from: $SQLQUEUE_PYTHON,
 #    python3.12 on PATH, /root/.pyenv/versions/3.12*/bin/python, python3.
-# 3. pip install -e '.[test,postgres,mssql]' when pyproject.toml changed since
+# 3. uv pip install -e '.[test,postgres,mssql]' (pip if uv fails) when pyproject.toml changed since
 #    the last successful install (sha256 stamp kept inside .venv).
 set -euo pipefail
 
@@ -133,12 +133,21 @@ fi
 want="$(sha256sum "$ROOT/pyproject.toml" | cut -d' ' -f1) extras=$EXTRAS"
 have=$(cat "$STAMP" 2>/dev/null || true)
 if [ "$want" != "$have" ]; then
-    log "pip install -e '.[$EXTRAS]' (pyproject.toml changed or first run)"
+    log "installing -e '.[$EXTRAS]' (pyproject.toml changed or first run)"
     rm -f "$STAMP"
     pip_log=$(mktemp /tmp/sqlqueue-pip.XXXXXX.log)
     pip_rc=0
-    "$VENV/bin/python" -m pip install -q --progress-bar off -e ".[$EXTRAS]" >"$pip_log" 2>&1 \
-        || pip_rc=$?
+    # uv (from PyPI) resolves, downloads and installs in parallel: on a fresh CI machine about 40 s
+    # where pip takes about 150 s. Bytecode is compiled at install time, as pip does: the test stages
+    # run with PYTHONDONTWRITEBYTECODE=1, so without it every worker process would compile Django
+    # again. If uv cannot be had or fails, pip does the install.
+    if ! { "$VENV/bin/python" -m pip install -q --progress-bar off uv \
+            && UV_COMPILE_BYTECODE=1 "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" -e ".[$EXTRAS]"; \
+          } >"$pip_log" 2>&1; then
+        log "uv could not install; pip does"
+        "$VENV/bin/python" -m pip install -q --progress-bar off -e ".[$EXTRAS]" >>"$pip_log" 2>&1 \
+            || pip_rc=$?
+    fi
     # Show pip's warnings/errors, minus the noise about absent find-links dirs.
     grep -v -E "^WARNING: Location '[^']*' is ignored" "$pip_log" >&2 || true
     rm -f "$pip_log"
