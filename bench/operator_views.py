@@ -1,8 +1,17 @@
-"""Time the operator's views (issue 18) at 10k (or more) jobs on SQLite and PostgreSQL.
+"""Time the operator's views (issue 18) at 10k (or more) jobs on SQLite, PostgreSQL and over TDS.
 
     python bench/operator_views.py --db sqlite --jobs 10000
     python bench/operator_views.py --db postgres --jobs 10000      # a throwaway cluster
     python bench/operator_views.py --db postgres --jobs 1000000     # loaded by generate_series
+    python bench/operator_views.py --db tds --jobs 1000000          # Babelfish (../shared/babelfish), one INSERT
+    SQLQUEUE_DATABASE_URL=mssql://... python bench/operator_views.py --db tds   # a SQL Server you name
+
+The database is as a new user's is: SQLite never gathers the planner's statistics by itself, so none are
+gathered (``--analyze`` runs ``ANALYZE`` first, for comparison); PostgreSQL's autovacuum vacuums and
+analyzes a table after a load without being asked, so the bench runs that ``VACUUM ANALYZE`` at once
+rather than wait for it; SQL Server creates and updates statistics itself (AUTO_CREATE_STATISTICS), and
+over TDS the bench asks for none. Results over TDS on Babelfish are Babelfish's (PostgreSQL's planner
+under T-SQL), never SQL Server's.
 
 Loads a realistic mix (bench/admin_changelist.py's: mostly Completed, Failed / Error with tracebacks,
 a Pending backlog, some Processing with expired leases, 40 workers, some stale, a few serving only
@@ -69,6 +78,91 @@ def load_generic(n: int) -> float:
             batch.clear()
     Job.objects.bulk_create(batch)
     return time.perf_counter() - started
+
+
+def load_tsql(n: int) -> float:
+    """One INSERT ... SELECT over a numbers table made of cross-joined digits (T-SQL; the same mix as
+    :func:`load_generic` and bench/admin_changelist.py's generate_series): 1M jobs in one statement
+    where ``bulk_create`` would send 500 batches over TDS."""
+    from django.db import connection
+
+    from bench.admin_changelist import QUEUES, STATUS_CASE, STEPS, TYPES
+    from django_sqlqueue.models import Job, JobType
+
+    def pick(expr: str, values: list) -> str:
+        whens = " ".join(f"WHEN {i} THEN {v!r}" if isinstance(v, int) else f"WHEN {i} THEN N'{v}'"
+                         for i, v in enumerate(values))
+        return f"CASE ({expr}) %% {len(values)} {whens} END"
+
+    started = time.perf_counter()
+    types = [JobType.objects.get_or_create(name=name)[0].pk for name in TYPES]
+    table = connection.ops.quote_name(Job._meta.db_table)
+    digits = "(SELECT v FROM (VALUES (0),(1),(2),(3),(4),(5),(6),(7),(8),(9)) AS d(v))"
+    places = max(1, len(str(n)))
+    number = " + ".join(f"p{i}.v * {10 ** i}" for i in range(places))
+    joins = " CROSS JOIN ".join(f"{digits} AS p{i}" for i in range(places))
+    with connection.cursor() as cursor:
+        cursor.execute(f"""
+        INSERT INTO {table} (queue, type_id, status_id, step, priority, attempt_num, max_attempts, payload,
+                             response, error, enqueued_at, scheduled_for, started_at, finished_at, duration_ms,
+                             version, updated_at, worker, lease_expires_at, dedupe_key)
+        SELECT {pick("x.g", QUEUES)}, {pick("x.g / 7", types)}, x.status, {pick("x.g / 3", STEPS)},
+               (x.g %% 3) - 1,
+               CASE WHEN x.status IN (1, 7) THEN 0 WHEN x.status = 4 THEN 3 ELSE 1 + x.g %% 2 END,
+               NULL,
+               CONCAT(N'{{"n": ', x.g, N', "to": "user', x.g, N'@example.com"}}'),
+               CASE WHEN x.status = 5 THEN N'{{"ok": true}}' END,
+               CASE WHEN x.status IN (3, 4) THEN CONCAT(N'Traceback (most recent call last):', NCHAR(10),
+                    N'  File "handlers.py", line 42, in send', NCHAR(10),
+                    CASE WHEN x.g %% 1000 = 75 THEN CONCAT(N'RareProblem: quota exceeded for tenant ', x.g)
+                         ELSE N'SMTPServerDisconnected: Connection unexpectedly closed' END)
+                    ELSE N'' END,
+               x.enq,
+               CASE WHEN x.status IN (1, 3) THEN DATEADD(second, x.g %% 600, x.enq) ELSE x.enq END,
+               CASE WHEN x.status NOT IN (1, 6, 7) THEN DATEADD(second, 2, x.enq) END,
+               CASE WHEN x.status IN (3, 4, 5, 6, 8, 9) THEN
+                    CASE WHEN x.g %% 50 = 0 THEN DATEADD(second, -(x.g %% 3600), SYSUTCDATETIME())
+                         ELSE DATEADD(second, 3, x.enq) END END,
+               CASE WHEN x.status IN (3, 4, 5, 9) THEN 100 + x.g %% 5000 END,
+               2, x.enq,
+               CASE WHEN x.status IN (1, 7) THEN N'' ELSE CONCAT(N'worker-', x.g %% 40) END,
+               CASE WHEN x.status = 2 THEN DATEADD(second, (x.g %% 5) * 60 - 120, SYSUTCDATETIME()) END,
+               CASE WHEN x.g %% 10 = 0 THEN CONCAT(N'key-', x.g) END
+        FROM (SELECT n.g, {STATUS_CASE.replace("%", "%%").replace("g ", "n.g ")} AS status,
+                     DATEADD(second, CAST(2592000.0 * n.g / %s AS int), DATEADD(day, -30, SYSUTCDATETIME())) AS enq
+              FROM (SELECT 1 + {number} AS g FROM {joins}) AS n WHERE n.g <= %s) AS x
+        """, [n, n])
+    return time.perf_counter() - started
+
+
+def analyze() -> None:
+    """Gather the planner's statistics (``--analyze``): what a fresh database does not have."""
+    from django.db import connection
+
+    from django_sqlqueue.models import Job
+
+    table = connection.ops.quote_name(Job._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute({"postgresql": f"VACUUM ANALYZE {table}", "sqlite": "ANALYZE",
+                        "microsoft": f"UPDATE STATISTICS {table}"}[connection.vendor])
+
+
+def fresh_tds_database(url: str, name: str) -> str:
+    """An empty database on the Babelfish endpoint (dropped first if a run left one)."""
+    from urllib.parse import urlparse
+
+    import mssql_python
+
+    from tests.babelfish import ENV, create_database
+
+    u = urlparse(url)
+    conn = mssql_python.connect(f"Server={u.hostname},{u.port};UID={u.username};PWD={u.password};"
+                                f"{ENV['SQLQUEUE_MSSQL_EXTRA']}", autocommit=True)
+    try:
+        conn.cursor().execute(f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
+    finally:
+        conn.close()
+    return create_database(url, name)
 
 
 def workers() -> None:
@@ -147,7 +241,9 @@ def measure(repeat: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--db", choices=["sqlite", "postgres", "tds"], default="sqlite")
+    parser.add_argument("--analyze", action="store_true",
+                        help="gather the planner's statistics after the load (always done on PostgreSQL)")
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
@@ -158,6 +254,12 @@ def main() -> None:
 
         cluster = PgCluster().start()
         os.environ["SQLQUEUE_DATABASE_URL"] = cluster.url
+    elif args.db == "tds":
+        if not os.environ.get("SQLQUEUE_DATABASE_URL", "").startswith("mssql://"):
+            from tests import babelfish
+
+            os.environ.update(babelfish.ENV)
+            os.environ["SQLQUEUE_DATABASE_URL"] = fresh_tds_database(babelfish.start(), "sqlqueue_opviews")
     else:
         tmp = tempfile.mkdtemp(prefix="sqlqueue-bench-")
         os.environ["SQLQUEUE_DATABASE_URL"] = f"sqlite:///{tmp}/bench.sqlite3"
@@ -173,22 +275,18 @@ def main() -> None:
         settings.DEBUG = False
         call_command("migrate", verbosity=0)
         print(f"loading {args.jobs:,} jobs into {connection.vendor} ...", flush=True)
+        gathered = args.analyze or connection.vendor == "postgresql"
         if connection.vendor == "postgresql" and args.jobs > 50_000:
             from bench.admin_changelist import load
 
-            took = load(args.jobs)
+            took = load(args.jobs)  # ends with VACUUM ANALYZE, as autovacuum would
         else:
-            took = load_generic(args.jobs)
-            if connection.vendor == "postgresql":
-                from django_sqlqueue.models import Job
-
-                with connection.cursor() as cursor:
-                    cursor.execute(f"VACUUM ANALYZE {connection.ops.quote_name(Job._meta.db_table)}")
-            else:
-                with connection.cursor() as cursor:
-                    cursor.execute("ANALYZE")
+            took = load_tsql(args.jobs) if connection.vendor == "microsoft" and args.jobs > 50_000 else \
+                load_generic(args.jobs)
+            if gathered:
+                analyze()
         workers()
-        print(f"loaded in {took:.1f} s")
+        print(f"loaded in {took:.1f} s ({'statistics gathered' if gathered else 'no statistics gathered'})")
         roll_up()
         measure(args.repeat)
     finally:
