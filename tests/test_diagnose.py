@@ -182,3 +182,39 @@ def test_queue_why_runs_no_system_checks() -> None:
     from django.core.management import get_commands, load_command_class
 
     assert load_command_class(get_commands()["queue_why"], "queue_why").requires_system_checks == []
+
+
+def test_unserved_work_is_counted_pair_by_pair_not_over_the_lists_cross(db) -> None:
+    """Two unserved pairs, (q1, B) and (q2, A), whose queues and types cross into two served pairs, (q1, A)
+    and (q2, B). The counts are right, and the statement seeks each unserved pair alone: a filter on the
+    queues {q1, q2} and the types {A, B} apart would also read the served pairs' jobs (the backlog that
+    is being worked on). The plan is read on SQLite: every index search binds the status, the type and
+    the queue."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_sqlqueue.ops.diagnose import unserved_due_work
+
+    for name in ("CrossA", "CrossB"):
+        handler(name)(lambda job: None)
+    try:
+        a, b = (JobType.objects.get_or_create(name=name)[0] for name in ("CrossA", "CrossB"))
+        live("w-q1-a", queues=["q1"], types=["CrossA"])
+        live("w-q2-b", queues=["q2"], types=["CrossB"])
+        for queue, job_type, n in (("q1", "CrossA", 5), ("q2", "CrossB", 5), ("q1", "CrossB", 2), ("q2", "CrossA", 3)):
+            for _ in range(n):
+                enqueue(job_type, {}, queue=queue)
+        with CaptureQueriesContext(connection) as ctx:
+            found = unserved_due_work(Job, timezone.now())
+        assert [(u.queue, u.type_name, u.jobs) for u in found] == [("q2", "CrossA", 3), ("q1", "CrossB", 2)]
+        counts = [q["sql"] for q in ctx.captured_queries if "GROUP BY" in q["sql"]]
+        assert len(counts) == 2, counts
+        if connection.vendor == "sqlite":
+            with connection.cursor() as cursor:
+                cursor.execute("EXPLAIN QUERY PLAN " + counts[0])
+                searches = [str(row[-1]) for row in cursor.fetchall() if "sqlqueue_job_status_type" in str(row[-1])]
+            assert searches and all("type_id=?" in s and "queue=?" in s for s in searches), searches
+    finally:
+        for name in ("CrossA", "CrossB"):
+            registry.unregister(name)
+    assert a.pk != b.pk

@@ -313,14 +313,17 @@ def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Wor
     if not candidates:
         return []
     claimable = index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})") & Q(scheduled_for__lte=now)
-    # Their queues' and types' jobs, one GROUP BY per kind (due, orphaned): the same index ranges as a
-    # count per pair, in two round trips instead of two per pair (60 statements for 30 pairs).
-    theirs = job_model.objects.filter(queue__in=sorted({q for q, _ in candidates}),
-                                      job_type_id__in=sorted({t for _, t in candidates})).order_by()
+    # The unserved pairs' jobs, one statement per kind (due, orphaned): a UNION ALL of one count per pair,
+    # each a seek of the (status, type, queue) index, in two round trips instead of two per pair (60
+    # statements for 30 pairs). A filter on their queues and their types apart would also read every
+    # served pair those two lists cross; an OR of the pairs is planned as that same wide range by
+    # SQLite on a database with no statistics.
     counts: dict[tuple[str, int], int] = {}
     for kind in (claimable, health.orphaned_q(now, using)):
-        for queue, type_id, n in (theirs.filter(kind).values("queue", "job_type_id").annotate(n=Count("*"))
-                                  .values_list("queue", "job_type_id", "n")):
+        per_pair = [job_model.objects.filter(kind, queue=queue, job_type_id=type_id).order_by()
+                    .values("queue", "job_type_id").annotate(n=Count("*")).values_list("queue", "job_type_id", "n")
+                    for queue, type_id in candidates]
+        for queue, type_id, n in per_pair[0].union(*per_pair[1:], all=True).order_by():
             counts[(queue, type_id)] = counts.get((queue, type_id), 0) + n
     out = []
     for queue, type_id in candidates:
