@@ -334,6 +334,42 @@ def test_the_oldest_due_job_is_found_in_the_claim_index_and_among_limited_jobs()
     assert oldest_due(Job, now) == now - timedelta(minutes=5)
 
 
+@pytest.mark.parametrize("walk", [(250, 2_000), (2, 4)], ids=["default-walk", "short-walk"])
+def test_each_queues_oldest_due_job_walked_from_the_claim_index_matches_the_group_by(monkeypatch, walk) -> None:
+    """The dashboard's per-queue oldest due job, found by walking the claim index per priority, equals
+    the plain GROUP BY's answer: queues at several priorities, a queue whose jobs are all scheduled
+    ahead, a rare queue behind a large one, Error jobs, a limited type's jobs (not in the claim index).
+    The short walk (2 rows a step, 4 a priority) stops before it sees every queue, so the queues it
+    could not settle are counted the other way."""
+    from django_sqlqueue.ops import health
+
+    monkeypatch.setattr(health, "QUEUE_WALK_STEP", walk[0])
+    monkeypatch.setattr(health, "QUEUE_WALK_ROWS", walk[1])
+    now = timezone.now()
+
+    def job(queue: str, minutes_ago: int, priority: int = 0, status: Status = Status.PENDING) -> None:
+        j = make_job(status, queue=queue)
+        Job.objects.filter(pk=j.pk).update(scheduled_for=now - timedelta(minutes=minutes_ago), priority=priority)
+
+    for i in range(12):
+        job("big", 100 - i, priority=i % 2)
+    job("rare", 50, priority=1)
+    job("rare", 70, priority=0, status=Status.ERROR)
+    job("ahead", -30)
+    job("mixed", 200, priority=-1)
+    job("mixed", 5, priority=1)
+    JobType.objects.get_or_create(name="LimitedByQueue", defaults={"concurrency_limit": 1})
+    limited = Job.objects.enqueue("LimitedByQueue", {"n": 1}, queue="mixed")
+    assert Job.objects.get(pk=limited.pk).limited
+    Job.objects.filter(pk=limited.pk).update(scheduled_for=now - timedelta(minutes=300))
+    expected = health.oldest_due_by_queue(Job.objects.all(), now)
+    assert set(expected) == {"big", "rare", "mixed"}
+    assert (expected["rare"], expected["mixed"]) == (now - timedelta(minutes=70), now - timedelta(minutes=300))
+    claimable_queues = {"big", "rare", "ahead", "mixed"}
+    assert health.oldest_due_by_queue(Job.objects.all(), now, claimable_queues) == expected
+    assert health.oldest_due_by_queue(Job.objects.all(), now, set()) == {}
+
+
 def test_the_oldest_limited_due_job_is_read_from_the_limited_index_alone_on_sqlite() -> None:
     """On a fresh SQLite database (no ANALYZE statistics) the planner took the status index's range of
     every Pending job for the limited jobs' MIN: a read that grew with the whole backlog. The read names

@@ -64,7 +64,7 @@ def dashboard_context(request: HttpRequest, modeladmin: Any) -> dict[str, Any]:
         "media": modeladmin.media,
     }
     context.update(stuck_work(modeladmin.model, now, pairs=context.pop("waiting_pairs")))
-    queue_latency(modeladmin.model, now, context["queue_rows"])
+    queue_latency(modeladmin.model, now, context["queue_rows"], context.pop("claimable_queues"))
     context["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 1)
     context["values_shape"] = values_shape(context)
     return context
@@ -123,10 +123,11 @@ def dashboard_values(context: dict[str, Any]) -> dict[str, str]:
 LATENCY_WINDOW_SECONDS = 300
 
 
-def queue_latency(job_model: type[Job], now: datetime, queue_rows: list[dict[str, Any]]) -> None:
+def queue_latency(job_model: type[Job], now: datetime, queue_rows: list[dict[str, Any]],
+                  claimable_queues: set[str] | None = None) -> None:
     """Each queue row gets the age of its oldest due job and its wait p50 / p95 over the last 5 minutes."""
     jobs = job_model.objects.all()
-    oldest = oldest_due_by_queue(jobs, now)
+    oldest = oldest_due_by_queue(jobs, now, claimable_queues)
     waits = waits_by_queue(jobs, now - timedelta(seconds=LATENCY_WINDOW_SECONDS), now)
     for row in queue_rows:
         queue = row["label"]
@@ -157,10 +158,12 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
     by_queue: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     by_type: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     totals: dict[int, int] = defaultdict(int)
-    waiting = set()
+    waiting, claimable_queues = set(), set()
     for queue, type_id, status_id, n in rows:
         if Status(status_id) in CLAIMABLE or status_id == Status.PROCESSING:
             waiting.add((queue, type_id))
+        if Status(status_id) in CLAIMABLE:
+            claimable_queues.add(queue)
         by_queue[queue][status_id] += n
         by_type[type_id][status_id] += n
         totals[status_id] += n
@@ -192,6 +195,7 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
         "type_rows": table(by_type, "type", lambda pk: types.get(pk, f"#{pk}")),
         "unfinished": sum(n for s, n in totals.items() if Status(s) not in FINISHED),
         "waiting_pairs": waiting,
+        "claimable_queues": claimable_queues,
     }
 
 

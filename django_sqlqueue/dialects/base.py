@@ -362,18 +362,22 @@ class Dialect:
             f"OR (j.{j['status_id']} = {int(Status.PROCESSING)} AND j.{j['lease_expires_at']} < {self.now()}))"
         )
 
-    def oldest_limited_due_sql(self) -> str:
-        """``MIN(scheduled_for)`` of the due Pending jobs of limited types (the dashboard, the metrics).
+    def oldest_limited_due_sql(self, *, by_queue: bool = False) -> str:
+        """``MIN(scheduled_for)`` of the due Pending jobs of limited types (the dashboard, the metrics);
+        ``by_queue``: of the due Pending and Error jobs, per queue (``queue, MIN(...)`` rows).
 
         Those jobs are not in the claim index. Read from ``sqlqueue_job_limited`` alone (its own filter,
         literally), which holds only limited jobs: SQLite's planner, without statistics, took the status
         index's range of EVERY Pending job instead (an equality on its first column looks cheaper), so
         the index is pinned there."""
         j = self.n.j
-        return (f"SELECT MIN(j.{j['scheduled_for']}) FROM {self.n.job} j{self.index_hint('sqlqueue_job_limited')} "
+        statuses = sql_list(CLAIMABLE) if by_queue else str(int(Status.PENDING))
+        select, group = (f"j.{j['queue']}, ", f" GROUP BY j.{j['queue']}") if by_queue else ("", "")
+        return (f"SELECT {select}MIN(j.{j['scheduled_for']}) FROM {self.n.job} j"
+                f"{self.index_hint('sqlqueue_job_limited')} "
                 f"WHERE j.{j['status_id']} IN ({sql_list(CLAIMABLE | {Status.PROCESSING})}) "
-                f"AND j.{j['limited']} = {self.true_literal} AND j.{j['status_id']} = {int(Status.PENDING)} "
-                f"AND j.{j['scheduled_for']} <= {self.now()}")
+                f"AND j.{j['limited']} = {self.true_literal} AND j.{j['status_id']} IN ({statuses}) "
+                f"AND j.{j['scheduled_for']} <= {self.now()}{group}")
 
     def permit_filters(self, req: ClaimRequest) -> tuple[str, list[Any]]:
         """The permits (alias ``p``) a claim may take: free, of the worker's types if it names some, not

@@ -13,6 +13,7 @@ whole and matched in Python.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -153,14 +154,26 @@ def oldest_due(job_model: type[Job], now: datetime) -> datetime | None:
 
 
 def _oldest_limited_due(job_model: type[Job]) -> datetime | None:
-    """The due time of the oldest due Pending job of a limited type (the database's clock), converted as
-    the ORM converts the column (SQLite's text, SQL Server's naive UTC)."""
+    """The due time of the oldest due Pending job of a limited type (the database's clock)."""
     connection = connections[job_model.objects.db]
     with connection.cursor() as cursor:
         cursor.execute(get_dialect(connection).oldest_limited_due_sql(), [])
         value = cursor.fetchone()[0]
-    if value is None:
-        return None
+    return None if value is None else _as_scheduled_for(job_model, connection, value)
+
+
+def _oldest_limited_due_by_queue(jobs: QuerySet, now: datetime) -> list[tuple[str, datetime]]:
+    """(queue, due time of its oldest due Pending/Error job of a limited type), from sqlqueue_job_limited."""
+    connection = connections[jobs.db]
+    with connection.cursor() as cursor:
+        cursor.execute(get_dialect(connection).oldest_limited_due_sql(by_queue=True), [])
+        rows = cursor.fetchall()
+    return [(queue, _as_scheduled_for(jobs.model, connection, value)) for queue, value in rows]
+
+
+def _as_scheduled_for(job_model: type[Job], connection: Any, value: Any) -> datetime:
+    """A raw ``scheduled_for`` value converted as the ORM converts the column (SQLite's text, SQL
+    Server's naive UTC)."""
     column = Col(job_model._meta.db_table, job_model._meta.get_field("scheduled_for"))
     for convert in connection.ops.get_db_converters(column):
         value = convert(value, column, connection)
@@ -168,15 +181,74 @@ def _oldest_limited_due(job_model: type[Job]) -> datetime | None:
 
 
 # ----- per-queue latency (the dashboard, the metrics, the throughput page) ------------------------------
-def oldest_due_by_queue(jobs: QuerySet, now: datetime) -> dict[str, datetime]:
+#: Claim-index rows :func:`oldest_due_by_queue` reads per priority before it counts what is left instead.
+QUEUE_WALK_ROWS = 2_000
+#: ... in steps of this many rows (one statement each).
+QUEUE_WALK_STEP = 250
+
+
+def oldest_due_by_queue(jobs: QuerySet, now: datetime, queues: Iterable[str] | None = None) -> dict[str, datetime]:
     """Each queue's oldest due Pending/Error job's scheduled time, for the queues that have one.
 
-    One GROUP BY over the claimable rows that are due (a range of the (status, type, queue) index, then
-    each row's due time): its cost follows the backlog, not the table (finished jobs are never read).
+    ``queues``: the queues that hold claimable jobs (the caller's status counts know them); without them
+    one ``GROUP BY`` over the claimable rows (every due row's table row read) answers.
+
+    With them, the claim index is walked per priority, oldest due first, a few hundred rows a step: the
+    first row of a queue is its oldest due job of that priority. A walk stops when every queue is seen
+    or :data:`QUEUE_WALK_ROWS` are read; then a queue is settled when each priority either showed it,
+    ended, or stopped past the oldest time already found for it. A backlog of 150,000 due jobs in five
+    queues is a few rows' read (the GROUP BY read all 150,000: 0.16 s at 1M jobs). Only the queues left
+    unsettled (say, one whose jobs are all scheduled ahead, or a rare queue behind a large one) are
+    counted by the GROUP BY, over their own rows, and limited types' jobs (not in the claim index) by one
+    ``GROUP BY`` over ``sqlqueue_job_limited``'s rows.
     """
     claimable = jobs.filter(index_predicate(jobs.db, "status", f"IN ({sql_list(CLAIMABLE)})"))
-    return dict(claimable.filter(scheduled_for__lte=now).order_by().values("queue")
-                .annotate(oldest=Min("scheduled_for")).values_list("queue", "oldest"))
+
+    def grouped(qs: QuerySet) -> dict[str, datetime]:
+        return dict(qs.filter(scheduled_for__lte=now).order_by().values("queue")
+                    .annotate(oldest=Min("scheduled_for")).values_list("queue", "oldest"))
+
+    if queues is None:
+        return grouped(claimable)
+    wanted = set(queues)
+    if not wanted:
+        return {}
+    unlimited = jobs.filter(claim_index_rows(jobs.db))
+    oldest: dict[str, datetime] = {}
+    # per priority: the queues it showed, and None when it ended or the time it stopped at
+    walks: list[tuple[set[str], datetime | None]] = []
+    for priority in distinct_values(unlimited, "priority", limit=100):
+        seen: set[str] = set()
+        due = unlimited.filter(priority=priority, scheduled_for__lte=now).order_by("scheduled_for", "id")
+        after: tuple[datetime, int] | None = None
+        read = 0
+        while True:
+            step = due if after is None else due.filter(
+                Q(scheduled_for__gt=after[0]) | Q(scheduled_for=after[0], id__gt=after[1]))
+            rows = list(step.values_list("queue", "scheduled_for", "id")[:QUEUE_WALK_STEP])
+            for queue, at, _pk in rows:
+                if queue not in seen:
+                    seen.add(queue)
+                    if queue not in oldest or at < oldest[queue]:
+                        oldest[queue] = at
+            read += len(rows)
+            if len(rows) < QUEUE_WALK_STEP:
+                walks.append((seen, None))
+                break
+            after = rows[-1][1], rows[-1][2]
+            if wanted <= seen or read >= QUEUE_WALK_ROWS:
+                walks.append((seen, after[0]))
+                break
+    unsettled = {q for q in wanted
+                 if any(q not in seen and stop is not None and (q not in oldest or oldest[q] > stop)
+                        for seen, stop in walks)}
+    rest = _oldest_limited_due_by_queue(jobs, now)
+    if unsettled:
+        rest = [*rest, *grouped(claimable.filter(queue__in=sorted(unsettled))).items()]
+    for queue, at in rest:
+        if queue not in oldest or at < oldest[queue]:
+            oldest[queue] = at
+    return oldest
 
 
 #: Finished jobs read (newest first) for the per-queue wait percentiles.

@@ -106,11 +106,13 @@ class QueueCollector:
         rows = (jobs.filter(index_predicate(db, "status", f"IN ({sql_list(UNFINISHED)})")).order_by()
                 .values("queue", "job_type_id", "status_id").annotate(n=Count("*"))
                 .values_list("queue", "job_type_id", "status_id", "n"))
-        waiting = set()
+        waiting, claimable_queues = set(), set()
         for queue, type_id, status_id, n in rows:
             depth.add_metric([queue, names.get(type_id, str(type_id)), Status(status_id).label], n)
             if status_id in (Status.PENDING, Status.ERROR, Status.PROCESSING):
                 waiting.add((queue, type_id))
+            if status_id in (Status.PENDING, Status.ERROR):
+                claimable_queues.add(queue)
         yield depth
 
         oldest = oldest_due(Job, now) if not self.using else None
@@ -122,7 +124,7 @@ class QueueCollector:
         latency = GaugeMetricFamily("sqlqueue_queue_oldest_due_age_seconds",
                                     "Age of each queue's oldest due Pending or Error job (queues with one)",
                                     labels=["queue"])
-        for queue, due in sorted(oldest_due_by_queue(jobs, now).items()):
+        for queue, due in sorted(oldest_due_by_queue(jobs, now, claimable_queues).items()):
             latency.add_metric([queue], max(0.0, (now - due).total_seconds()))
         yield latency
 
