@@ -167,7 +167,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     if _CLAIMED:
         mine = sorted(path for path, claimed in _CLAIMED.items() if claimed)
         terminalreporter.line(f"part {os.environ.get('SQLQUEUE_TEST_SHARD')}: ran {len(mine)} of {len(_CLAIMED)} "
-                              f"test files (dealt at run time): {' '.join(mine)}")
+                              f"test file segments (dealt at run time): {' '.join(mine)}")
     unexpected = getattr(config, "_sqlqueue_unexpected_skips", None)
     if not unexpected:
         return
@@ -235,6 +235,7 @@ def _keep_shard(config, items, runs: dict[str, int], shard: str) -> None:
     if not 1 <= part <= parts:
         raise pytest.UsageError(f"SQLQUEUE_TEST_SHARD must be K/N with 1 <= K <= N, not {shard!r}")
     if _claims_dir():
+        _SEGMENTS.update(_segments(items))
         return  # every file collected, in order; pytest_runtest_protocol runs the ones this part claims
     recorded = json.loads(TDS_SECONDS_FILE.read_text()) if TDS_SECONDS_FILE.exists() else {}
     per_test = sorted(recorded[p] / runs[p] for p in recorded if runs.get(p)) or [1.0]
@@ -266,8 +267,27 @@ def _claims_dir() -> Path | None:
     return Path(claims) if claims and os.environ.get("SQLQUEUE_TEST_SHARD") else None
 
 
-#: Test file -> whether this part claimed it (files dealt at run time; see :func:`_keep_shard`).
+#: Test file segment -> whether this part claimed it (files dealt at run time; see :func:`_keep_shard`).
 _CLAIMED: dict[str, bool] = {}
+#: Node id -> its segment: ``path#k``, the k-th run of consecutive tests of that file in the run's order.
+_SEGMENTS: dict[str, str] = {}
+
+
+def _segments(items) -> dict[str, str]:
+    """Each test's segment: a file whose tests come in two groups (pytest-django runs the tests inside a
+    transaction before the transactional ones) is two segments, dealt apart. Dealt whole, a file claimed
+    in the first group bound its transactional tests, the slow worker-process ones, to the part that
+    claimed it: in a check, part 2 found nothing left to claim and ended while part 1 ran those alone."""
+    out: dict[str, str] = {}
+    runs: dict[str, int] = {}
+    previous = None
+    for item in items:
+        path = _file_of(item)
+        if path != previous:
+            runs[path] = runs.get(path, 0) + 1
+            previous = path
+        out[item.nodeid] = f"{path}#{runs[path]}"
+    return out
 
 
 def _claim(claims: Path, path: str) -> bool:
@@ -284,18 +304,17 @@ def _claim(claims: Path, path: str) -> bool:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Files dealt at run time: a test of a file another part claimed is passed over without a report
-    (that part runs and reports it). The claim is made at the file's first test and holds for all its
-    tests, wherever they sit (pytest-django runs the tests inside a transaction before the transactional
-    ones, so one file's tests may come in two groups); every part sees the same order, so exactly one
-    part runs each file, whole."""
+    """Files dealt at run time: a test of a segment another part claimed is passed over without a report
+    (that part runs and reports it). The claim is made at the segment's first test and holds for the
+    segment's tests (a run of consecutive tests of one file, :func:`_segments`); every part sees the same
+    order, so exactly one part runs each segment, whole."""
     claims = _claims_dir()
     if claims is None:
         return None
-    path = _file_of(item)
-    if path not in _CLAIMED:
-        _CLAIMED[path] = _claim(claims, path)
-    return None if _CLAIMED[path] else True
+    segment = _SEGMENTS.get(item.nodeid, _file_of(item))
+    if segment not in _CLAIMED:
+        _CLAIMED[segment] = _claim(claims, segment)
+    return None if _CLAIMED[segment] else True
 
 
 @pytest.fixture
