@@ -412,3 +412,35 @@ def _babelfish_fresh_connection(request):
     with request.getfixturevalue("django_db_blocker").unblock():
         connection.close()
     mssql_python.pooling(enabled=False)
+
+
+# ----- the browser tests' Chromium (tests/test_browser_*.py) -----------------------------------------------
+@pytest.fixture(scope="module")
+def chromium(live_server):
+    """One Chromium per test module (each test gets its own browser context, :func:`browser`): starting
+    Playwright and Chromium took about 2 s a test on a quiet machine, twice that under CI's load."""
+    from django.db import connections
+    from playwright.sync_api import sync_playwright
+
+    from tests.test_browser_admin import ARTIFACTS, CHROMIUM, LAUNCH_ARGS
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
+        yield launched
+        launched.close()
+        connections.close_all()
+
+
+@pytest.fixture
+def browser(chromium):
+    """The module's Chromium, with every browser context a test opened closed after it."""
+    from django.db import connections
+
+    yield chromium
+    for context in list(chromium.contexts):
+        context.close()
+    # Database connections opened while Playwright runs (the test's own reads) belong to the
+    # context Playwright switched to, which pytest-django never sees: close them here, or the
+    # session's teardown cannot drop the PostgreSQL test database ("accessed by other users").
+    connections.close_all()

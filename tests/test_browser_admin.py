@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connections
 from django.utils import timezone
 
 from django_sqlqueue.models import Job, JobType, Worker
@@ -67,22 +66,13 @@ def operator_data(transactional_db):
 
 
 @pytest.fixture
-def page(live_server):
-    ARTIFACTS.mkdir(exist_ok=True)
-    with playwright_sync.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        context = browser.new_context(viewport={"width": 1800, "height": 1000})
-        context.set_default_timeout(60_000)  # a bound for a loaded CI machine, not a speed
-        pg = context.new_page()
-        pg.dialogs = []  # any alert() would mean a payload ran
-        pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
-        yield pg
-        context.close()
-        browser.close()
-        # Database connections opened while Playwright runs (the test's own reads) belong to the
-        # context Playwright switched to, which pytest-django never sees: close them here, or the
-        # session's teardown cannot drop the PostgreSQL test database ("accessed by other users").
-        connections.close_all()
+def page(browser):
+    context = browser.new_context(viewport={"width": 1800, "height": 1000})
+    context.set_default_timeout(60_000)  # a bound for a loaded CI machine, not a speed
+    pg = context.new_page()
+    pg.dialogs = []  # any alert() would mean a payload ran
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    return pg
 
 
 def shot(page, name: str) -> None:

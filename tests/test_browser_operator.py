@@ -19,8 +19,6 @@ from django_sqlqueue.states import Status
 from tests.test_admin_support import make_job, make_worker
 from tests.test_browser_admin import (  # noqa: F401  (fixtures)
     ARTIFACTS,
-    CHROMIUM,
-    LAUNCH_ARGS,
     fast_password_hasher,
     fresh_admin_caches,
     login,
@@ -30,18 +28,6 @@ from tests.test_browser_admin import (  # noqa: F401  (fixtures)
 )
 
 DOCS_IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
-
-
-@pytest.fixture
-def browser(live_server):
-    from django.db import connections
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with playwright_sync.sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        yield chromium
-        chromium.close()
-        connections.close_all()
 
 
 def open_page(browser, *, width: int = 1400, dark: bool = False):

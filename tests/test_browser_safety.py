@@ -21,8 +21,6 @@ from django_sqlqueue.states import Status
 from tests.test_admin_support import make_job
 from tests.test_browser_admin import (  # noqa: F401  (fixtures)
     ARTIFACTS,
-    CHROMIUM,
-    LAUNCH_ARGS,
     fast_password_hasher,
     fresh_admin_caches,
     login,
@@ -38,18 +36,6 @@ CSS = Path(__file__).resolve().parent.parent / "django_sqlqueue" / "static" / "d
 #: Every badge class of the app: the statuses, and the workers' states.
 BADGES = ["pending", "processing", "running", "error", "failed", "completed", "partiallycompleted", "cancelled",
           "paused", "waiting", "terminated", "alive", "stale", "stopped"]
-
-
-@pytest.fixture
-def browser(live_server):
-    from django.db import connections
-
-    ARTIFACTS.mkdir(exist_ok=True)
-    with playwright_sync.sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        yield chromium
-        chromium.close()
-        connections.close_all()
 
 
 @pytest.fixture
