@@ -370,6 +370,28 @@ def test_each_queues_oldest_due_job_walked_from_the_claim_index_matches_the_grou
     assert health.oldest_due_by_queue(Job.objects.all(), now, set()) == {}
 
 
+def test_the_queue_walk_does_not_pass_over_rows_tied_on_a_time_the_database_clock_wrote(monkeypatch) -> None:
+    """Six jobs share one due time written by the database's clock (a retry of many jobs in one
+    statement sets them so); queue B's is the last of the tie, and B has a later due job too. The walk,
+    two rows a step, must find B's tied job: a step that continued after the last row's time as Python
+    read it back passed over the rest of the tie on SQLite (``...:58.684`` sorts before ``...:58.684000``)
+    and reported B's later job."""
+    from django.db.models.functions import Now
+
+    from django_sqlqueue.ops import health
+
+    monkeypatch.setattr(health, "QUEUE_WALK_STEP", 2)
+    tied = [make_job(queue="a").pk for _ in range(5)] + [make_job(queue="b").pk]
+    later = make_job(queue="b")
+    Job.objects.filter(pk__in=tied).update(scheduled_for=Now(), priority=0)
+    tie = Job.objects.get(pk=tied[-1]).scheduled_for
+    Job.objects.filter(pk=later.pk).update(scheduled_for=tie + timedelta(hours=1), priority=0)
+    now = tie + timedelta(hours=2)
+    expected = health.oldest_due_by_queue(Job.objects.all(), now)
+    assert expected == {"a": tie, "b": tie}
+    assert health.oldest_due_by_queue(Job.objects.all(), now, {"a", "b"}) == expected
+
+
 def test_the_oldest_limited_due_job_is_read_from_the_limited_index_alone_on_sqlite() -> None:
     """On a fresh SQLite database (no ANALYZE statistics) the planner took the status index's range of
     every Pending job for the limited jobs' MIN: a read that grew with the whole backlog. The read names

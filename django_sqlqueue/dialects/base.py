@@ -364,7 +364,8 @@ class Dialect:
 
     def oldest_limited_due_sql(self, *, by_queue: bool = False) -> str:
         """``MIN(scheduled_for)`` of the due Pending jobs of limited types (the dashboard, the metrics);
-        ``by_queue``: of the due Pending and Error jobs, per queue (``queue, MIN(...)`` rows).
+        ``by_queue``: of the Pending and Error jobs due at the one parameter, per queue (``queue,
+        MIN(...)`` rows).
 
         Those jobs are not in the claim index. Read from ``sqlqueue_job_limited`` alone (its own filter,
         literally), which holds only limited jobs: SQLite's planner, without statistics, took the status
@@ -377,7 +378,7 @@ class Dialect:
                 f"{self.index_hint('sqlqueue_job_limited')} "
                 f"WHERE j.{j['status_id']} IN ({sql_list(CLAIMABLE | {Status.PROCESSING})}) "
                 f"AND j.{j['limited']} = {self.true_literal} AND j.{j['status_id']} IN ({statuses}) "
-                f"AND j.{j['scheduled_for']} <= {self.now()}{group}")
+                f"AND j.{j['scheduled_for']} <= {'%s' if by_queue else self.now()}{group}")
 
     def permit_filters(self, req: ClaimRequest) -> tuple[str, list[Any]]:
         """The permits (alias ``p``) a claim may take: free, of the worker's types if it names some, not

@@ -19,7 +19,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
-from django.db.models import Min, Q, QuerySet
+from django.db.models import Min, Q, QuerySet, Subquery
 from django.db.models.expressions import Col
 
 from ..conf import get_settings
@@ -166,7 +166,7 @@ def _oldest_limited_due_by_queue(jobs: QuerySet, now: datetime) -> list[tuple[st
     """(queue, due time of its oldest due Pending/Error job of a limited type), from sqlqueue_job_limited."""
     connection = connections[jobs.db]
     with connection.cursor() as cursor:
-        cursor.execute(get_dialect(connection).oldest_limited_due_sql(by_queue=True), [])
+        cursor.execute(get_dialect(connection).oldest_limited_due_sql(by_queue=True), [now])
         rows = cursor.fetchall()
     return [(queue, _as_scheduled_for(jobs.model, connection, value)) for queue, value in rows]
 
@@ -181,10 +181,13 @@ def _as_scheduled_for(job_model: type[Job], connection: Any, value: Any) -> date
 
 
 # ----- per-queue latency (the dashboard, the metrics, the throughput page) ------------------------------
-#: Claim-index rows :func:`oldest_due_by_queue` reads per priority before it counts what is left instead.
+#: Claim-index rows :func:`oldest_due_by_queue` reads over all priorities before it counts what is left
+#: instead (each priority's walk gets its share, one step at least).
 QUEUE_WALK_ROWS = 2_000
 #: ... in steps of this many rows (one statement each).
 QUEUE_WALK_STEP = 250
+#: More distinct priorities than this among claimable jobs: the walk is not tried.
+QUEUE_WALK_PRIORITIES = 20
 
 
 def oldest_due_by_queue(jobs: QuerySet, now: datetime, queues: Iterable[str] | None = None) -> dict[str, datetime]:
@@ -194,13 +197,18 @@ def oldest_due_by_queue(jobs: QuerySet, now: datetime, queues: Iterable[str] | N
     one ``GROUP BY`` over the claimable rows (every due row's table row read) answers.
 
     With them, the claim index is walked per priority, oldest due first, a few hundred rows a step: the
-    first row of a queue is its oldest due job of that priority. A walk stops when every queue is seen
-    or :data:`QUEUE_WALK_ROWS` are read; then a queue is settled when each priority either showed it,
-    ended, or stopped past the oldest time already found for it. A backlog of 150,000 due jobs in five
+    first row of a queue is its oldest due job of that priority. A priority's walk stops when it ends,
+    when no queue it has not shown could still be older there than what is known of it, or when it has
+    read its share of :data:`QUEUE_WALK_ROWS`; a queue is settled when each priority either showed it,
+    ended, or stopped at or past the oldest time found for it. A backlog of 150,000 due jobs in five
     queues is a few rows' read (the GROUP BY read all 150,000: 0.16 s at 1M jobs). Only the queues left
     unsettled (say, one whose jobs are all scheduled ahead, or a rare queue behind a large one) are
     counted by the GROUP BY, over their own rows, and limited types' jobs (not in the claim index) by one
     ``GROUP BY`` over ``sqlqueue_job_limited``'s rows.
+
+    A step continues after the last row read as the database holds it (a subquery by its id), not as
+    Python read it back: SQLite keeps a time its own clock wrote as ``...:58.684``, which sorts before
+    the ``...:58.684000`` Django would send, and the rows tied with it would be passed over.
     """
     claimable = jobs.filter(index_predicate(jobs.db, "status", f"IN ({sql_list(CLAIMABLE)})"))
 
@@ -214,17 +222,18 @@ def oldest_due_by_queue(jobs: QuerySet, now: datetime, queues: Iterable[str] | N
     if not wanted:
         return {}
     unlimited = jobs.filter(claim_index_rows(jobs.db))
+    priorities = distinct_values(unlimited, "priority", limit=QUEUE_WALK_PRIORITIES + 1)
+    if len(priorities) > QUEUE_WALK_PRIORITIES:
+        return grouped(claimable)
+    share = max(QUEUE_WALK_STEP, QUEUE_WALK_ROWS // max(1, len(priorities)))
     oldest: dict[str, datetime] = {}
     # per priority: the queues it showed, and None when it ended or the time it stopped at
     walks: list[tuple[set[str], datetime | None]] = []
-    for priority in distinct_values(unlimited, "priority", limit=100):
+    for priority in priorities:
         seen: set[str] = set()
         due = unlimited.filter(priority=priority, scheduled_for__lte=now).order_by("scheduled_for", "id")
-        after: tuple[datetime, int] | None = None
-        read = 0
+        step, read = due, 0
         while True:
-            step = due if after is None else due.filter(
-                Q(scheduled_for__gt=after[0]) | Q(scheduled_for=after[0], id__gt=after[1]))
             rows = list(step.values_list("queue", "scheduled_for", "id")[:QUEUE_WALK_STEP])
             for queue, at, _pk in rows:
                 if queue not in seen:
@@ -235,10 +244,14 @@ def oldest_due_by_queue(jobs: QuerySet, now: datetime, queues: Iterable[str] | N
             if len(rows) < QUEUE_WALK_STEP:
                 walks.append((seen, None))
                 break
-            after = rows[-1][1], rows[-1][2]
-            if wanted <= seen or read >= QUEUE_WALK_ROWS:
-                walks.append((seen, after[0]))
+            at, pk = rows[-1][1], rows[-1][2]
+            if read >= share or all(q in seen or (q in oldest and oldest[q] <= at) for q in wanted):
+                walks.append((seen, at))
                 break
+            last = Subquery(jobs.model._base_manager.using(jobs.db).filter(pk=pk).values("scheduled_for")[:1])
+            step = due.filter(Q(scheduled_for__gte=last),  # a range to seek; the OR only splits its ties
+                              Q(scheduled_for__gt=last) | Q(scheduled_for=last, id__gt=pk))
+    wanted |= set(oldest)
     unsettled = {q for q in wanted
                  if any(q not in seen and stop is not None and (q not in oldest or oldest[q] > stop)
                         for seen, stop in walks)}
