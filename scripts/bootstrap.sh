@@ -20,6 +20,7 @@ ROOT=$PWD
 VENV="$ROOT/.venv"
 STAMP="$VENV/.sqlqueue-bootstrap-stamp"
 EXTRAS="test,postgres,mssql"
+UV_PIN="uv==0.13.9"  # the installer (PyPI); see step 3
 START_TS=$SECONDS
 
 minimal=${SQLQUEUE_BOOTSTRAP_MINIMAL:-0}
@@ -137,16 +138,24 @@ if [ "$want" != "$have" ]; then
     rm -f "$STAMP"
     pip_log=$(mktemp /tmp/sqlqueue-pip.XXXXXX.log)
     pip_rc=0
-    # uv (from PyPI) resolves, downloads and installs in parallel: on a fresh CI machine about 40 s
-    # where pip takes about 150 s. Bytecode is compiled at install time, as pip does: the test stages
-    # run with PYTHONDONTWRITEBYTECODE=1, so without it every worker process would compile Django
-    # again. If uv cannot be had or fails, pip does the install.
-    if ! { "$VENV/bin/python" -m pip install -q --progress-bar off uv \
-            && UV_COMPILE_BYTECODE=1 "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" -e ".[$EXTRAS]"; \
-          } >"$pip_log" 2>&1; then
-        log "uv could not install; pip does"
+    # uv (from PyPI, pinned) resolves, downloads and installs in parallel: on a fresh CI machine about
+    # 40 s where pip takes about 150 s. Bytecode is compiled at install time, as pip does: the test
+    # stages run with PYTHONDONTWRITEBYTECODE=1, so without it every worker process would compile
+    # Django again. uv reads no pip configuration: pip's index (PIP_INDEX_URL or pip.conf's index-url)
+    # is handed to it. If uv cannot be had or fails, pip does the install, and the bytecode is
+    # compiled after it (a uv that failed while compiling left the packages installed, which pip then
+    # finds "already satisfied" and does not compile).
+    index=${PIP_INDEX_URL:-$("$VENV/bin/python" -m pip config get global.index-url 2>/dev/null || true)}
+    if { "$VENV/bin/python" -m pip install -q --progress-bar off "$UV_PIN" \
+            && UV_COMPILE_BYTECODE=1 UV_INDEX_URL=${index:-https://pypi.org/simple} \
+               "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" -e ".[$EXTRAS]"; \
+       } >"$pip_log" 2>&1; then
+        : >"$pip_log"  # uv's output is noise once it succeeded
+    else
+        log "uv could not install (its output follows); pip does"
         "$VENV/bin/python" -m pip install -q --progress-bar off -e ".[$EXTRAS]" >>"$pip_log" 2>&1 \
             || pip_rc=$?
+        [ "$pip_rc" -eq 0 ] && { "$VENV/bin/python" -m compileall -q "$VENV/lib" >/dev/null 2>&1 || true; }
     fi
     # Show pip's warnings/errors, minus the noise about absent find-links dirs.
     grep -v -E "^WARNING: Location '[^']*' is ignored" "$pip_log" >&2 || true

@@ -433,10 +433,15 @@ def chromium(live_server):
 
 
 @pytest.fixture
-def browser(chromium):
-    """The module's Chromium, with every browser context a test opened closed after it."""
+def browser(request, chromium):
+    """The module's Chromium, with every browser context a test opened closed after it. Only for
+    transactional tests (see tests/test_browser_admin.py): a test inside pytest-django's transaction
+    would write through the event loop's own connections, outside that transaction, and leak its rows."""
     from django.db import connections
 
+    marker = request.node.get_closest_marker("django_db")
+    if marker is None or not marker.kwargs.get("transaction"):
+        raise pytest.UsageError(f"{request.node.nodeid}: a browser test must be django_db(transaction=True)")
     yield chromium
     for context in list(chromium.contexts):
         context.close()

@@ -5,9 +5,13 @@ Pending; open a job and see its attempt history; open the dashboard from the adm
 chart; open a job whose payload holds ``<script>`` and see it as text. A screenshot of each page goes
 to ``test-artifacts/`` (git-ignored).
 
-The data is written before the browser starts: Playwright's sync API runs an event loop in this
-thread, and Django refuses ORM calls from a thread with a running loop (DJANGO_ALLOW_ASYNC_UNSAFE is
-set for the few reads after it, which are plain synchronous code in a test).
+One Chromium serves a whole test module (tests/conftest.py ``chromium``), so Playwright's sync API
+runs an event loop in this thread from the module's first browser test to its end, and Django would
+refuse ORM calls from a thread with a running loop: DJANGO_ALLOW_ASYNC_UNSAFE is set, which is sound
+here because the calls are plain synchronous code. The connections made meanwhile are the loop's own,
+which pytest-django's per-test transaction never wraps: every browser test is therefore transactional
+(``transaction=True``, rows flushed after each test; the ``browser`` fixture refuses any other), and
+those connections are closed after each test.
 """
 
 from __future__ import annotations
