@@ -4,7 +4,8 @@
     python bench/operator_views.py --db postgres --jobs 10000      # a throwaway cluster
     python bench/operator_views.py --db postgres --jobs 1000000     # loaded by generate_series
     python bench/operator_views.py --db tds --jobs 1000000          # Babelfish (../shared/babelfish), one INSERT
-    SQLQUEUE_DATABASE_URL=mssql://... python bench/operator_views.py --db tds   # a SQL Server you name
+    SQLQUEUE_DATABASE_URL=mssql://... python bench/operator_views.py --db tds   # a SQL Server you name:
+                                                    # migrated and loaded as it is, never emptied: a scratch one
 
 The database is as a new user's is: SQLite never gathers the planner's statistics by itself, so none are
 gathered (``--analyze`` runs ``ANALYZE`` first, for comparison); PostgreSQL's autovacuum vacuums and
