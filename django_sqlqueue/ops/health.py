@@ -24,6 +24,7 @@ from django.db.models.expressions import Col
 
 from ..conf import get_settings
 from ..dialects import get_dialect
+from ..dialects.base import CLAIM_INDEX
 from ..dialects.predicates import claim_index_rows, index_predicate
 from ..states import CLAIMABLE, Status, sql_list
 
@@ -110,24 +111,50 @@ def orphans(job_model: type[Job], now: datetime) -> QuerySet:
 MAX_DISTINCT_VALUES = 50
 
 
-def distinct_values(queryset: QuerySet, field: str, limit: int = MAX_DISTINCT_VALUES) -> list[Any]:
-    """The distinct values of ``field``, smallest first, by a loose index scan.
+def distinct_values(queryset: QuerySet, field: str, limit: int = MAX_DISTINCT_VALUES,
+                    index: str | None = None) -> list[Any]:
+    """The distinct values of ``field``, smallest first, by a loose index scan (through ``index`` where
+    the dialect pins indexes, :func:`rows_through`).
 
     ``SELECT DISTINCT`` reads every row; this asks for "the smallest value greater than the last one"
     once per distinct value, which an index on ``field`` answers with one seek each. Portable: plain
     ORM queries, so it runs the same on SQL Server, PostgreSQL and SQLite.
     """
     values: list[Any] = []
-    base = queryset.order_by(field).values_list(field, flat=True)
+    base = queryset.order_by(field).values_list(field)
     last: Any = None
     for _i in range(limit):
         query = base if last is None else base.filter(**{f"{field}__gt": last})
-        value = query.first()
-        if value is None:
+        rows = rows_through(query[:1], index) if index else list(query[:1])
+        if not rows:
             break
-        values.append(value)
-        last = value
+        values.append(rows[0][0])
+        last = rows[0][0]
     return values
+
+
+def rows_through(qs: QuerySet, index: str) -> list[tuple[Any, ...]]:
+    """The rows of ``qs`` (a ``values_list`` of the job table) read through ``index`` where the dialect
+    pins indexes (SQLite's ``INDEXED BY``), else as the planner chooses.
+
+    On a SQLite database with no statistics (a new user's: SQLite never gathers them by itself) the
+    planner answers a read of the claim index's rows by the (status, type, queue) index's range of every
+    claimable job, sorted: about 0.5 s a read at 1M jobs with 150,000 due, where the claim index is one
+    seek. The ORM names no index, so the statement it compiles gets the hint after its table.
+    """
+    connection = connections[qs.db]
+    hint = get_dialect(connection).index_hint(index)
+    compiler = qs.query.get_compiler(qs.db)
+    sql, params = compiler.as_sql()
+    table = connection.ops.quote_name(qs.model._meta.db_table)
+    head, found, tail = sql.partition(f" FROM {table} ")
+    if not hint or not found:
+        return [tuple(row) for row in qs]
+    with connection.cursor() as cursor:
+        cursor.execute(f"{head} FROM {table}{hint} {tail}", params)
+        rows = cursor.fetchall()
+    converters = compiler.get_converters([column for column, _, _ in compiler.select])
+    return [tuple(row) for row in (compiler.apply_converters(rows, converters) if converters else rows)]
 
 
 def oldest_due(job_model: type[Job], now: datetime) -> datetime | None:
@@ -145,11 +172,11 @@ def oldest_due(job_model: type[Job], now: datetime) -> datetime | None:
     using = job_model.objects.db
     unlimited = job_model.objects.filter(claim_index_rows(using))
     oldest = _oldest_limited_due(job_model)
-    for priority in distinct_values(unlimited, "priority", limit=100):
-        first = (unlimited.filter(status_id=Status.PENDING, priority=priority, scheduled_for__lte=now)
-                 .order_by("scheduled_for").values_list("scheduled_for", flat=True).first())
-        if first is not None and (oldest is None or first < oldest):
-            oldest = first
+    for priority in distinct_values(unlimited, "priority", limit=100, index=CLAIM_INDEX):
+        rows = rows_through(unlimited.filter(status_id=Status.PENDING, priority=priority, scheduled_for__lte=now)
+                            .order_by("scheduled_for").values_list("scheduled_for")[:1], CLAIM_INDEX)
+        if rows and (oldest is None or rows[0][0] < oldest):
+            oldest = rows[0][0]
     return oldest
 
 
@@ -222,7 +249,7 @@ def oldest_due_by_queue(jobs: QuerySet, now: datetime, queues: Iterable[str] | N
     if not wanted:
         return {}
     unlimited = jobs.filter(claim_index_rows(jobs.db))
-    priorities = distinct_values(unlimited, "priority", limit=QUEUE_WALK_PRIORITIES + 1)
+    priorities = distinct_values(unlimited, "priority", limit=QUEUE_WALK_PRIORITIES + 1, index=CLAIM_INDEX)
     if len(priorities) > QUEUE_WALK_PRIORITIES:
         return grouped(claimable)
     share = max(QUEUE_WALK_STEP, QUEUE_WALK_ROWS // max(1, len(priorities)))
@@ -234,7 +261,7 @@ def oldest_due_by_queue(jobs: QuerySet, now: datetime, queues: Iterable[str] | N
         due = unlimited.filter(priority=priority, scheduled_for__lte=now).order_by("scheduled_for", "id")
         step, read = due, 0
         while True:
-            rows = list(step.values_list("queue", "scheduled_for", "id")[:QUEUE_WALK_STEP])
+            rows = rows_through(step.values_list("queue", "scheduled_for", "id")[:QUEUE_WALK_STEP], CLAIM_INDEX)
             for queue, at, _pk in rows:
                 if queue not in seen:
                     seen.add(queue)
