@@ -421,6 +421,33 @@ def test_the_claim_index_reads_of_the_oldest_due_jobs_are_pinned_to_it_on_sqlite
         assert "sqlqueue_job_claim" in plan and "TEMP B-TREE" not in plan, (sql, plan)
 
 
+def test_the_dashboards_processing_reads_are_pinned_to_the_processing_index_on_sqlite() -> None:
+    """The dashboard's counts of expired leases and orphaned jobs and its jobs held per worker read the
+    Processing index's rows. On SQLite with no statistics the planner took the status index's range and
+    each job's table row (10,000 Processing jobs of 1M). Each names that index and its plan uses it."""
+    from django_sqlqueue.admin.views import backlog, stuck_work, workers
+
+    if connection.vendor != "sqlite":
+        pytest.skip("INDEXED BY is SQLite's (PostgreSQL and SQL Server match the filtered index by cost)")
+    now = timezone.now()
+    for _ in range(3):
+        job = make_job(Status.PROCESSING)
+        Job.objects.filter(pk=job.pk).update(lease_expires_at=now - timedelta(minutes=1))
+    with CaptureQueriesContext(connection) as ctx:
+        assert backlog(Job, now)["lease_expired"] == 3
+        assert stuck_work(Job, now)["orphaned"] == 3
+        workers(now)
+    reads = [q["sql"] for q in ctx.captured_queries if re.search(r'"status_id" = 2\b', q["sql"])
+             and "UPDATE" not in q["sql"] and '"queue" AS "queue"' not in q["sql"]]  # not the unserved pairs' seeks
+    assert len(reads) == 3, "\n".join(r[:200] for r in reads)
+    for sql in reads:
+        assert 'INDEXED BY "sqlqueue_job_processing"' in sql, sql
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN QUERY PLAN " + sql)
+            plan = " ".join(str(row[-1]) for row in cursor.fetchall())
+        assert "sqlqueue_job_processing" in plan and "sqlqueue_job_status_type" not in plan, (sql, plan)
+
+
 def test_the_oldest_limited_due_job_is_read_from_the_limited_index_alone_on_sqlite() -> None:
     """On a fresh SQLite database (no ANALYZE statistics) the planner took the status index's range of
     every Pending job for the limited jobs' MIN: a read that grew with the whole backlog. The read names

@@ -24,10 +24,12 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from ..dialects.base import PROCESSING_INDEX
 from ..ops.health import (
     oldest_due,  # noqa: F401 (moved to ops.health, beside the metrics that read it too)
     oldest_due_by_queue,
     percentile,
+    rows_through,
     waits_by_queue,
 )
 from ..ops.rollup import DONE, FAILED, bucket_counts
@@ -199,10 +201,14 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
     }
 
 
-def _capped_count(qs: QuerySet) -> tuple[int, bool]:
+def _capped_count(qs: QuerySet, index: str | None = None) -> tuple[int, bool]:
+    """How many rows ``qs`` holds, up to :data:`COUNT_CAP` (and whether there are more); ``index``: the
+    partial index whose rows these are, read through it where the dialect pins indexes (SQLite with no
+    statistics took the status index's range and each row's table row instead)."""
     # no ORDER BY: the model's newest-first order would make the planner walk the primary key backwards
     # and filter, where any index of the predicate's rows answers the count
-    n = qs.order_by()[: COUNT_CAP + 1].count()
+    qs = qs.order_by()
+    n = len(rows_through(qs.values_list("pk")[: COUNT_CAP + 1], index)) if index else qs[: COUNT_CAP + 1].count()
     return min(n, COUNT_CAP), n > COUNT_CAP
 
 
@@ -216,7 +222,7 @@ def backlog(job_model: type[Job], now: datetime) -> dict[str, Any]:
     oldest = oldest_due(job_model, now)
     jobs = job_model.objects.all()
     overdue_count, overdue_capped = _capped_count(jobs.filter(overdue(jobs.db, now)))
-    expired, expired_capped = _capped_count(jobs.filter(lease_expired(jobs.db, now)))
+    expired, expired_capped = _capped_count(jobs.filter(lease_expired(jobs.db, now)), PROCESSING_INDEX)
     return {
         "oldest_due": oldest,
         "oldest_due_age": (now - oldest) if oldest else None,
@@ -236,7 +242,8 @@ def stuck_work(job_model: type[Job], now: datetime, pairs: Any = None) -> dict[s
     from ..ops.diagnose import unserved_due_work
     from ..ops.health import orphaned_q
 
-    orphaned, orphaned_capped = _capped_count(job_model.objects.filter(orphaned_q(now, job_model.objects.db)))
+    orphaned, orphaned_capped = _capped_count(job_model.objects.filter(orphaned_q(now, job_model.objects.db)),
+                                              PROCESSING_INDEX)
     unserved = unserved_due_work(job_model, now, pairs=pairs)
     return {
         "orphaned": orphaned, "orphaned_capped": orphaned_capped, "orphaned_url": changelist_url(orphaned=1),
@@ -310,8 +317,8 @@ def workers(now: datetime, limit: int = WORKER_LIST_LIMIT) -> dict[str, Any]:
     # predicate as a literal, and the lease (every claim sets it) as the range it seeks; without that
     # range SQLite's planner walked the whole worker index for the GROUP BY (1.1 s at 1M jobs).
     processing = index_predicate(Job.objects.db, "status", f"= {int(Status.PROCESSING)}")
-    held = dict(Job.objects.filter(processing, lease_expires_at__isnull=False).order_by().values("worker")
-                .annotate(n=Count("*")).values_list("worker", "n"))
+    held = dict(rows_through(Job.objects.filter(processing, lease_expires_at__isnull=False).order_by()
+                             .values("worker").annotate(n=Count("*")).values_list("worker", "n"), PROCESSING_INDEX))
     running = Worker.objects.filter(stopped_at__isnull=True)
     active = running.filter(last_heartbeat__gte=stale_before).count()
     stale = running.filter(last_heartbeat__lt=stale_before).count()
