@@ -399,8 +399,11 @@ def date_hierarchy_context(cl: Any) -> dict[str, Any] | None:
 
     # The whole table's first and last date: two index seeks whatever the filters. (The filtered
     # list's bounds would cost a scan for a search or a rare filter; a link may then lead to an
-    # empty period, which is cheap to show.)
-    bounds = cl.root_queryset.order_by().aggregate(first=Min(field_name), last=Max(field_name))
+    # empty period, which is cheap to show.) Two statements: SQLite and SQL Server seek the index for
+    # a lone MIN or MAX only, and read it whole for both in one (SQLite, 1M jobs: 0.3 s, on every
+    # page of the job list).
+    table = cl.root_queryset.order_by()
+    bounds = {**table.aggregate(first=Min(field_name)), **table.aggregate(last=Max(field_name))}
     if bounds["first"] is None:
         return {"show": False}
     first, last = (timezone.localtime(v) if timezone.is_aware(v) else v for v in (bounds["first"], bounds["last"]))

@@ -90,10 +90,19 @@ class QueueCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeHistogramMetricFamily, GaugeMetricFamily
 
+        from ..dialects.base import PROCESSING_INDEX
         from ..dialects.predicates import index_predicate
         from ..models import Job, JobType, Worker
         from .diagnose import unserved_due_work
-        from .health import dead_q, live_q, oldest_due, oldest_due_by_queue, orphaned_q, waits_by_queue
+        from .health import (
+            dead_q,
+            live_q,
+            oldest_due,
+            oldest_due_by_queue,
+            orphaned_q,
+            rows_through,
+            waits_by_queue,
+        )
 
         started = time.perf_counter()
         jobs = Job.objects.using(self.using) if self.using else Job.objects.all()
@@ -175,7 +184,10 @@ class QueueCollector:
 
         orphaned = GaugeMetricFamily("sqlqueue_orphaned_jobs",
                                      "Processing jobs whose worker is stopped or stale or whose lease expired")
-        orphaned.add_metric([], jobs.filter(orphaned_q(now, db)).count())
+        # their ids through the Processing index (pinned on SQLite, whose planner without statistics
+        # took the status index's range and each job's table row): few rows, counted here
+        orphaned.add_metric([], len(rows_through(jobs.filter(orphaned_q(now, db)).order_by().values_list("pk"),
+                                                 PROCESSING_INDEX)))
         yield orphaned
 
         unserved = GaugeMetricFamily("sqlqueue_unserved_due_jobs",
