@@ -32,6 +32,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import ngettext
 
 from ..dialects.predicates import has_error
+from ..ops.health import rows_through
 from ..states import Status
 
 #: How many failed jobs the page reads (newest first) to group them.
@@ -97,9 +98,13 @@ def _rows(job_model: Any, type_id: int | None = None) -> tuple[list[tuple[Any, .
     qs = job_model.objects.filter(has_error(job_model.objects.db), status_id__in=FAILURE_STATUSES)
     if type_id is not None:
         qs = qs.filter(job_type_id=type_id)
-    rows = list(qs.order_by("-id").annotate(tail=Right("error", TAIL_CHARS),
-                                            seen=Coalesce("finished_at", "updated_at"))
-                .values_list("id", "job_type_id", "status_id", "seen", "tail")[: SCAN_LIMIT + 1])
+    # Newest first along the error index (its rows only: error text is set); pinned to it on SQLite, whose
+    # planner with no statistics took the status index's range of every failed job and sorted it (1M
+    # jobs, 130,000 failed: 1.2 s, against 0.04 s through the error index).
+    rows = rows_through(qs.order_by("-id").annotate(tail=Right("error", TAIL_CHARS),
+                                                    seen=Coalesce("finished_at", "updated_at"))
+                        .values_list("id", "job_type_id", "status_id", "seen", "tail")[: SCAN_LIMIT + 1],
+                        "sqlqueue_job_has_error")
     return rows[:SCAN_LIMIT], len(rows) > SCAN_LIMIT
 
 
