@@ -148,24 +148,6 @@ def analyze() -> None:
                         "microsoft": f"UPDATE STATISTICS {table}"}[connection.vendor])
 
 
-def fresh_tds_database(url: str, name: str) -> str:
-    """An empty database on the Babelfish endpoint (dropped first if a run left one)."""
-    from urllib.parse import urlparse
-
-    import mssql_python
-
-    from tests.babelfish import ENV, create_database
-
-    u = urlparse(url)
-    conn = mssql_python.connect(f"Server={u.hostname},{u.port};UID={u.username};PWD={u.password};"
-                                f"{ENV['SQLQUEUE_MSSQL_EXTRA']}", autocommit=True)
-    try:
-        conn.cursor().execute(f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
-    finally:
-        conn.close()
-    return create_database(url, name)
-
-
 def workers() -> None:
     from django.utils import timezone
 
@@ -260,7 +242,8 @@ def main() -> None:
             from tests import babelfish
 
             os.environ.update(babelfish.ENV)
-            os.environ["SQLQUEUE_DATABASE_URL"] = fresh_tds_database(babelfish.start(), "sqlqueue_opviews")
+            os.environ["SQLQUEUE_DATABASE_URL"] = babelfish.create_database(babelfish.start(), "sqlqueue_opviews",
+                                                                            fresh=True)
     else:
         tmp = tempfile.mkdtemp(prefix="sqlqueue-bench-")
         os.environ["SQLQUEUE_DATABASE_URL"] = f"sqlite:///{tmp}/bench.sqlite3"

@@ -59,8 +59,9 @@ def stop() -> None:
         subprocess.run(["bash", str(found / "stop.sh"), SERVER_DIR], capture_output=True, timeout=120)
 
 
-def create_database(url: str, name: str) -> str:
-    """``CREATE DATABASE name`` over TDS if it is missing; return the URL of that database."""
+def create_database(url: str, name: str, *, fresh: bool = False) -> str:
+    """``CREATE DATABASE name`` over TDS if it is missing (``fresh``: dropped first if it is there);
+    return the URL of that database."""
     import mssql_python
 
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,100}", name):
@@ -69,6 +70,8 @@ def create_database(url: str, name: str) -> str:
     conn = mssql_python.connect(f"Server={u.hostname},{u.port};UID={u.username};PWD={u.password};"
                                 f"{ENV['SQLQUEUE_MSSQL_EXTRA']}", autocommit=True)
     try:
+        if fresh:
+            conn.cursor().execute(f"IF DB_ID(N'{name}') IS NOT NULL DROP DATABASE [{name}]")
         conn.cursor().execute(f"IF DB_ID(N'{name}') IS NULL CREATE DATABASE [{name}]")
     finally:
         conn.close()

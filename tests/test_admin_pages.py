@@ -117,9 +117,7 @@ def test_date_hierarchy_without_distinct_queries(admin_client) -> None:
     assert len(bounds) == 2 and all(not ("MIN(" in sql and "MAX(" in sql) for sql in bounds), bounds
     if connection.vendor == "sqlite":
         for sql in bounds:
-            with connection.cursor() as cursor:
-                cursor.execute("EXPLAIN QUERY PLAN " + sql)
-                plan = " ".join(str(row[-1]) for row in cursor.fetchall())
+            plan = sqlite_plan(sql)
             assert plan.startswith("SEARCH") and "sqlqueue_job_enqueued" in plan, (sql, plan)
     year = timezone.now().year
     assert 'href="?enqueued_at__year=2024"' in html and f'href="?enqueued_at__year={year}"' in html
@@ -401,6 +399,20 @@ def test_the_queue_walk_does_not_pass_over_rows_tied_on_a_time_the_database_cloc
     assert health.oldest_due_by_queue(Job.objects.all(), now, {"a", "b"}) == expected
 
 
+def sqlite_plan(sql: str) -> str:
+    """SQLite's plan of a captured statement, its lines joined."""
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN QUERY PLAN " + sql)
+        return " ".join(str(row[-1]) for row in cursor.fetchall())
+
+
+def assert_read_through(sql: str, index: str, never: str) -> None:
+    """The statement names ``index`` (INDEXED BY) and SQLite's plan reads it, never ``never``."""
+    assert f'INDEXED BY "{index}"' in sql, sql
+    plan = sqlite_plan(sql)
+    assert index in plan and never not in plan, (sql, plan)
+
+
 def test_the_claim_index_reads_of_the_oldest_due_jobs_are_pinned_to_it_on_sqlite() -> None:
     """The oldest due job and each queue's (the dashboard, the metrics) read the claim index: its
     distinct priorities, the first due row of each, the per-queue walk. On SQLite with no statistics
@@ -423,11 +435,7 @@ def test_the_claim_index_reads_of_the_oldest_due_jobs_are_pinned_to_it_on_sqlite
              if re.search(r'"limited" = (0|FALSE)', q["sql"]) and "ORDER BY" in q["sql"]]
     assert len(reads) >= 6, reads  # priorities (3 looks) and firsts (2) of each; the walk's steps
     for sql in reads:
-        assert 'INDEXED BY "sqlqueue_job_claim"' in sql, sql
-        with connection.cursor() as cursor:
-            cursor.execute("EXPLAIN QUERY PLAN " + sql)
-            plan = " ".join(str(row[-1]) for row in cursor.fetchall())
-        assert "sqlqueue_job_claim" in plan and "TEMP B-TREE" not in plan, (sql, plan)
+        assert_read_through(sql, "sqlqueue_job_claim", never="TEMP B-TREE")
 
 
 def test_the_dashboards_processing_reads_are_pinned_to_the_processing_index_on_sqlite() -> None:
@@ -450,11 +458,7 @@ def test_the_dashboards_processing_reads_are_pinned_to_the_processing_index_on_s
              and "UPDATE" not in q["sql"] and '"queue" AS "queue"' not in q["sql"]]  # not the unserved pairs' seeks
     assert len(reads) == 3, "\n".join(r[:200] for r in reads)
     for sql in reads:
-        assert 'INDEXED BY "sqlqueue_job_processing"' in sql, sql
-        with connection.cursor() as cursor:
-            cursor.execute("EXPLAIN QUERY PLAN " + sql)
-            plan = " ".join(str(row[-1]) for row in cursor.fetchall())
-        assert "sqlqueue_job_processing" in plan and "sqlqueue_job_status_type" not in plan, (sql, plan)
+        assert_read_through(sql, "sqlqueue_job_processing", never="sqlqueue_job_status_type")
 
 
 def test_the_failure_triage_reads_the_error_index_newest_first_on_sqlite() -> None:
@@ -471,11 +475,7 @@ def test_the_failure_triage_reads_the_error_index_newest_first_on_sqlite() -> No
         groups, _capped = failure_groups(Job)
     assert sum(g.total for g in groups) == 4
     [read] = [q["sql"] for q in ctx.captured_queries if "ORDER BY" in q["sql"] and "error" in q["sql"]]
-    assert 'INDEXED BY "sqlqueue_job_has_error"' in read, read
-    with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN QUERY PLAN " + read)
-        plan = " ".join(str(row[-1]) for row in cursor.fetchall())
-    assert "sqlqueue_job_has_error" in plan and "TEMP B-TREE" not in plan, plan
+    assert_read_through(read, "sqlqueue_job_has_error", never="TEMP B-TREE")
 
 
 def test_the_oldest_limited_due_job_is_read_from_the_limited_index_alone_on_sqlite() -> None:
