@@ -140,7 +140,9 @@ def rows_through(qs: QuerySet, index: str) -> list[tuple[Any, ...]]:
     On a SQLite database with no statistics (a new user's: SQLite never gathers them by itself) the
     planner answers a read of the claim index's rows by the (status, type, queue) index's range of every
     claimable job, sorted: about 0.5 s a read at 1M jobs with 150,000 due, where the claim index is one
-    seek. The ORM names no index, so the statement it compiles gets the hint after its table.
+    seek. The ORM names no index, so the statement it compiles gets the hint after its table: the first
+    ``FROM`` of the job table in it, which must be the statement's own (no subquery of the job table in
+    its select list; one in its WHERE, after that FROM, is fine).
     """
     connection = connections[qs.db]
     hint = get_dialect(connection).index_hint(index)
