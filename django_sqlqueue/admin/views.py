@@ -26,6 +26,7 @@ from django.utils.translation import gettext as _
 
 from ..dialects.base import PROCESSING_INDEX
 from ..ops.health import (
+    count_through,
     oldest_due,  # noqa: F401 (moved to ops.health, beside the metrics that read it too)
     oldest_due_by_queue,
     percentile,
@@ -208,7 +209,7 @@ def _capped_count(qs: QuerySet, index: str | None = None) -> tuple[int, bool]:
     # no ORDER BY: the model's newest-first order would make the planner walk the primary key backwards
     # and filter, where any index of the predicate's rows answers the count
     qs = qs.order_by()
-    n = len(rows_through(qs.values_list("pk")[: COUNT_CAP + 1], index)) if index else qs[: COUNT_CAP + 1].count()
+    n = count_through(qs, index, COUNT_CAP) if index else qs[: COUNT_CAP + 1].count()
     return min(n, COUNT_CAP), n > COUNT_CAP
 
 

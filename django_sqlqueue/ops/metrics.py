@@ -34,7 +34,7 @@ from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.utils import timezone
 
-from ..states import UNFINISHED, Status, sql_list
+from ..states import CLAIMABLE, UNFINISHED, Status, sql_list
 
 #: The recent window the finished / failed / retried gauges and the histogram cover.
 WINDOW_SECONDS = 300
@@ -95,12 +95,12 @@ class QueueCollector:
         from ..models import Job, JobType, Worker
         from .diagnose import unserved_due_work
         from .health import (
+            count_through,
             dead_q,
             live_q,
             oldest_due,
             oldest_due_by_queue,
             orphaned_q,
-            rows_through,
             waits_by_queue,
         )
 
@@ -120,7 +120,7 @@ class QueueCollector:
             depth.add_metric([queue, names.get(type_id, str(type_id)), Status(status_id).label], n)
             if status_id in (Status.PENDING, Status.ERROR, Status.PROCESSING):
                 waiting.add((queue, type_id))
-            if status_id in (Status.PENDING, Status.ERROR):
+            if Status(status_id) in CLAIMABLE:
                 claimable_queues.add(queue)
         yield depth
 
@@ -184,10 +184,9 @@ class QueueCollector:
 
         orphaned = GaugeMetricFamily("sqlqueue_orphaned_jobs",
                                      "Processing jobs whose worker is stopped or stale or whose lease expired")
-        # their ids through the Processing index (pinned on SQLite, whose planner without statistics
-        # took the status index's range and each job's table row): few rows, counted here
-        orphaned.add_metric([], len(rows_through(jobs.filter(orphaned_q(now, db)).order_by().values_list("pk"),
-                                                 PROCESSING_INDEX)))
+        # through the Processing index (pinned on SQLite, whose planner without statistics took the
+        # status index's range and each job's table row)
+        orphaned.add_metric([], count_through(jobs.filter(orphaned_q(now, db)), PROCESSING_INDEX))
         yield orphaned
 
         unserved = GaugeMetricFamily("sqlqueue_unserved_due_jobs",

@@ -318,11 +318,6 @@ class SlotChannel:
                 lock.release()
 
 
-__all__ = ["BeatResult", "CANCELLED", "EXIT_FATAL", "EXIT_FORCED", "EXIT_OK", "EXIT_REPLACED", "FAILED", "N_COUNTERS",
-           "RELEASED", "RETRIED", "SUCCEEDED", "SlotChannel", "SlotReport", "WakeBoard", "WorkerConfig",
-           "default_worker_name", "Flag"]
-
-
 # ----- flags shared with the slots: lock-free ---------------------------------------------------------
 class Flag:
     """A boolean shared between the supervisor and its slots: ``set()`` and ``is_set()``, a shared byte.
@@ -343,3 +338,8 @@ class Flag:
 
     def is_set(self) -> bool:
         return bool(self._value.value)
+
+
+__all__ = ["BeatResult", "CANCELLED", "EXIT_FATAL", "EXIT_FORCED", "EXIT_OK", "EXIT_REPLACED", "FAILED", "N_COUNTERS",
+           "RELEASED", "RETRIED", "SUCCEEDED", "SlotChannel", "SlotReport", "WakeBoard", "WorkerConfig",
+           "default_worker_name", "Flag"]
