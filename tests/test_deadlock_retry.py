@@ -6,8 +6,9 @@ path that can meet it retries a deadlock victim in its own transaction (``dialec
 deadlock itself cannot be made on Babelfish (it drops table hints) and no SQL Server runs here, so it is
 made on PostgreSQL, which reports a deadlock victim as 40P01, a transient error its dialect retries too:
 a real deadlock between ``modify`` (the job row, then the history row) and another session (the history
-row, then the job row). PostgreSQL aborts the session whose ``deadlock_timeout`` runs out first, the one
-that waited first: ``modify``.
+row, then the job row). PostgreSQL aborts the session whose ``deadlock_timeout`` runs out first and finds
+the cycle. On a busy machine the one that waited first is not sure to check first, so the other session
+raises its own ``deadlock_timeout`` to a minute: only ``modify`` looks for the cycle, and it is the victim.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def test_a_modify_that_loses_a_deadlock_is_run_again(noop_type: JobType, monkeyp
     def other_session() -> None:
         try:
             with transaction.atomic():
+                with connection.cursor() as cursor:  # only modify's session checks for the deadlock
+                    cursor.execute("SET LOCAL deadlock_timeout = '60s'")
                 JobAttempt.objects.filter(pk=attempt.pk).update(worker="other")  # the history row first
                 locked.set()
                 deadline = time.monotonic() + 60
