@@ -125,6 +125,12 @@ def measure_idle(fleet: Fleet, cluster, seconds: float) -> dict[str, float]:
                        "ON d.oid = s.dbid WHERE d.datname = current_database() AND s.query NOT LIKE %s "
                        "AND s.query NOT LIKE %s", ["%pg_stat_statements%", "%pg_stat_activity%"])
         calls = float(cursor.fetchone()[0])
+        if os.environ.get("FLEET_BREAKDOWN"):  # which statements the idle fleet sends, most frequent first
+            cursor.execute("SELECT calls, left(regexp_replace(query, '\\s+', ' ', 'g'), 160) FROM "
+                           "pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = "
+                           "current_database() ORDER BY calls DESC LIMIT 25")
+            for n, q in cursor.fetchall():
+                print(f"    {n / (t1 - t0):6.2f}/s  {q}", flush=True)
     return {"conns": conns, "conns/worker": conns / fleet.workers, "stmts/s": calls / (t1 - t0),
             "db cpu %": 100.0 * (cpu1 - cpu0) / (t1 - t0)}
 

@@ -88,10 +88,11 @@ def _cursor_at(at: datetime) -> None:
     ThroughputCursor.objects.update_or_create(name=CURSOR, defaults={"counted_until": at})
 
 
-def test_a_minute_waits_for_its_grace_and_a_pass_is_bounded() -> None:
+def test_a_minute_waits_for_its_grace_and_a_pass_is_bounded(noop_type) -> None:
     """A minute is counted only ``GRACE`` after it ends (a late write of a finish still counts), and a
     pass counts at most its span, saying whether more waits."""
     h = floor_hour(timezone.now())
+    place("Noop", 1, Status.COMPLETED, h - 25 * HOUR + timedelta(minutes=10), h - 25 * HOUR + timedelta(minutes=11))
     _cursor_at(h - 2 * HOUR)
     rollup = Rollup("default", span=timedelta(hours=24))
     assert rollup.run(h + GRACE - timedelta(seconds=1)) is False and rollup.until == h - timedelta(minutes=1)
@@ -172,3 +173,25 @@ def test_retention_that_waits_for_a_failing_rollup_says_so(caplog) -> None:
         maint._retention_waits(1000.0 + RETENTION_WAIT_WARN_SECONDS)
         maint._retention_waits(1000.0 + RETENTION_WAIT_WARN_SECONDS + 5)
     assert caplog.text.count("retention_waiting_for_rollup") == 1 and "migration 0019" in caplog.text
+
+
+def test_an_empty_stretch_is_crossed_in_one_pass(noop_type) -> None:
+    """A new database (no job at all) or a fleet stopped for days: a pass that counts nothing moves the
+    cursor to the next job's minute (or as far as it may go) instead of walking the empty hours a span
+    at a time, one pass each."""
+    h = floor_hour(timezone.now())
+    now = h + GRACE
+    rollup = Rollup("default")
+    assert rollup.run(now) is False and rollup.until == h  # no job: 35 days in one pass
+    assert ThroughputCursor.objects.get().counted_until == h and rows() == {}
+
+    _cursor_at(h - 20 * DAY)
+    place("Noop", 2, Status.COMPLETED, h - 3 * HOUR + timedelta(minutes=12, seconds=5), h - 2 * HOUR)
+    rollup = Rollup("default")
+    assert rollup.run(now) is True and rollup.until == h - 3 * HOUR + timedelta(minutes=12)
+    assert rows() == {}
+    passes = 0
+    while rollup.run(now):
+        passes += 1
+    assert passes <= 2 and rollup.until == h
+    assert rows() == {(h - 3 * HOUR, "Noop"): (2, 0, 0), (h - 2 * HOUR, "Noop"): (0, 2, 0)}

@@ -144,6 +144,8 @@ class Rollup:
             except DatabaseError:
                 self.span = max(MIN_SPAN, self.span / 2)
                 raise
+            if not counts and stop < end:  # an empty stretch (a new database, a fleet stopped for days)
+                stop = self._next_job_minute(stop, end)
             with transaction.atomic(using=self.using):
                 if not cursors.filter(name=CURSOR, counted_until=start).update(counted_until=stop):
                     self.until = None  # another holder moved it meanwhile: its counts stand
@@ -173,6 +175,16 @@ class Rollup:
         if newest is not None:
             start = max(start, newest + HOUR)
         return min(start, end)
+
+    def _next_job_minute(self, after: datetime, end: datetime) -> datetime:
+        """The minute of the first job enqueued or finished at or after ``after`` (one seek of each
+        time index), at most ``end``: no job time lies between, so the cursor jumps there in this pass
+        instead of walking the empty hours a span at a time (35 days of them, one pass a second, were
+        most of what a new database's idle fleet sent in its first minute)."""
+        jobs = apps.get_model("django_sqlqueue", "Job").objects.using(self.using)
+        nexts = [jobs.filter(**{f"{field}__gte": after}).aggregate(m=Min(field))["m"] for field in TIME_INDEX]
+        found = [t.replace(second=0, microsecond=0) for t in nexts if t is not None]
+        return max(after, min([end, *found]))  # a span halved to 7.5 min ends mid-minute: never back
 
     def _hours(self) -> QuerySet:
         return apps.get_model("django_sqlqueue", "ThroughputHour").objects.using(self.using)
