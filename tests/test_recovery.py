@@ -86,3 +86,34 @@ def test_a_worker_killed_with_its_group_has_its_job_taken_by_a_worker_of_its_hos
     assert WorkerRow.objects.get(name="victim/0").stopped_at is not None
     b.signal(signal.SIGTERM)
     assert b.wait(60) == 0, b.output()
+
+
+@pytest.mark.django_db
+def test_the_supervisors_sweep_reads_its_hosts_rows_seldom_and_checks_their_processes_each_time() -> None:
+    """HostSweep: the rows of this host come from the database every ``reread_seconds``; between reads a
+    run asks only ``/proc`` (no statement), and a listed worker whose process has died since is stamped
+    stopped at the next run, not at the next read."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_sqlqueue.worker.heartbeat import HostSweep
+
+    now, host = timezone.now(), socket.gethostname()
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    WorkerRow.objects.create(name="dies-later/0", host=host, process=process_key(child.pid), incarnation="d",
+                             started_at=now, last_heartbeat=now)
+    sweep = HostSweep("default", reread_seconds=20.0)
+    assert sweep.run(100.0) == []  # the first run reads the rows: the child lives
+
+    WorkerRow.objects.create(name="came-later/0", host=host, process=_exited_child_key(), incarnation="c",
+                             started_at=now, last_heartbeat=now)
+    with CaptureQueriesContext(connection) as idle:
+        assert sweep.run(102.0) == []  # not read yet: came-later is not known
+    assert len(idle) == 0
+
+    child.communicate(b"")  # dies-later's process exits
+    assert sweep.run(104.0) == ["dies-later/0"]  # known: found at once, without a read
+    assert sweep.run(119.0) == []
+    assert sweep.run(120.0) == ["came-later/0"]  # the read 20 s after the last one finds it
+    assert set(WorkerRow.objects.filter(stopped_at__isnull=False).values_list("name", flat=True)) == {
+        "dies-later/0", "came-later/0"}

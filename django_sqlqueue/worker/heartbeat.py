@@ -154,20 +154,63 @@ def sweep_gone_workers(using: str) -> list[str]:
     the row still being that process's (name, incarnation, process), so a restart that took the name
     meanwhile is never stopped.
     """
+    return _stop_gone(using, _host_rows(using))
+
+
+HostRow = tuple[str, str, str]  # name, incarnation, process key
+
+
+def _host_rows(using: str) -> list[HostRow]:
+    """The live-looking worker rows of this host that carry a process key."""
     from ..models import Worker
 
-    host = socket.gethostname()[:200]
-    rows = Worker.objects.using(using).filter(host=host, stopped_at__isnull=True).exclude(process="")
+    rows = Worker.objects.using(using).filter(host=socket.gethostname()[:200], stopped_at__isnull=True)
+    return list(rows.exclude(process="").values_list("name", "incarnation", "process"))
+
+
+def _stop_gone(using: str, rows: Sequence[HostRow]) -> list[str]:
+    """Stamp stopped the rows of ``rows`` whose process is gone (each still that process's row)."""
+    from ..models import Worker
+
     gone = []
-    for name, incarnation, process in rows.values_list("name", "incarnation", "process"):
+    for name, incarnation, process in rows:
         if process_gone(process) and Worker.objects.using(using).filter(
                 name=name, incarnation=incarnation, process=process, stopped_at__isnull=True).update(
                 stopped_at=db_now(using)):
             gone.append(name)
     if gone:
         log.warning("workers_gone host=%s workers=%s (their processes no longer exist: their jobs are taken "
-                    "at once)", host, ",".join(gone))
+                    "at once)", socket.gethostname()[:200], ",".join(gone))
     return gone
+
+
+class HostSweep:
+    """The supervisor's sweep (:func:`sweep_gone_workers`), which reads the database seldom.
+
+    The sweep runs every couple of seconds so that a worker killed with ``kill -9`` has its jobs taken
+    at once. Whether a process is gone is a question for this host's ``/proc``, not for the database;
+    only the list of this host's workers comes from there, and it changes when a worker starts. So the
+    rows are read every ``reread_seconds`` and each run checks the processes of the rows last read: an
+    idle fleet sent one read per worker every 2 s before, one per worker every ``reread_seconds`` now
+    (a statement only when a process is gone). A worker that registered after the last read and dies
+    before the next one is found at that read, still well inside ``WORKER_DEAD_AFTER_SECONDS``.
+    """
+
+    def __init__(self, using: str, reread_seconds: float) -> None:
+        self.using = using
+        self.reread_seconds = reread_seconds
+        self._rows: list[HostRow] | None = None
+        self._read_at = 0.0
+
+    def run(self, now: float) -> list[str]:
+        """One sweep at ``now`` (monotonic); returns the names stamped stopped."""
+        if self._rows is None or now - self._read_at >= self.reread_seconds:
+            self._rows, self._read_at = _host_rows(self.using), now
+        gone = [row for row in self._rows if process_gone(row[2])]
+        if not gone:
+            return []
+        self._rows = [row for row in self._rows if row not in gone]  # stamped now, or taken by another
+        return _stop_gone(self.using, gone)
 
 
 _UNSET: Any = object()

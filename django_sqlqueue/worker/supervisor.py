@@ -75,6 +75,7 @@ from .contract import (
     WorkerConfig,
 )
 from .dbthread import Call, DatabaseThread
+from .heartbeat import HostSweep
 from .loop import Worker  # the sender of the signals (signals.py)
 from .maintenance import Maintenance, new_holder
 from .slots import slot_main
@@ -82,8 +83,10 @@ from .support import DB_DOWN_ERRORS, close_connection, one_line, send
 
 log = logging.getLogger("django_sqlqueue.supervisor")
 
-#: How often the supervisor looks for workers of its host whose processes are gone (heartbeat.py).
+#: How often the supervisor looks for workers of its host whose processes are gone (heartbeat.py), and
+#: how often it reads the list of its host's workers from the database for that (heartbeat.HostSweep).
 SWEEP_SECONDS = 2.0
+SWEEP_REREAD_SECONDS = 20.0
 TICK_SECONDS = 0.1
 #: A slot that ran at least this long before dying restarts at once (a crash loop backs off).
 STABLE_SECONDS = 30.0
@@ -178,6 +181,7 @@ class Supervisor:
         self._listen_thread: Any = None
         self._db = self._database_thread(ctx, settings)
         self._maintenance = Maintenance(self._using, new_holder(self.config.name))
+        self._host_sweep = HostSweep(self._using, SWEEP_REREAD_SECONDS)
         budget = ctx.Value("q", self.config.max_jobs) if self.config.max_jobs is not None else None
         self._budget = budget
         self._slots = [Slot(i, f"{self.config.name}/{i}", Flag(ctx), ctx.RawArray("q", N_COUNTERS))
@@ -672,10 +676,8 @@ class Supervisor:
         self._sweeping = self._db.submit("sweep", self._sweep_now)
 
     def _sweep_now(self) -> None:
-        from .heartbeat import sweep_gone_workers
-
         try:
-            sweep_gone_workers(self._using)
+            self._host_sweep.run(time.monotonic())
         except DatabaseError as exc:
             self._db_failed("sweep_skipped", exc, quiet=True)
 
