@@ -109,3 +109,24 @@ def test_the_start_gate_survives_a_waiter_killed_in_its_wait() -> None:
     opened.start()
     opened.join(30)  # a bound for a hang
     assert not opened.is_alive() and go.is_set()
+
+
+@pytest.mark.timeout(600)
+def test_the_supervisor_acts_on_its_slots_at_once_not_at_its_next_tick(monkeypatch) -> None:
+    """The supervisor's loop wakes when a slot reports, a slot process ends or a database call finishes
+    (Supervisor._pause), not only every TICK_SECONDS. With the tick made 120 s, a --burst run (a slot's
+    first report, its first beat, the beat's answer, its exit, the maintenance lease given up: each a
+    hand-off that waited for a tick) still ends well inside one tick."""
+    import time
+
+    from django.core.management import call_command
+
+    from django_sqlqueue.worker import supervisor
+
+    monkeypatch.setattr(supervisor, "TICK_SECONDS", 120.0)
+    jobs = Job.objects.enqueue_many([JobSpec("test.Noop") for _ in range(3)])
+    began = time.monotonic()
+    call_command("run_queue_worker", "--burst", "--concurrency", "1", "--no-progress", "--worker-name", "evented",
+                 "--log-level", "WARNING")
+    assert time.monotonic() - began < 100, "a hand-off waited for the tick"
+    assert [j.state for j in Job.objects.filter(pk__in=[j.pk for j in jobs])] == [Status.COMPLETED] * 3

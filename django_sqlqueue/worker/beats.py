@@ -126,6 +126,10 @@ class Beats:
         return connected, reported, error
 
     # ----- every turn of the supervisor's loop ----------------------------------------------------
+    def links(self) -> list[Any]:
+        """The pipes of the slots still reporting: readable when a slot has something to say."""
+        return [slot.link for slot in self.slots.values() if not slot.gone]
+
     def tick(self, db: DatabaseThread, now: float, *, stopping: bool = False) -> None:
         self._collect(now)
         self._answer()

@@ -69,6 +69,10 @@ class DatabaseThread:
         #: one is submitted; it returns then (or whenever it likes: it is called again).
         self.idle = idle
         self._poke: tuple[int, int] | None = None
+        #: Readable once a call has finished (:meth:`finished_fd`): the loop wakes for the next step.
+        self._ended = os.pipe()
+        for fd in self._ended:
+            os.set_blocking(fd, False)
         if idle is not None:
             self._poke = os.pipe()
             os.set_blocking(self._poke[0], False)
@@ -94,6 +98,19 @@ class DatabaseThread:
                 os.write(self._poke[1], b"x")
             except (BlockingIOError, OSError):
                 pass  # the pipe is full (the thread will read it) or closed (the thread is gone)
+
+    def finished_fd(self) -> int:
+        """A descriptor that is readable once a call has finished since the last :meth:`clear_finished`:
+        the supervisor's loop waits on it beside its slots, so it acts on a call's outcome (a beat's answer
+        to the slots, the end of a stop's work) at once rather than at its next tick."""
+        return self._ended[0]
+
+    def clear_finished(self) -> None:
+        try:
+            while os.read(self._ended[0], 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
 
     def pending(self) -> list[Call]:
         """Calls submitted and not finished yet (the one running first)."""
@@ -125,6 +142,10 @@ class DatabaseThread:
                 started = time.monotonic()
                 call.run()
                 log.debug("supervisor_db call=%s seconds=%.3f", call.name, time.monotonic() - started)
+                try:
+                    os.write(self._ended[1], b"x")
+                except (BlockingIOError, OSError):
+                    pass  # full: the loop has not read it yet, and will
         finally:
             connections.close_all()  # this thread's connections only
 
