@@ -123,6 +123,9 @@ def test_the_supervisor_acts_on_its_slots_at_once_not_at_its_next_tick(monkeypat
 
     from django_sqlqueue.worker import supervisor
 
+    if connection.vendor == "microsoft":
+        pytest.skip("an in-process supervisor: over TDS its slots are spawned, and a spawned slot reads the "
+                    "settings again, without the test session's database (the loop is the same on every vendor)")
     monkeypatch.setattr(supervisor, "TICK_SECONDS", 120.0)
     jobs = Job.objects.enqueue_many([JobSpec("test.Noop") for _ in range(3)])
     began = time.monotonic()
