@@ -121,8 +121,6 @@ SKIP_ALLOWLIST: dict[str, list[str]] = {
         r"PostgreSQL's idle_in_transaction_session_timeout: SQL Server has no setting ",
         # test_sqlserver: a Babelfish bug with OUTPUT INTO beside a trigger (a real SQL Server runs it)
         r"Babelfish: OUTPUT \.\.\. INTO a table variable on a table with a trigger fails there ",
-        # test_slot_start: the supervisor's loop run in the test's own process (its tick patched)
-        r"an in-process supervisor: over TDS its slots are spawned, ",
         *_stage(TDS_SKIPS, "tds stage (Babelfish)"),  # TDS_SKIPS above: locking, Babelfish's FK bug, budget
     ],
 }

@@ -9,6 +9,8 @@ a real deadlock between ``modify`` (the job row, then the history row) and anoth
 row, then the job row). PostgreSQL aborts the session whose ``deadlock_timeout`` runs out first and finds
 the cycle. On a busy machine the one that waited first is not sure to check first, so the other session
 raises its own ``deadlock_timeout`` to a minute: only ``modify`` looks for the cycle, and it is the victim.
+PostgreSQL looks once per lock wait, when the timeout runs out, so ``modify``'s is 3 s: by then the other
+session's second UPDATE has closed the cycle, however slow the machine.
 """
 
 from __future__ import annotations
@@ -72,7 +74,13 @@ def test_a_modify_that_loses_a_deadlock_is_run_again(noop_type: JobType, monkeyp
     thread = threading.Thread(target=other_session)
     thread.start()
     assert locked.wait(30)
-    done = Job.objects.complete(job, {"ok": True})  # the job row, then the history row
+    with connection.cursor() as cursor:  # PostgreSQL looks for a deadlock once per wait: after the cycle
+        cursor.execute("SET deadlock_timeout = '3s'")
+    try:
+        done = Job.objects.complete(job, {"ok": True})  # the job row, then the history row
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET deadlock_timeout")
     thread.join(60)
     assert errors == []  # the other session won
     assert len(sent) == 2, "modify lost the deadlock once and was run again"

@@ -195,3 +195,14 @@ def test_an_empty_stretch_is_crossed_in_one_pass(noop_type) -> None:
         passes += 1
     assert passes <= 2 and rollup.until == h
     assert rows() == {(h - 3 * HOUR, "Noop"): (2, 0, 0), (h - 2 * HOUR, "Noop"): (0, 2, 0)}
+
+    # A job enqueued before the cursor and finished in the stretch: the jump stops at its finish.
+    _cursor_at(h - 10 * DAY)
+    ThroughputHour.objects.all().delete()
+    Job.objects.all().delete()
+    place("Noop", 1, Status.COMPLETED, h - 12 * DAY, h - 5 * HOUR + timedelta(minutes=40, seconds=9))
+    rollup = Rollup("default")
+    assert rollup.run(now) is True and rollup.until == h - 5 * HOUR + timedelta(minutes=40)
+    while rollup.run(now):
+        pass
+    assert rows() == {(h - 5 * HOUR, "Noop"): (0, 1, 0)}  # its enqueue was before the cursor: not counted

@@ -148,6 +148,11 @@ class DatabaseThread:
                     pass  # full: the loop has not read it yet, and will
         finally:
             connections.close_all()  # this thread's connections only
+            for fd in self._ended:  # the loop that waited on it has ended (close() comes after it)
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def _next(self) -> Call | None:
         if self.idle is None or self._poke is None:

@@ -193,7 +193,8 @@ class HostSweep:
     rows are read every ``reread_seconds`` and each run checks the processes of the rows last read: an
     idle fleet sent one read per worker every 2 s before, one per worker every ``reread_seconds`` now
     (a statement only when a process is gone). A worker that registered after the last read and dies
-    before the next one is found at that read, still well inside ``WORKER_DEAD_AFTER_SECONDS``.
+    before the next one is found at that read; the supervisor rereads at least three times within
+    ``WORKER_DEAD_AFTER_SECONDS``, so that is still sooner than its heartbeat would go stale.
     """
 
     def __init__(self, using: str, reread_seconds: float) -> None:
@@ -209,8 +210,9 @@ class HostSweep:
         gone = [row for row in self._rows if process_gone(row[2])]
         if not gone:
             return []
+        stopped = _stop_gone(self.using, gone)  # a database error leaves them listed: the next run retries
         self._rows = [row for row in self._rows if row not in gone]  # stamped now, or taken by another
-        return _stop_gone(self.using, gone)
+        return stopped
 
 
 _UNSET: Any = object()

@@ -184,7 +184,7 @@ class Supervisor:
         self._listen_thread: Any = None
         self._db = self._database_thread(ctx, settings)
         self._maintenance = Maintenance(self._using, new_holder(self.config.name))
-        self._host_sweep = HostSweep(self._using, SWEEP_REREAD_SECONDS)
+        self._host_sweep = HostSweep(self._using, min(SWEEP_REREAD_SECONDS, settings.WORKER_DEAD_AFTER_SECONDS / 3))
         budget = ctx.Value("q", self.config.max_jobs) if self.config.max_jobs is not None else None
         self._budget = budget
         self._slots = [Slot(i, f"{self.config.name}/{i}", Flag(ctx), ctx.RawArray("q", N_COUNTERS))
