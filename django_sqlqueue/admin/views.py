@@ -208,8 +208,7 @@ def _capped_count(qs: QuerySet, index: str | None = None) -> tuple[int, bool]:
     statistics took the status index's range and each row's table row instead)."""
     # no ORDER BY: the model's newest-first order would make the planner walk the primary key backwards
     # and filter, where any index of the predicate's rows answers the count
-    qs = qs.order_by()
-    n = count_through(qs, index, COUNT_CAP) if index else qs[: COUNT_CAP + 1].count()
+    n = count_through(qs.order_by(), index, COUNT_CAP)
     return min(n, COUNT_CAP), n > COUNT_CAP
 
 

@@ -125,7 +125,7 @@ def distinct_values(queryset: QuerySet, field: str, limit: int = MAX_DISTINCT_VA
     last: Any = None
     for _i in range(limit):
         query = base if last is None else base.filter(**{f"{field}__gt": last})
-        rows = rows_through(query[:1], index) if index else list(query[:1])
+        rows = rows_through(query[:1], index)
         if not rows:
             break
         values.append(rows[0][0])
@@ -133,9 +133,9 @@ def distinct_values(queryset: QuerySet, field: str, limit: int = MAX_DISTINCT_VA
     return values
 
 
-def rows_through(qs: QuerySet, index: str) -> list[tuple[Any, ...]]:
+def rows_through(qs: QuerySet, index: str | None) -> list[tuple[Any, ...]]:
     """The rows of ``qs`` (a ``values_list`` of the job table) read through ``index`` where the dialect
-    pins indexes (SQLite's ``INDEXED BY``), else as the planner chooses.
+    pins indexes (SQLite's ``INDEXED BY``), else (or with no ``index``) as the planner chooses.
 
     On a SQLite database with no statistics (a new user's: SQLite never gathers them by itself) the
     planner answers a read of the claim index's rows by the (status, type, queue) index's range of every
@@ -153,7 +153,7 @@ def rows_through(qs: QuerySet, index: str) -> list[tuple[Any, ...]]:
     return [tuple(row) for row in (compiler.apply_converters(rows, converters) if converters else rows)]
 
 
-def count_through(qs: QuerySet, index: str, cap: int | None = None) -> int:
+def count_through(qs: QuerySet, index: str | None, cap: int | None = None) -> int:
     """How many rows ``qs`` (of the job table) holds, at most ``cap`` + 1 when capped, counted by the
     database through ``index`` where the dialect pins indexes (see :func:`rows_through`)."""
     qs = qs.order_by()
@@ -167,13 +167,13 @@ def count_through(qs: QuerySet, index: str, cap: int | None = None) -> int:
         return int(cursor.fetchone()[0])
 
 
-def _pinned(qs: QuerySet, index: str) -> tuple[Any, str, Any] | None:
+def _pinned(qs: QuerySet, index: str | None) -> tuple[Any, str, Any] | None:
     """``(compiler, sql, params)`` of ``qs`` with the dialect's hint for ``index`` after the job table,
     or None where the dialect pins no index (PostgreSQL and SQL Server match a filtered index by cost).
     The hint goes after the first ``FROM`` of the job table, which must be the statement's own (no
     subquery of the job table in its select list; one in its WHERE, after that FROM, is fine)."""
     connection = connections[qs.db]
-    hint = get_dialect(connection).index_hint(index)
+    hint = get_dialect(connection).index_hint(index) if index else ""
     if not hint:
         return None
     compiler = qs.query.get_compiler(qs.db)

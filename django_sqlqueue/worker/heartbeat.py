@@ -152,9 +152,10 @@ def sweep_gone_workers(using: str) -> list[str]:
     reused by a process that started at another time: support.process_key); stamping the row stopped
     lets the next claim take those jobs, exactly as after a clean stop. The update is conditional on
     the row still being that process's (name, incarnation, process), so a restart that took the name
-    meanwhile is never stopped.
+    meanwhile is never stopped. A one-off sweep: the supervisor keeps a :class:`HostSweep`, which reads
+    the rows seldom.
     """
-    return _stop_gone(using, _host_rows(using))
+    return HostSweep(using, reread_seconds=0.0).run(0.0)
 
 
 HostRow = tuple[str, str, str]  # name, incarnation, process key
