@@ -47,6 +47,11 @@ class QueueSettings:
     POLL_MAX_SECONDS: float = 2.0
     #: PostgreSQL only: wake idle workers with LISTEN/NOTIFY on this channel ("" turns it off).
     NOTIFY_CHANNEL: str = "sqlqueue"
+    #: PostgreSQL with NOTIFY_CHANNEL only: how often the worker holding the maintenance lease looks for
+    #: due work for the whole fleet and notifies its queues (delays and retries that came due, dead
+    #: workers' jobs, freed permits, resumed queues). While those looks arrive, a listening worker's idle
+    #: slots stop polling (docs/scaling.md); 0 turns the look off and every worker polls again.
+    FLEET_LOOK_SECONDS: float = 2.0
     #: PostgreSQL only: the database alias idle workers LISTEN through ("": DATABASE's). Set it to an
     #: alias with a direct connection (or a session pool) when DATABASE goes through a transaction pooler.
     LISTEN_DATABASE: str = ""
@@ -95,6 +100,7 @@ _NUMERIC_MINIMUMS = {
     "TYPE_CACHE_SECONDS": 0,
     "POLL_MIN_SECONDS": 0.001,
     "POLL_MAX_SECONDS": 0.001,
+    "FLEET_LOOK_SECONDS": 0,
     "BATCH_MAX": 1,
     "BATCH_SECONDS": 0.001,
     "RECLAIM_SECONDS": 0,

@@ -11,9 +11,10 @@ from psycopg import ClientCursor
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
-from ..states import Status
+from ..states import CLAIMABLE, Status, sql_list
 from .base import JOB_COLUMNS, ClaimRequest, Dialect, queue_model
 from .plans import postgresql_scans
+from .wake import LOOK_MARK, WAKE_ALL, WAKE_PAYLOAD_MAX_BYTES
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
@@ -444,6 +445,58 @@ class PostgresDialect(Dialect):
         return "SELECT pg_notify(%s, %s)"
 
     can_listen = True
+
+    def fleet_look_sql(self, channel: str, *, default_max_attempts: int, worker_dead_after_seconds: float,
+                       rows: int) -> tuple[str, list[Any]]:
+        """The fleet's look, ONE statement of index seeks (docs/scaling.md, "The fleet's look")::
+
+            WITH RECURSIVE pr AS (the claimable priorities, one claim-index seek each),
+                 named AS (per priority, the queues of its newest ``rows`` due jobs, read backwards from
+                           now on the claim index: what just became due comes first
+                           UNION the queues of Processing jobs a claim takes back (expired lease, dead
+                           worker), from the Processing index
+                           UNION per free permit (at most ``rows``), the queue of a due job of its scope)
+            SELECT pg_notify(channel, LOOK_MARK || their names)
+
+        Paused queues and types are left out as the claim leaves them out, so a paused backlog wakes
+        nobody. Due jobs that are not taken for another reason (a type or queue no worker serves, no
+        attempts left are filtered) are named at every look: the workers serving their queue then claim
+        once per look, no more than their poll did. A job made claimable with an old due time behind more
+        than ``rows`` newer due jobs of its priority that nobody takes is not named; the worker's backstop
+        finds it (``IDLE_BACKSTOP_SECONDS``)."""
+        n, j, w = self.n, self.n.j, self.n.w
+        req = ClaimRequest(worker="", limit=rows, default_max_attempts=default_max_attempts)
+        common, common_params = self.common_filters(req)
+        any_type, any_type_params = self.common_filters(req, limited=True)
+        free, free_params = self.permit_filters(req)
+        prio, queue, p = j["priority"], j["queue"], self.n.p
+        in_index = f"j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['limited']} = {self.false_literal}"
+        dead_workers = (
+            f"SELECT w.{w['name']} FROM {n.worker_table} w WHERE w.{w['stopped_at']} IS NOT NULL "
+            f"OR w.{w['last_heartbeat']} < {self.now_plus('%s')}"
+        )
+        sql = (
+            f"WITH RECURSIVE pr(p) AS ("
+            f"(SELECT j.{prio} FROM {n.job} j WHERE {in_index} ORDER BY j.{prio} DESC LIMIT 1) "
+            f"UNION ALL SELECT (SELECT j.{prio} FROM {n.job} j WHERE {in_index} AND j.{prio} < pr.p "
+            f"ORDER BY j.{prio} DESC LIMIT 1) FROM pr WHERE pr.p IS NOT NULL), "
+            f"named(q) AS ("
+            f"SELECT d.q FROM pr CROSS JOIN LATERAL (SELECT j.{queue} AS q FROM {n.job} j "
+            f"WHERE {self.due_predicate()} AND j.{prio} = pr.p AND {common} "
+            f"ORDER BY j.{j['scheduled_for']} DESC LIMIT %s) d "
+            f"UNION SELECT j.{queue} FROM {n.job} j WHERE j.{j['status_id']} = {int(Status.PROCESSING)} "
+            f"AND (j.{j['lease_expires_at']} < {self.now()} OR j.{j['worker']} IN ({dead_workers})) "
+            f"AND {any_type} "
+            f"UNION SELECT l.q FROM (SELECT p.{p['job_type_id']} AS ptype, p.{p['key']} AS pkey "
+            f"FROM {n.permit} p WHERE {free} LIMIT %s) fp CROSS JOIN LATERAL (SELECT j.{queue} AS q "
+            f"FROM {n.job} j WHERE {self.limited_job_predicate('fp.ptype', 'fp.pkey')} AND {any_type} "
+            f"LIMIT 1) l) "
+            f"SELECT pg_notify(%s, %s || COALESCE((SELECT CASE WHEN octet_length(x) > %s THEN %s ELSE x END "
+            f"FROM (SELECT string_agg(q, ',' ORDER BY q) AS x FROM named) s), ''))"
+        )
+        params = [*common_params, rows, -float(worker_dead_after_seconds), *any_type_params, *free_params, rows,
+                  *any_type_params, channel, LOOK_MARK, WAKE_PAYLOAD_MAX_BYTES - len(LOOK_MARK), WAKE_ALL]
+        return sql, params
 
     def estimated_rows(self, table: str) -> int | None:
         with self.connection.cursor() as cursor:

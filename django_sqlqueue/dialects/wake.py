@@ -1,7 +1,12 @@
-"""The wake-up's payload: which queues an enqueue's notification names (PostgreSQL LISTEN/NOTIFY).
+"""The wake-up's payload: which queues a notification names (PostgreSQL LISTEN/NOTIFY).
 
-Written by enqueue (queue/enqueue.py), read by the listeners (worker/wakeup.py): one small protocol,
-kept here, below both.
+Written by enqueue (queue/enqueue.py) and by the fleet's look (the maintenance holder, see
+:meth:`~django_sqlqueue.dialects.postgresql.PostgresDialect.fleet_look_sql`), read by the listeners
+(worker/wakeup.py): one small protocol, kept here, below them.
+
+An enqueue's payload is the queues' names, comma-separated. A look's starts with :data:`LOOK_MARK`: it
+names the queues holding work a claim could take now (possibly none), and its arrival alone tells
+each listening worker that the fleet's look is running, so that its slots need not poll (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -24,7 +29,22 @@ def wake_payload(queues: Iterable[str]) -> str:
     return names if len(names.encode()) <= WAKE_PAYLOAD_MAX_BYTES else WAKE_ALL
 
 
+#: The first character of a look's payload (a control character: no queue name starts with it in
+#: practice, and one that did would only be read as a look that names the rest).
+LOOK_MARK = "\x1e"
+
+
+def is_look(payload: str) -> bool:
+    """Whether ``payload`` came from the fleet's look rather than from an enqueue."""
+    return payload.startswith(LOOK_MARK)
+
+
 def wakes(payload: str, queues: Iterable[str]) -> bool:
-    """Whether a wake-up with ``payload`` concerns a worker serving ``queues`` (empty: every queue)."""
+    """Whether a wake-up with ``payload`` concerns a worker serving ``queues`` (empty: every queue). A
+    look that names no queue wakes nobody: it only says that the look runs."""
+    if is_look(payload):
+        payload = payload[len(LOOK_MARK):]
+        if not payload:
+            return False
     served = set(queues)
     return not served or payload == WAKE_ALL or not served.isdisjoint(payload.split(","))

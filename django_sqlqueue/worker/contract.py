@@ -20,6 +20,9 @@ N_COUNTERS = 5
 #: Seconds an idle slot that is not its worker's poller waits for a bell before it looks by itself (a
 #: backstop: the poller, a notification or a busy slot's hand-over wakes it first).
 IDLE_BACKSTOP_SECONDS = 30.0
+#: The fleet's look (PostgreSQL: the maintenance holder's notification every FLEET_LOOK_SECONDS) counts as
+#: running while one arrived this many look intervals ago or less; otherwise the worker's poller polls.
+LOOK_FRESH_INTERVALS = 3.0
 #: Exit codes of a slot process (a supervisor believes one only if the slot also declared it, see
 #: slots.py: a handler's own ``os._exit(3)`` is a death, not a fatal error).
 EXIT_OK, EXIT_FORCED, EXIT_FATAL, EXIT_REPLACED = 0, 1, 3, 4
@@ -124,6 +127,20 @@ class WakeBoard:
         self.bells = [ctx.Semaphore(0) for _ in range(slots)]
         #: 1 while the supervisor's LISTEN is in place (what a slot's worker_started line says).
         self.listening = ctx.Value("b", 0, lock=False)
+        #: When (time.monotonic(), one clock for the host's processes) the fleet's look last arrived, and
+        #: until when (seconds after it) that counts as the look running.
+        self.looked_at = ctx.Value("d", 0.0, lock=False)
+        self.look_fresh = ctx.Value("d", 0.0, lock=False)
+
+    def looked(self, interval: float) -> None:
+        """The fleet's look arrived (the supervisor's listener): while it keeps arriving about every
+        ``interval`` seconds, the poller waits like the other idle slots, for a bell or its backstop."""
+        self.look_fresh.value = max(interval, 0.1) * LOOK_FRESH_INTERVALS
+        self.looked_at.value = time.monotonic()
+
+    def look_runs(self, now: float) -> bool:
+        """Whether the fleet's look runs, as this worker hears it: it LISTENs, and a look came lately."""
+        return bool(self.listening.value) and now - self.looked_at.value <= self.look_fresh.value
 
     def wake_one(self, *, keep: bool = True) -> bool:
         """Wake one idle slot; True if one was. Else, with ``keep``, remember it for the next to idle."""
@@ -181,7 +198,11 @@ class WakeBoard:
     def wait(self, index: int, seconds: float, stop: Any, *, alone: bool = False) -> bool:
         """Slot ``index`` idles up to ``seconds`` if it is the poller (or ``alone``: a --burst or
         --max-jobs run, where every slot looks on its own interval), else up to
-        :data:`IDLE_BACKSTOP_SECONDS` (at least ``seconds``): True when woken (or a wake-up was pending)."""
+        :data:`IDLE_BACKSTOP_SECONDS` (at least ``seconds``): True when woken (or a wake-up was pending).
+
+        While the fleet's look runs (:meth:`look_runs`), the poller too waits up to the backstop: the
+        look names its queues when due work appears, and a poll would only repeat it. It polls again
+        from the first second in which the look has stopped arriving."""
         bell = self.bells[index]
         with self.idle.get_lock():
             if self.pending.value > 0:
@@ -189,13 +210,17 @@ class WakeBoard:
                 return True
             if self.poller.value < 0:
                 self.poller.value = index
-            if self.poller.value != index and not alone:
-                seconds = max(seconds, IDLE_BACKSTOP_SECONDS)
+            polls = self.poller.value == index or alone
             self.idle[index] = 1
         try:
-            end = time.monotonic() + seconds
+            began = time.monotonic()
+            backstop = began + max(seconds, IDLE_BACKSTOP_SECONDS)
+            end = began + seconds if polls else backstop
             while not stop():
-                left = end - time.monotonic()
+                now = time.monotonic()
+                if polls and not alone:  # the poller: its own interval only while no look arrives
+                    end = backstop if self.look_runs(now) else began + seconds
+                left = end - now
                 if left <= 0:
                     return False
                 # Long waits (an idle worker's slots wake rarely): a stop from the supervisor rings the

@@ -17,6 +17,8 @@ skip-locked with a unique tick key, retention re-checks every job under a lock.
 
 What the holder runs, each pass costing index seeks that do not grow with the backlog:
 
+* every ``FLEET_LOOK_SECONDS`` (PostgreSQL, with a ``NOTIFY_CHANNEL``): the fleet's look, one statement
+  that notifies the queues holding due work; listening workers stop polling while it runs;
 * every ``SCHEDULES_CHECK_SECONDS``: the schedule look (one statement, two partial-index seeks);
 * every ``REAP_SECONDS``: the reaper (the Processing index), heal for the types saved in the last
   ``HEAL_WINDOW_SECONDS`` (nothing at all when none was), the workflow backstop;
@@ -77,6 +79,12 @@ RETENTION_BUSY_SECONDS = 1.0
 #: A worker whose take failed looks whether the lease row exists at all (a new database, a deleted row)
 #: at most this often; otherwise a look is the UPDATE alone.
 INSERT_CHECK_SECONDS = 600.0
+#: The fleet's look reads at most this many due jobs per priority (newest due first) and this many free
+#: permits: bounded work whatever the backlog.
+LOOK_ROWS = 200
+#: Where the look is off (another vendor, no NOTIFY_CHANNEL, FLEET_LOOK_SECONDS = 0): the settings are
+#: read again this often.
+LOOK_OFF_SECONDS = 60.0
 #: Longest back-off of a pass after errors (the database down, tables not migrated yet).
 MAX_BACKOFF_SECONDS = 60.0
 
@@ -159,7 +167,7 @@ class Maintenance:
     def __post_init__(self) -> None:
         self._rollup = Rollup(self.using)
         # The rollup before retention: a turn that deletes jobs has counted them first.
-        self._tasks = [Task("schedules", self._schedules), Task("reap", self._reap),
+        self._tasks = [Task("look", self._look), Task("schedules", self._schedules), Task("reap", self._reap),
                        Task("rollup", self._roll_up), Task("retention", self._retention)]
 
     # ----- called by the supervisor --------------------------------------------------------------------
@@ -257,6 +265,23 @@ class Maintenance:
             return
         self._synced = key
         self._resync_at = time.monotonic() + RESYNC_SECONDS
+
+    def _look(self) -> float:
+        """The fleet's look: notify the queues holding due work (one statement, PostgreSQL with a
+        NOTIFY_CHANNEL; elsewhere nothing, read again a minute later). Its notification also tells the
+        listening workers that the look runs, so their idle slots wait for it instead of polling."""
+        settings = get_settings()
+        interval = settings.FLEET_LOOK_SECONDS
+        connection = connections[self.using]
+        look = get_dialect(connection).fleet_look_sql(
+            settings.NOTIFY_CHANNEL, default_max_attempts=settings.MAX_ATTEMPTS,
+            worker_dead_after_seconds=settings.WORKER_DEAD_AFTER_SECONDS, rows=LOOK_ROWS,
+        ) if settings.NOTIFY_CHANNEL and interval > 0 else None
+        if look is None:
+            return LOOK_OFF_SECONDS
+        with connection.cursor() as cursor:
+            cursor.execute(*look)
+        return interval
 
     def _schedules(self) -> float:
         from ..schedules import run_due

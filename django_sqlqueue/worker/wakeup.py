@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from ..dialects import wakes
+from ..dialects import is_look, wakes
 
 log = logging.getLogger("django_sqlqueue.worker")
 
@@ -113,6 +113,8 @@ class PgListener:
         self.disabled = False
         self._conn: Any = None
         self._broken_until = 0.0
+        #: When the fleet's look last arrived here (time.monotonic(); 0: never).
+        self.looked_at = 0.0
 
     @property
     def listening(self) -> bool:
@@ -246,6 +248,8 @@ class PgListener:
                 continue
             try:
                 for note in self._conn.notifies(timeout=min(left, 0.25), stop_after=1):
+                    if is_look(note.payload):
+                        self.looked_at = time.monotonic()
                     if wakes(note.payload, self.queues):
                         return True
             except Exception as exc:
@@ -351,12 +355,15 @@ class SharedListener:
     thread's connection is new (the first time, and after a reconnect), after a check (module docstring).
     """
 
-    def __init__(self, using: str, channel: str, queues: Sequence[str], board: Any, worker: str) -> None:
+    def __init__(self, using: str, channel: str, queues: Sequence[str], board: Any, worker: str,
+                 look_interval: float = 2.0) -> None:
         self.using = using
         self.channel = channel
         self.queues = set(queues)
         self.board = board
         self.worker = worker
+        #: FLEET_LOOK_SECONDS: how often the fleet's look is expected (see WakeBoard.looked).
+        self.look_interval = look_interval
         self.disabled = False
         self._listening: Any = None  # the psycopg connection the LISTEN is on
         self._retry_at = 0.0
@@ -380,7 +387,11 @@ class SharedListener:
             self._lost(exc)
             return
         for note in notes:
-            if note.channel == self.channel and wakes(note.payload, self.queues):
+            if note.channel != self.channel:
+                continue
+            if is_look(note.payload):
+                self.board.looked(self.look_interval)
+            if wakes(note.payload, self.queues):
                 self.board.wake_one()
 
     def _connection(self) -> Any:
@@ -447,9 +458,10 @@ class ListenerThread:
     """The supervisor's LISTEN on ``LISTEN_DATABASE`` (its own connection, one per worker): a thread that
     wakes one idle slot per notification."""
 
-    def __init__(self, listener: PgListener, board: Any) -> None:
+    def __init__(self, listener: PgListener, board: Any, look_interval: float = 2.0) -> None:
         self.listener = listener
         self.board = board
+        self.look_interval = look_interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sqlqueue-listen", daemon=True)
 
@@ -465,8 +477,14 @@ class ListenerThread:
         return self.listener.listening
 
     def _run(self) -> None:
+        seen = 0.0
         while not self._stop.is_set():
-            if self.listener.wait(5.0, self._stop.is_set):
+            # A second at most: a look that arrived is told to the board while it is fresh.
+            woken = self.listener.wait(1.0, self._stop.is_set)
+            if self.listener.looked_at > seen:
+                seen = self.listener.looked_at
+                self.board.looked(self.look_interval)
+            if woken:
                 self.board.wake_one()
             self._close_check_connection()
 

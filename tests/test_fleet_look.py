@@ -1,0 +1,197 @@
+"""The fleet's look (issue 28): one statement from the maintenance holder names the queues with due work,
+so a listening worker's idle slots need not poll.
+
+- What the look names (PostgreSQL, its real notification read by a LISTEN of the test's own): the queues
+  of due jobs, of Processing jobs a claim would take back, of limited jobs with a free permit; never a
+  paused queue's or type's, nor jobs not yet due. With nothing due it still arrives, naming nothing.
+- The board (every vendor, no database): while looks arrive the poller waits for a bell like the other
+  idle slots; once they stop arriving it polls on its own interval again.
+- A real worker: a delayed job whose enqueue woke nobody is picked up by a bell the look rang, not by
+  a poll.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import signal
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+from django_sqlqueue import jobtypes
+from django_sqlqueue.conf import get_settings
+from django_sqlqueue.dialects import LOOK_MARK, get_dialect, is_look, wakes
+from django_sqlqueue.models import Job, JobType
+from django_sqlqueue.states import Status
+from django_sqlqueue.worker.contract import IDLE_BACKSTOP_SECONDS, WakeBoard
+from django_sqlqueue.worker.maintenance import Maintenance
+from tests import workerutil as wu
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
+worker_procs = wu.worker_procs
+
+
+@pytest.fixture
+def listener() -> Iterator[Any]:
+    """A raw psycopg connection LISTENing on the queue's channel (PostgreSQL only)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
+    import psycopg
+
+    params = connection.get_connection_params()
+    conn = psycopg.connect(**{k: v for k, v in params.items() if k not in ("cursor_factory", "context")},
+                           autocommit=True)
+    conn.execute(f"LISTEN {get_settings().NOTIFY_CHANNEL}")
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _looks(conn: Any) -> list[str]:
+    """The looks that arrived (their payload after the mark), enqueues' notifications left out."""
+    return [n.payload[len(LOOK_MARK):] for n in conn.notifies(timeout=0.5) if is_look(n.payload)]
+
+
+def _look_once(conn: Any) -> list[str]:
+    _looks(conn)  # what came before
+    Maintenance("default", "test-holder")._look()
+    got = _looks(conn)
+    assert len(got) == 1, got
+    return sorted(q for q in got[0].split(",") if q)
+
+
+def test_the_look_names_the_queues_with_work_a_claim_could_take(listener: Any) -> None:
+    JobType.objects.get_or_create(name="Noop")
+    assert _look_once(listener) == []  # nothing due: it arrives, naming nothing
+    now = timezone.now()
+    Job.objects.enqueue("Noop", queue="due")
+    Job.objects.enqueue("Noop", queue="later", scheduled_for=now + timedelta(days=1))
+    Job.objects.enqueue("Noop", queue="held")
+    Job.objects.pause_queue("held")
+    JobType.objects.get_or_create(name="Frozen")
+    Job.objects.enqueue("Frozen", queue="frozen")
+    JobType.objects.filter(name="Frozen").update(paused=True)
+    taken = Job.objects.enqueue("Noop", queue="dead")
+    Job.objects.filter(pk=taken.pk).update(status_id=Status.PROCESSING, worker="gone:1",
+                                           lease_expires_at=now - timedelta(minutes=5))
+    running = Job.objects.enqueue("Noop", queue="running")
+    Job.objects.filter(pk=running.pk).update(status_id=Status.PROCESSING, worker="gone:1",
+                                             lease_expires_at=now + timedelta(hours=1))
+    assert _look_once(listener) == ["dead", "due"]
+
+    # A limited type: named while a permit is free, not while its one permit is held.
+    JobType.objects.update_or_create(name="Export", defaults={"concurrency_limit": 1})
+    jobtypes.clear_cache()
+    Job.objects.enqueue("Export", queue="exports")
+    assert Job.objects.filter(queue="exports", limited=True).exists()
+    assert "exports" in _look_once(listener)
+    claimed = Job.objects.claim("w1", limit=1, queues=["exports"])
+    assert [j.queue for j in claimed] == ["exports"]
+    Job.objects.enqueue("Export", queue="exports")
+    assert "exports" not in _look_once(listener)
+
+
+def test_the_look_is_one_statement_of_index_seeks() -> None:
+    """The look's plan reads no job table whole, whatever the backlog (here 3,000 future jobs and 5,200
+    due); on the other vendors there is no look (no notifications): the workers poll as before."""
+    settings = get_settings()
+    look = get_dialect(connection).fleet_look_sql(settings.NOTIFY_CHANNEL, default_max_attempts=3,
+                                                  worker_dead_after_seconds=60, rows=200)
+    if connection.vendor != "postgresql":
+        assert look is None
+        return
+    from django_sqlqueue.queue import JobSpec
+
+    JobType.objects.get_or_create(name="Noop")
+    later = timezone.now() + timedelta(days=1)
+    Job.objects.enqueue_many(JobSpec("Noop", {"i": i}, scheduled_for=later) for i in range(3000))
+    Job.objects.enqueue_many(JobSpec("Noop", {"i": i}, queue=f"q{i % 7}") for i in range(200))
+    Job.objects.enqueue_many(JobSpec("Noop", {"i": i}, queue="deep") for i in range(5000))
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+        cursor.execute("EXPLAIN " + look[0], look[1])
+        lines = [r[0] for r in cursor.fetchall()]
+    table = Job._meta.db_table
+    assert not any(re.search(rf"Seq Scan on {table}\s", line) for line in lines), lines
+    # the due jobs newest first, from now backwards, stopped at its rows: not every due job read and sorted
+    assert any("Index Scan Backward using sqlqueue_job_claim" in line for line in lines), lines
+
+
+def test_a_look_payload_wakes_only_the_workers_of_the_queues_it_names() -> None:
+    assert not wakes(LOOK_MARK, [])  # naming nothing wakes nobody, not even a worker of every queue
+    assert not wakes(LOOK_MARK, ["mail"])
+    assert wakes(LOOK_MARK + "mail,sms", ["sms"]) and not wakes(LOOK_MARK + "mail,sms", ["push"])
+    assert wakes(LOOK_MARK + "*", ["push"]) and wakes("mail", [])
+
+
+def test_while_looks_arrive_the_poller_waits_for_a_bell_and_polls_again_when_they_stop() -> None:
+    board = WakeBoard(multiprocessing.get_context("spawn"), 2)
+    board.listening.value = 1
+
+    def stop_after(seconds: float):  # noqa: ANN202
+        until = time.monotonic() + seconds
+        return lambda: time.monotonic() >= until
+
+    # No look yet: the first idle slot is the poller and its own interval ends its wait.
+    began = time.monotonic()
+    assert board.wait(0, 0.05, stop_after(60)) is False and board.poller.value == 0
+    assert time.monotonic() - began < 60  # its interval ended it, not the stop
+    # Looks arrive: the poller's interval no longer ends its wait; the stop (or a bell) does.
+    board.looked(10.0)
+    began = time.monotonic()
+    assert board.wait(0, 0.05, stop_after(1.5)) is False
+    assert time.monotonic() - began >= 1.5
+    # ... and a bell does.
+    board.looked(10.0)
+    board.idle[1] = 0
+    woken: list[bool] = []
+    import threading
+
+    waiter = threading.Thread(target=lambda: woken.append(board.wait(0, 0.05, stop_after(60))))
+    waiter.start()
+    wu.wait_until(lambda: board.idle[0] == 1, 30, what="the poller idle")
+    assert board.wake_one()
+    waiter.join(30)
+    assert woken == [True]
+    # The looks stop arriving (fresh for 3 intervals of 0.1 s): the poller polls again, within its next
+    # second, well before its backstop.
+    board.looked(0.1)
+    began = time.monotonic()
+    assert board.wait(0, 0.05, stop_after(IDLE_BACKSTOP_SECONDS + 30)) is False
+    assert time.monotonic() - began < IDLE_BACKSTOP_SECONDS
+    # Not listening: a look is never heard, and the poller polls.
+    board.listening.value = 0
+    board.looked(10.0)
+    began = time.monotonic()
+    assert board.wait(0, 0.05, stop_after(IDLE_BACKSTOP_SECONDS + 30)) is False
+    assert time.monotonic() - began < IDLE_BACKSTOP_SECONDS
+
+
+def test_a_delayed_job_nobody_was_told_of_is_picked_up_by_the_looks_bell(worker_procs, listener: Any) -> None:
+    """One slot, DEBUG logs: a slot woken by a bell logs ``slot_woken``; one that polled does not. The job
+    is enqueued with no notification of its own (NOTIFY_CHANNEL off in this process), due in 3 s, after
+    the worker's looks arrive: only the look can ring for it."""
+    JobType.objects.get_or_create(name="test.Noop")
+    w = worker_procs("--worker-name", "looked", "--concurrency", "1", "--queue", "looked", "--log-level", "DEBUG")
+    wu.wait_until(lambda: "worker_started" in w.stderr(), 90, what=f"worker_started\n{w.output()}")
+    wu.wait_until(lambda: _looks(listener), 90, what=f"a look\n{w.output()}")
+    woken_before = w.stderr().count("slot_woken")
+    with override_settings(SQLQUEUE={**django_settings.SQLQUEUE, "NOTIFY_CHANNEL": ""}):
+        job = Job.objects.enqueue("test.Noop", queue="looked", scheduled_for=timezone.now() + timedelta(seconds=3))
+    wu.wait_until(lambda: Job.objects.get(pk=job.pk).state == Status.COMPLETED, 90,
+                  what=f"the delayed job to complete\n{w.output()}")
+    named = wu.wait_until(lambda: any("looked" in look.split(",") for look in _looks(listener)) or None, 30,
+                          what="a look naming the queue")
+    assert named
+    assert w.stderr().count("slot_woken") > woken_before, w.output()
+    w.signal(signal.SIGTERM)
+    assert w.wait(60) == 0, w.output()
