@@ -71,7 +71,7 @@ _POSTGRES_ONLY = [
     r"row locks between two sessions: PostgreSQL here ",  # test_schedules: SKIP LOCKED on schedules
     r"needs the test session's own PostgreSQL cluster \(SQLQUEUE_TEST_DB=postgres\)$",  # pg_cluster fixture
     r"a PostgreSQL client against a silent server: runs in the postgres stage$",  # test_supervisor_db
-    r"LISTEN/NOTIFY is PostgreSQL only$",  # test_worker_run: the NOTIFY wake-up
+    r"LISTEN/NOTIFY is PostgreSQL only$",  # test_worker_run: the NOTIFY wake-up; test_fleet_look
     r"PostgreSQL: pg_stat_activity and roles with a connection limit$",  # test_worker_connections: starved
     r"PostgreSQL: LISTEN/NOTIFY",  # test_worker_wakeup: one notification wakes one idle slot
 ]
