@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from django_sqlqueue import jobtypes
 from django_sqlqueue.conf import get_settings
-from django_sqlqueue.dialects import LOOK_MARK, get_dialect, is_look, wakes
+from django_sqlqueue.dialects import LOOK_MARK, WAKE_ALL, get_dialect, is_look, look_interval, wake_payload, wakes
 from django_sqlqueue.models import Job, JobType
 from django_sqlqueue.states import Status
 from django_sqlqueue.worker.contract import IDLE_BACKSTOP_SECONDS, WakeBoard
@@ -56,17 +56,37 @@ def listener() -> Iterator[Any]:
         conn.close()
 
 
-def _looks(conn: Any) -> list[str]:
-    """The looks that arrived (their payload after the mark), enqueues' notifications left out."""
-    return [n.payload[len(LOOK_MARK):] for n in conn.notifies(timeout=0.5) if is_look(n.payload)]
+def _names(payload: str) -> list[str]:
+    """The queues a look's payload names (after its mark, its interval and its mark)."""
+    return sorted(q for q in payload[len(LOOK_MARK):].partition(LOOK_MARK)[2].split(",") if q)
+
+
+def _looks(conn: Any, timeout: float = 0.5) -> list[list[str]]:
+    """The looks that arrived within ``timeout`` (the queues each names), enqueues' notifications left out."""
+    return [_names(n.payload) for n in conn.notifies(timeout=timeout) if is_look(n.payload)]
+
+
+def _next_look(conn: Any) -> list[str]:
+    """The queues named by the next look to arrive (waits for it: a bound, not a duration)."""
+    for note in conn.notifies(timeout=60):
+        if is_look(note.payload):
+            assert look_interval(note.payload) == get_settings().FLEET_LOOK_SECONDS
+            return _names(note.payload)
+    raise AssertionError("no look arrived within 60 s")
+
+
+def _wakes_for(conn: Any, queue: str) -> bool:
+    """Whether a plain wake-up (an enqueue's, a modify's) naming ``queue`` arrives (waits up to 60 s)."""
+    for note in conn.notifies(timeout=60):
+        if not is_look(note.payload) and queue in note.payload.split(","):
+            return True
+    return False
 
 
 def _look_once(conn: Any) -> list[str]:
-    _looks(conn)  # what came before
+    list(conn.notifies(timeout=0.2))  # what came before
     Maintenance("default", "test-holder")._look()
-    got = _looks(conn)
-    assert len(got) == 1, got
-    return sorted(q for q in got[0].split(",") if q)
+    return _next_look(conn)
 
 
 def test_the_look_names_the_queues_with_work_a_claim_could_take(listener: Any) -> None:
@@ -75,11 +95,15 @@ def test_the_look_names_the_queues_with_work_a_claim_could_take(listener: Any) -
     now = timezone.now()
     Job.objects.enqueue("Noop", queue="due")
     Job.objects.enqueue("Noop", queue="later", scheduled_for=now + timedelta(days=1))
+    # Due long before the look's window: named by no look (a queue nobody serves wakes nobody; a job
+    # made claimable late wakes its queue itself, see below)
+    Job.objects.enqueue("Noop", queue="old", scheduled_for=now - timedelta(minutes=10))
     Job.objects.enqueue("Noop", queue="held")
     Job.objects.pause_queue("held")
     JobType.objects.get_or_create(name="Frozen")
     Job.objects.enqueue("Frozen", queue="frozen")
     JobType.objects.filter(name="Frozen").update(paused=True)
+    jobtypes.clear_cache()
     taken = Job.objects.enqueue("Noop", queue="dead")
     Job.objects.filter(pk=taken.pk).update(status_id=Status.PROCESSING, worker="gone:1",
                                            lease_expires_at=now - timedelta(minutes=5))
@@ -88,24 +112,71 @@ def test_the_look_names_the_queues_with_work_a_claim_could_take(listener: Any) -
                                              lease_expires_at=now + timedelta(hours=1))
     assert _look_once(listener) == ["dead", "due"]
 
-    # A limited type: named while a permit is free, not while its one permit is held.
-    JobType.objects.update_or_create(name="Export", defaults={"concurrency_limit": 1})
+    # Limited types: each scope with a free permit names the queues of its due jobs; not while its one
+    # permit is held.
+    for name in ("Export", "Report"):
+        JobType.objects.update_or_create(name=name, defaults={"concurrency_limit": 1})
     jobtypes.clear_cache()
     Job.objects.enqueue("Export", queue="exports")
+    Job.objects.enqueue("Export", queue="exports-b")
+    Job.objects.enqueue("Report", queue="reports")
     assert Job.objects.filter(queue="exports", limited=True).exists()
-    assert "exports" in _look_once(listener)
+    named = _look_once(listener)
+    assert {"exports", "exports-b", "reports"} <= set(named), named
     claimed = Job.objects.claim("w1", limit=1, queues=["exports"])
     assert [j.queue for j in claimed] == ["exports"]
-    Job.objects.enqueue("Export", queue="exports")
-    assert "exports" not in _look_once(listener)
+    named = _look_once(listener)
+    assert "exports-b" not in named and "reports" in named, named
+
+
+def test_the_look_names_every_queue_when_many_jobs_came_due() -> None:
+    """Past ``rows`` jobs in its window the look says ``*`` (a busy fleet) rather than read further."""
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
+    import psycopg
+
+    JobType.objects.get_or_create(name="Noop")
+    for i in range(4):
+        Job.objects.enqueue("Noop", queue=f"q{i}")
+    params = connection.get_connection_params()
+    conn = psycopg.connect(**{k: v for k, v in params.items() if k not in ("cursor_factory", "context")},
+                           autocommit=True)
+    try:
+        conn.execute("LISTEN look_test")
+        for rows, expected in ((3, ["*"]), (10, ["q0", "q1", "q2", "q3"])):
+            sql, args = get_dialect(connection).fleet_look_sql(
+                "look_test", interval=2.0, since_seconds=60, default_max_attempts=3,
+                worker_dead_after_seconds=60, rows=rows)
+            with connection.cursor() as cursor:
+                cursor.execute(sql, args)
+            assert _next_look(conn) == expected, rows
+    finally:
+        conn.close()
+
+
+def test_a_job_made_claimable_again_wakes_its_queue(listener: Any) -> None:
+    """A hand-back, a release from a workflow, a retry, a resume: claimable with a due time long past, so
+    no look names them; the change itself wakes the queue's workers."""
+    JobType.objects.get_or_create(name="Noop")
+    job = Job.objects.enqueue("Noop", queue="handed", scheduled_for=timezone.now() - timedelta(hours=1))
+    (claimed,) = Job.objects.claim("w1", limit=1, queues=["handed"])
+    list(listener.notifies(timeout=0.2))
+    Job.objects.release(claimed)
+    assert _wakes_for(listener, "handed")
+    assert Job.objects.get(pk=job.pk).state == Status.PENDING
+    Job.objects.pause_queue("paused-q")
+    Job.objects.enqueue("Noop", queue="paused-q")
+    list(listener.notifies(timeout=0.2))
+    assert Job.objects.resume_queue("paused-q")
+    assert _wakes_for(listener, "paused-q")
 
 
 def test_the_look_is_one_statement_of_index_seeks() -> None:
     """The look's plan reads no job table whole, whatever the backlog (here 3,000 future jobs and 5,200
     due); on the other vendors there is no look (no notifications): the workers poll as before."""
     settings = get_settings()
-    look = get_dialect(connection).fleet_look_sql(settings.NOTIFY_CHANNEL, default_max_attempts=3,
-                                                  worker_dead_after_seconds=60, rows=200)
+    look = get_dialect(connection).fleet_look_sql(settings.NOTIFY_CHANNEL, interval=2.0, since_seconds=60,
+                                                  default_max_attempts=3, worker_dead_after_seconds=60, rows=200)
     if connection.vendor != "postgresql":
         assert look is None
         return
@@ -127,10 +198,13 @@ def test_the_look_is_one_statement_of_index_seeks() -> None:
 
 
 def test_a_look_payload_wakes_only_the_workers_of_the_queues_it_names() -> None:
-    assert not wakes(LOOK_MARK, [])  # naming nothing wakes nobody, not even a worker of every queue
-    assert not wakes(LOOK_MARK, ["mail"])
-    assert wakes(LOOK_MARK + "mail,sms", ["sms"]) and not wakes(LOOK_MARK + "mail,sms", ["push"])
-    assert wakes(LOOK_MARK + "*", ["push"]) and wakes("mail", [])
+    look = f"{LOOK_MARK}2.5{LOOK_MARK}"
+    assert look_interval(look) == 2.5 and look_interval("mail") is None
+    assert not wakes(look, [])  # naming nothing wakes nobody, not even a worker of every queue
+    assert not wakes(look, ["mail"])
+    assert wakes(look + "mail,sms", ["sms"]) and not wakes(look + "mail,sms", ["push"])
+    assert wakes(look + "*", ["push"]) and wakes("mail", [])
+    assert wake_payload(["mail", WAKE_ALL]) == WAKE_ALL  # a resumed type: every queue, whatever else
 
 
 def test_while_looks_arrive_the_poller_waits_for_a_bell_and_polls_again_when_they_stop() -> None:
@@ -189,7 +263,7 @@ def test_a_delayed_job_nobody_was_told_of_is_picked_up_by_the_looks_bell(worker_
         job = Job.objects.enqueue("test.Noop", queue="looked", scheduled_for=timezone.now() + timedelta(seconds=3))
     wu.wait_until(lambda: Job.objects.get(pk=job.pk).state == Status.COMPLETED, 90,
                   what=f"the delayed job to complete\n{w.output()}")
-    named = wu.wait_until(lambda: any("looked" in look.split(",") for look in _looks(listener)) or None, 30,
+    named = wu.wait_until(lambda: any("looked" in names for names in _looks(listener)) or None, 30,
                           what="a look naming the queue")
     assert named
     assert w.stderr().count("slot_woken") > woken_before, w.output()

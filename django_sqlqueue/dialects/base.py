@@ -866,11 +866,12 @@ class Dialect:
     def notify_sql(self) -> str | None:
         return None
 
-    def fleet_look_sql(self, channel: str, *, default_max_attempts: int, worker_dead_after_seconds: float,
-                       rows: int) -> tuple[str, list[Any]] | None:
+    def fleet_look_sql(self, channel: str, *, interval: float, since_seconds: float, default_max_attempts: int,
+                       worker_dead_after_seconds: float, rows: int) -> tuple[str, list[Any]] | None:
         """The fleet's look (sent by the maintenance holder where workers LISTEN): ONE statement that
-        notifies ``channel`` with :data:`~django_sqlqueue.dialects.wake.LOOK_MARK` and the queues holding
-        work a claim could take now; None where the vendor has no notifications."""
+        notifies ``channel`` with a look's payload (dialects/wake.py: its ``interval``, and the queues of
+        work that a claim could take and that came within reach in the last ``since_seconds``); None
+        where the vendor has no notifications."""
         return None
 
     def notify_after_commit(self, cursor: CursorWrapper, channel: str, queues: str) -> None:

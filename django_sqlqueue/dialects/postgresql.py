@@ -446,56 +446,63 @@ class PostgresDialect(Dialect):
 
     can_listen = True
 
-    def fleet_look_sql(self, channel: str, *, default_max_attempts: int, worker_dead_after_seconds: float,
-                       rows: int) -> tuple[str, list[Any]]:
+    def fleet_look_sql(self, channel: str, *, interval: float, since_seconds: float, default_max_attempts: int,
+                       worker_dead_after_seconds: float, rows: int) -> tuple[str, list[Any]]:
         """The fleet's look, ONE statement of index seeks (docs/scaling.md, "The fleet's look")::
 
             WITH RECURSIVE pr AS (the claimable priorities, one claim-index seek each),
-                 named AS (per priority, the queues of its newest ``rows`` due jobs, read backwards from
-                           now on the claim index: what just became due comes first
-                           UNION the queues of Processing jobs a claim takes back (expired lease, dead
-                           worker), from the Processing index
-                           UNION per free permit (at most ``rows``), the queue of a due job of its scope)
-            SELECT pg_notify(channel, LOOK_MARK || their names)
+                 came_due AS (per priority, the queues of the jobs that came due in the last
+                              ``since_seconds``: a range of the claim index, at most ``rows`` per priority),
+                 named AS (those
+                           UNION the queues of Processing jobs a claim takes back (expired lease, stopped
+                           or silent worker), from the Processing index
+                           UNION per limit scope with a free permit and a due job (at most ``rows``
+                           scopes), the queues of its due jobs (at most ``rows`` read))
+            SELECT pg_notify(channel, LOOK_MARK interval LOOK_MARK names)
 
-        Paused queues and types are left out as the claim leaves them out, so a paused backlog wakes
-        nobody. Due jobs that are not taken for another reason (a type or queue no worker serves, no
-        attempts left are filtered) are named at every look: the workers serving their queue then claim
-        once per look, no more than their poll did. A job made claimable with an old due time behind more
-        than ``rows`` newer due jobs of its priority that nobody takes is not named; the worker's backstop
-        finds it (``IDLE_BACKSTOP_SECONDS``)."""
-        n, j, w = self.n, self.n.j, self.n.w
+        The names are ``*`` (every queue) when ``rows`` jobs came due in the window (a busy fleet: each
+        worker claims once more), or when they would not fit in one notification. Paused queues and types and jobs without attempts
+        left are passed over as the claim passes them over. A job made claimable with a due time before
+        the window (a hand-back, a workflow release, a retry or resume by an operator) is not named
+        here: those changes wake the workers of its queue themselves (queue/modify.py, pauses.py). A
+        job due long ago that no worker took is not named again, so a queue nobody serves wakes nobody.
+        """
+        n, j, w, p = self.n, self.n.j, self.n.w, self.n.p
         req = ClaimRequest(worker="", limit=rows, default_max_attempts=default_max_attempts)
         common, common_params = self.common_filters(req)
-        any_type, any_type_params = self.common_filters(req, limited=True)
+        limited_common, limited_params = self.common_filters(req, limited=True)
         free, free_params = self.permit_filters(req)
-        prio, queue, p = j["priority"], j["queue"], self.n.p
+        prio, queue = j["priority"], j["queue"]
         in_index = f"j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['limited']} = {self.false_literal}"
         dead_workers = (
             f"SELECT w.{w['name']} FROM {n.worker_table} w WHERE w.{w['stopped_at']} IS NOT NULL "
             f"OR w.{w['last_heartbeat']} < {self.now_plus('%s')}"
         )
+        scope_job = f"{self.limited_job_predicate('p.' + p['job_type_id'], 'p.' + p['key'])} AND {limited_common}"
         sql = (
             f"WITH RECURSIVE pr(p) AS ("
             f"(SELECT j.{prio} FROM {n.job} j WHERE {in_index} ORDER BY j.{prio} DESC LIMIT 1) "
             f"UNION ALL SELECT (SELECT j.{prio} FROM {n.job} j WHERE {in_index} AND j.{prio} < pr.p "
             f"ORDER BY j.{prio} DESC LIMIT 1) FROM pr WHERE pr.p IS NOT NULL), "
-            f"named(q) AS ("
-            f"SELECT d.q FROM pr CROSS JOIN LATERAL (SELECT j.{queue} AS q FROM {n.job} j "
-            f"WHERE {self.due_predicate()} AND j.{prio} = pr.p AND {common} "
-            f"ORDER BY j.{j['scheduled_for']} DESC LIMIT %s) d "
+            f"came_due(q) AS (SELECT d.q FROM pr CROSS JOIN LATERAL (SELECT j.{queue} AS q FROM {n.job} j "
+            f"WHERE {self.due_predicate()} AND j.{prio} = pr.p AND j.{j['scheduled_for']} > {self.now_plus('%s')} "
+            f"AND {common} ORDER BY j.{j['scheduled_for']} DESC LIMIT %s) d), "
+            f"named(q) AS (SELECT q FROM came_due "
             f"UNION SELECT j.{queue} FROM {n.job} j WHERE j.{j['status_id']} = {int(Status.PROCESSING)} "
-            f"AND (j.{j['lease_expires_at']} < {self.now()} OR j.{j['worker']} IN ({dead_workers})) "
-            f"AND {any_type} "
-            f"UNION SELECT l.q FROM (SELECT p.{p['job_type_id']} AS ptype, p.{p['key']} AS pkey "
-            f"FROM {n.permit} p WHERE {free} LIMIT %s) fp CROSS JOIN LATERAL (SELECT j.{queue} AS q "
-            f"FROM {n.job} j WHERE {self.limited_job_predicate('fp.ptype', 'fp.pkey')} AND {any_type} "
-            f"LIMIT 1) l) "
-            f"SELECT pg_notify(%s, %s || COALESCE((SELECT CASE WHEN octet_length(x) > %s THEN %s ELSE x END "
+            f"AND (j.{j['lease_expires_at']} < {self.now()} OR j.{j['worker']} IN ({dead_workers})) AND {common} "
+            f"UNION SELECT l.q FROM (SELECT DISTINCT p.{p['job_type_id']} AS ptype, p.{p['key']} AS pkey "
+            f"FROM {n.permit} p WHERE {free} AND EXISTS (SELECT 1 FROM {n.job} j WHERE {scope_job}) LIMIT %s) fp "
+            f"CROSS JOIN LATERAL (SELECT DISTINCT x.q FROM (SELECT j.{queue} AS q FROM {n.job} j WHERE "
+            f"{self.limited_job_predicate('fp.ptype', 'fp.pkey')} AND {limited_common} LIMIT %s) x) l) "
+            f"SELECT pg_notify(%s, %s || COALESCE((SELECT CASE WHEN (SELECT count(*) FROM came_due) >= %s "
+            f"OR octet_length(x) > %s THEN %s ELSE x END "
             f"FROM (SELECT string_agg(q, ',' ORDER BY q) AS x FROM named) s), ''))"
         )
-        params = [*common_params, rows, -float(worker_dead_after_seconds), *any_type_params, *free_params, rows,
-                  *any_type_params, channel, LOOK_MARK, WAKE_PAYLOAD_MAX_BYTES - len(LOOK_MARK), WAKE_ALL]
+        params = [-float(since_seconds), *common_params, rows,
+                  -float(worker_dead_after_seconds), *common_params,
+                  *free_params, *limited_params, rows, *limited_params, rows,
+                  channel, f"{LOOK_MARK}{interval:g}{LOOK_MARK}", rows,
+                  WAKE_PAYLOAD_MAX_BYTES - 32, WAKE_ALL]
         return sql, params
 
     def estimated_rows(self, table: str) -> int | None:

@@ -25,12 +25,17 @@ def wake_payload(queues: Iterable[str]) -> str:
     """The payload of a wake-up for jobs enqueued to ``queues``: their names, comma-separated, or
     :data:`WAKE_ALL` when that list is too long for one notification (an enqueue to many queues of
     up to 100 characters each). A worker wakes for a payload that names one of its queues, or all."""
-    names = ",".join(sorted(set(queues)))
+    named = set(queues)
+    if WAKE_ALL in named:
+        return WAKE_ALL
+    names = ",".join(sorted(named))
     return names if len(names.encode()) <= WAKE_PAYLOAD_MAX_BYTES else WAKE_ALL
 
 
 #: The first character of a look's payload (a control character: no queue name starts with it in
-#: practice, and one that did would only be read as a look that names the rest).
+#: practice, and one that did would only be read as a look that names the rest). A look's payload is
+#: ``LOOK_MARK <its interval in seconds> LOOK_MARK <queues>``: the receiver counts the looks as running
+#: for three of the SENDER's intervals (its own FLEET_LOOK_SECONDS may differ).
 LOOK_MARK = "\x1e"
 
 
@@ -39,11 +44,21 @@ def is_look(payload: str) -> bool:
     return payload.startswith(LOOK_MARK)
 
 
+def look_interval(payload: str) -> float | None:
+    """The interval a look's payload says its sender looks at (None: not a look, or unreadable)."""
+    if not is_look(payload):
+        return None
+    try:
+        return float(payload[len(LOOK_MARK):].split(LOOK_MARK, 1)[0])
+    except ValueError:
+        return None
+
+
 def wakes(payload: str, queues: Iterable[str]) -> bool:
     """Whether a wake-up with ``payload`` concerns a worker serving ``queues`` (empty: every queue). A
     look that names no queue wakes nobody: it only says that the look runs."""
     if is_look(payload):
-        payload = payload[len(LOOK_MARK):]
+        payload = payload[len(LOOK_MARK):].partition(LOOK_MARK)[2]
         if not payload:
             return False
     served = set(queues)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -20,6 +19,7 @@ from ..exceptions import InvalidArgument, SubtypeMismatch
 from ..states import DEDUPE_SCOPE, Status
 from .rows import RowsMixin
 from .values import encode_json, storable_key
+from .wakeups import notify_on_commit
 
 if TYPE_CHECKING:
     from ..models import Job, JobData
@@ -46,42 +46,6 @@ def database_clock(alias: str) -> datetime:
     if isinstance(value, str):  # SQLite's text
         value = datetime.fromisoformat(value)
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-#: The attribute of a connection (Django's, one per thread and alias) holding the queues its current
-#: transaction enqueued to that no wake-up has named yet.
-_PENDING = "_sqlqueue_pending_wakeup"
-
-
-def _notify_on_commit(alias: str, channel: str, queues: set[str]) -> None:
-    """Wake idle workers once the caller's transaction commits: one notification per transaction.
-
-    Why after the commit, not inside it: PostgreSQL serialises the commits of transactions that
-    notified (one global lock, held through the WAL flush), so a notification inside every enqueuing
-    transaction keeps concurrent writers from sharing flushes. Sent from an ``on_commit`` hook, in
-    autocommit, it names every queue the transaction enqueued to. Each enqueue registers a hook, so a
-    savepoint rolled back drops only its own; the first hook to run sends, the others find nothing
-    pending. A rolled-back transaction sends nothing; its queues, if still pending, only widen the
-    next transaction's notification (a worker woken for nothing claims nothing).
-    """
-    connection = connections[alias]
-    pending = getattr(connection, _PENDING, None)
-    if pending is None:
-        pending = set()
-        setattr(connection, _PENDING, pending)
-    pending.update(queues)
-    transaction.on_commit(functools.partial(_send_pending_wakeup, alias, channel), using=alias, robust=True)
-
-
-def _send_pending_wakeup(alias: str, channel: str) -> None:
-    connection = connections[alias]
-    pending = getattr(connection, _PENDING, None)
-    if not pending:
-        return
-    queues = wake_payload(pending)
-    pending.clear()
-    with connection.cursor() as cursor:
-        get_dialect(connection).notify_after_commit(cursor, channel, queues)
 
 
 @dataclass
@@ -203,7 +167,7 @@ class EnqueueMixin(RowsMixin):
             # come back. In autocommit it is the whole transaction (on PostgreSQL the wake-up rides in
             # the same round trip, see Dialect.insert_stamped): no BEGIN, no COMMIT round trips.
             # Inside the caller's atomic() no SAVEPOINT either (one statement cannot half-succeed),
-            # and the wake-up is sent once per transaction, after its commit (_notify_on_commit).
+            # and the wake-up is sent once per transaction, after its commit (wakeups.notify_on_commit).
             queues = wake_payload(s.queue for s in specs)
             # commit_on_exit is False in an atomic() entered with AUTOCOMMIT off: Django never runs its
             # on_commit hooks there, so the wake-up rides in the transaction (insert_stamped) instead.
@@ -211,7 +175,7 @@ class EnqueueMixin(RowsMixin):
             with connection.cursor() as cursor:
                 stamped = dialect.insert_stamped(cursor, INSERT_COLUMNS, rows, "" if inside else channel, queues)
             if inside and channel:
-                _notify_on_commit(alias, channel, {s.queue for s in specs})
+                notify_on_commit(alias, channel, {s.queue for s in specs})
             return self._stamped_jobs(rows, stamped, alias)
         if (not flow and len(rows) == 1 and not specs[0].subtypes and dialect.multi_row_dedupe
                 and not connection.in_atomic_block and connection.get_autocommit()):

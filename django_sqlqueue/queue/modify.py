@@ -15,6 +15,7 @@ from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJ
 from ..states import FINISHED, TRANSITIONS, Status
 from .rows import RowsMixin
 from .values import UNSET, check_response, duration_ms, storable_error
+from .wakeups import wake_on_commit
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -116,6 +117,10 @@ class ModifyMixin(RowsMixin):
         updated = retrying(alias, write)
         if (updated.has_dependents or updated.batch_id) and updated.state in FINISHED:  # workflows only (markers)
             hooks.after_finish([updated], alias)
+        if updated.state == Status.PENDING:
+            # Claimable again, often with a due time long past (a hand-back, a workflow release, a retry,
+            # a resume): the fleet's look names only jobs that came due lately, so wake its queue here.
+            wake_on_commit(alias, {updated.queue})
         return updated
 
     def _cancel_if_asked(self, cursor: Any, dialect: Any, before: Job, updated: Job, alias: str) -> Job:

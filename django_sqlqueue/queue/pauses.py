@@ -20,6 +20,7 @@ from ..dialects.base import queue_model
 from ..exceptions import InvalidArgument
 from .rows import RowsMixin
 from .values import storable_key
+from .wakeups import wake_on_commit
 
 if TYPE_CHECKING:
     from ..models import QueuePause
@@ -74,6 +75,7 @@ class PauseMixin(RowsMixin):
             # This process's claims look for limited jobs at once; other workers' limited branch, backed
             # off after finding nothing, looks again within jobtypes.LIMITED_RECHECK_SECONDS.
             jobtypes.permits_released(alias)
+            wake_on_commit(alias, {queue})  # its jobs are due already: the fleet's look would not name them
         return bool(deleted)
 
     def paused_queues(self, *, using: str | None = None) -> dict[str, QueuePause]:

@@ -227,8 +227,12 @@ class Worker:
             board = self.channel.board if self.channel is not None else None
             if board is not None:
                 board.pass_poll(self.channel.index)  # busy now: another idle slot keeps looking
-                if len(jobs) >= self._asked > 1:
-                    board.wake_one(keep=False)  # a full batch: more may wait, for another idle slot
+                # A full batch: more may wait, for another idle slot. While the fleet's look runs the
+                # poller does not poll, so even a batch of one passes it on: a burst still wakes the
+                # idle slots one after the other, not one per look.
+                if len(jobs) >= self._asked > 1 or (len(jobs) >= self._asked
+                                                    and board.look_runs(time.monotonic())):
+                    board.wake_one(keep=False)
             started, ran = time.monotonic(), 0
             for job in jobs:
                 if self.stop_requested():

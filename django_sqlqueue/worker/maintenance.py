@@ -79,9 +79,12 @@ RETENTION_BUSY_SECONDS = 1.0
 #: A worker whose take failed looks whether the lease row exists at all (a new database, a deleted row)
 #: at most this often; otherwise a look is the UPDATE alone.
 INSERT_CHECK_SECONDS = 600.0
-#: The fleet's look reads at most this many due jobs per priority (newest due first) and this many free
-#: permits: bounded work whatever the backlog.
+#: The fleet's look reads at most this many jobs that came due per priority (more: it names every
+#: queue) and this many limit scopes with a free permit: bounded work whatever the backlog.
 LOOK_ROWS = 200
+#: The first look of a new holder names the jobs that came due this long ago at most (the later ones,
+#: those since the previous look).
+LOOK_BACK_SECONDS = 60.0
 #: Where the look is off (another vendor, no NOTIFY_CHANNEL, FLEET_LOOK_SECONDS = 0): the settings are
 #: read again this often.
 LOOK_OFF_SECONDS = 60.0
@@ -163,6 +166,8 @@ class Maintenance:
     _rollup: Rollup = field(init=False)
     _retention_waiting_since: float | None = None
     _retention_warned_at: float = 0.0
+    #: When (time.monotonic()) this holder's last look went out; None: not since it took the lease.
+    _looked_at: float | None = None
 
     def __post_init__(self) -> None:
         self._rollup = Rollup(self.using)
@@ -222,6 +227,7 @@ class Maintenance:
                 task.failures = 0
             self._retention_from.clear()
             self._rollup.reset()
+            self._looked_at = None
         elif self.holding and not held:
             log.info("maintenance_lease_lost holder=%s (another worker holds it now)", self.holder)
         self.holding = held
@@ -272,15 +278,21 @@ class Maintenance:
         listening workers that the look runs, so their idle slots wait for it instead of polling."""
         settings = get_settings()
         interval = settings.FLEET_LOOK_SECONDS
+        now = time.monotonic()
+        # The jobs that came due since the last look, and a margin (a pass late behind a slow one, the
+        # clocks of a statement); a new holder looks back as far as LOOK_BACK_SECONDS.
+        since = LOOK_BACK_SECONDS if self._looked_at is None else min(LOOK_BACK_SECONDS, now - self._looked_at + 2.0)
         connection = connections[self.using]
         look = get_dialect(connection).fleet_look_sql(
-            settings.NOTIFY_CHANNEL, default_max_attempts=settings.MAX_ATTEMPTS,
+            settings.NOTIFY_CHANNEL, interval=interval, since_seconds=since,
+            default_max_attempts=settings.MAX_ATTEMPTS,
             worker_dead_after_seconds=settings.WORKER_DEAD_AFTER_SECONDS, rows=LOOK_ROWS,
         ) if settings.NOTIFY_CHANNEL and interval > 0 else None
         if look is None:
             return LOOK_OFF_SECONDS
         with connection.cursor() as cursor:
             cursor.execute(*look)
+        self._looked_at = now
         return interval
 
     def _schedules(self) -> float:

@@ -291,10 +291,10 @@ class Supervisor:
                                                    listen_using=listen_alias)
             if listener is not None:
                 listener.worker = self.config.name
-                self._listen_thread = wakeup.ListenerThread(listener, self._board, settings.FLEET_LOOK_SECONDS)
+                self._listen_thread = wakeup.ListenerThread(listener, self._board)
             return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS)
         self._shared_listener = wakeup.SharedListener(self._using, settings.NOTIFY_CHANNEL, self.config.queues,
-                                                      self._board, self.config.name, settings.FLEET_LOOK_SECONDS)
+                                                      self._board, self.config.name)
         return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS, idle=self._shared_listener.idle)
 
     def _connect_first(self) -> None:

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from ..dialects import is_look, wakes
+from ..dialects import look_interval, wakes
 
 log = logging.getLogger("django_sqlqueue.worker")
 
@@ -113,8 +113,9 @@ class PgListener:
         self.disabled = False
         self._conn: Any = None
         self._broken_until = 0.0
-        #: When the fleet's look last arrived here (time.monotonic(); 0: never).
+        #: When the fleet's look last arrived here (time.monotonic(); 0: never), and its sender's interval.
         self.looked_at = 0.0
+        self.look_every = 0.0
 
     @property
     def listening(self) -> bool:
@@ -248,8 +249,9 @@ class PgListener:
                 continue
             try:
                 for note in self._conn.notifies(timeout=min(left, 0.25), stop_after=1):
-                    if is_look(note.payload):
-                        self.looked_at = time.monotonic()
+                    interval = look_interval(note.payload)
+                    if interval is not None:
+                        self.looked_at, self.look_every = time.monotonic(), interval
                     if wakes(note.payload, self.queues):
                         return True
             except Exception as exc:
@@ -355,15 +357,12 @@ class SharedListener:
     thread's connection is new (the first time, and after a reconnect), after a check (module docstring).
     """
 
-    def __init__(self, using: str, channel: str, queues: Sequence[str], board: Any, worker: str,
-                 look_interval: float = 2.0) -> None:
+    def __init__(self, using: str, channel: str, queues: Sequence[str], board: Any, worker: str) -> None:
         self.using = using
         self.channel = channel
         self.queues = set(queues)
         self.board = board
         self.worker = worker
-        #: FLEET_LOOK_SECONDS: how often the fleet's look is expected (see WakeBoard.looked).
-        self.look_interval = look_interval
         self.disabled = False
         self._listening: Any = None  # the psycopg connection the LISTEN is on
         self._retry_at = 0.0
@@ -389,8 +388,9 @@ class SharedListener:
         for note in notes:
             if note.channel != self.channel:
                 continue
-            if is_look(note.payload):
-                self.board.looked(self.look_interval)
+            interval = look_interval(note.payload)
+            if interval is not None:
+                self.board.looked(interval)
             if wakes(note.payload, self.queues):
                 self.board.wake_one()
 
@@ -458,10 +458,9 @@ class ListenerThread:
     """The supervisor's LISTEN on ``LISTEN_DATABASE`` (its own connection, one per worker): a thread that
     wakes one idle slot per notification."""
 
-    def __init__(self, listener: PgListener, board: Any, look_interval: float = 2.0) -> None:
+    def __init__(self, listener: PgListener, board: Any) -> None:
         self.listener = listener
         self.board = board
-        self.look_interval = look_interval
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sqlqueue-listen", daemon=True)
 
@@ -483,7 +482,7 @@ class ListenerThread:
             woken = self.listener.wait(1.0, self._stop.is_set)
             if self.listener.looked_at > seen:
                 seen = self.listener.looked_at
-                self.board.looked(self.look_interval)
+                self.board.looked(self.listener.look_every)
             if woken:
                 self.board.wake_one()
             self._close_check_connection()
