@@ -28,7 +28,15 @@ from django.utils import timezone
 
 from django_sqlqueue import jobtypes
 from django_sqlqueue.conf import get_settings
-from django_sqlqueue.dialects import LOOK_MARK, WAKE_ALL, get_dialect, is_look, look_interval, wake_payload, wakes
+from django_sqlqueue.dialects import (
+    LOOK_MARK,
+    WAKE_ALL,
+    get_dialect,
+    is_look,
+    look_interval,
+    wake_payload,
+    wakes,
+)
 from django_sqlqueue.models import Job, JobType
 from django_sqlqueue.states import Status
 from django_sqlqueue.worker.contract import IDLE_BACKSTOP_SECONDS, WakeBoard
