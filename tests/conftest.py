@@ -328,6 +328,18 @@ def pg_cluster():
     return cluster
 
 
+@pytest.fixture
+def listener():
+    """A raw psycopg connection LISTENing on the queue's channel (PostgreSQL only)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
+    from django_sqlqueue.conf import get_settings
+    from tests.procutil import listening
+
+    with listening(get_settings().NOTIFY_CHANNEL) as conn:
+        yield conn
+
+
 @pytest.fixture(autouse=True)
 def _seeded_statuses(request):
     """Re-seed the status vocabulary: transactional tests flush every table, the seed included."""

@@ -96,3 +96,19 @@ def claim_until_empty(barrier: Any, out: Any, worker: str, batch: int) -> None:
 def board_waiter(board: Any, index: int, seconds: float, out: Any) -> None:
     """A stand-in slot idling on a WakeBoard (contract.py) in a process of its own; puts (index, woken)."""
     out.put((index, board.wait(index, seconds, lambda: False)))
+
+
+@contextmanager
+def listening(channel: str) -> Any:
+    """A raw psycopg connection (the test database's, autocommit) LISTENing on ``channel``."""
+    import psycopg
+    from django.db import connection
+
+    params = connection.get_connection_params()
+    conn = psycopg.connect(**{k: v for k, v in params.items() if k not in ("cursor_factory", "context")},
+                           autocommit=True)
+    try:
+        conn.execute(f'LISTEN "{channel}"')
+        yield conn
+    finally:
+        conn.close()

@@ -11,35 +11,16 @@ when the wake-up goes out.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from django_sqlqueue.conf import get_settings
 from django_sqlqueue.models import Job, JobType
 from django_sqlqueue.states import Status
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def listener() -> Iterator[Any]:
-    """A raw psycopg connection LISTENing on the queue's channel (PostgreSQL only)."""
-    if connection.vendor != "postgresql":
-        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
-    import psycopg
-
-    params = connection.get_connection_params()
-    conn = psycopg.connect(**{k: v for k, v in params.items() if k not in ("cursor_factory", "context")},
-                           autocommit=True)
-    conn.execute(f"LISTEN {get_settings().NOTIFY_CHANNEL}")
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def _notes(conn: Any, wait: float) -> list[str]:

@@ -16,7 +16,6 @@ import multiprocessing
 import re
 import signal
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -42,26 +41,10 @@ from django_sqlqueue.states import Status
 from django_sqlqueue.worker.contract import IDLE_BACKSTOP_SECONDS, WakeBoard
 from django_sqlqueue.worker.maintenance import Maintenance
 from tests import workerutil as wu
+from tests.procutil import listening
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 worker_procs = wu.worker_procs
-
-
-@pytest.fixture
-def listener() -> Iterator[Any]:
-    """A raw psycopg connection LISTENing on the queue's channel (PostgreSQL only)."""
-    if connection.vendor != "postgresql":
-        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
-    import psycopg
-
-    params = connection.get_connection_params()
-    conn = psycopg.connect(**{k: v for k, v in params.items() if k not in ("cursor_factory", "context")},
-                           autocommit=True)
-    conn.execute(f"LISTEN {get_settings().NOTIFY_CHANNEL}")
-    try:
-        yield conn
-    finally:
-        conn.close()
 
 
 def _names(payload: str) -> list[str]:
@@ -141,16 +124,10 @@ def test_the_look_names_every_queue_when_many_jobs_came_due() -> None:
     """Past ``rows`` jobs in its window the look says ``*`` (a busy fleet) rather than read further."""
     if connection.vendor != "postgresql":
         pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
-    import psycopg
-
     JobType.objects.get_or_create(name="Noop")
     for i in range(4):
         Job.objects.enqueue("Noop", queue=f"q{i}")
-    params = connection.get_connection_params()
-    conn = psycopg.connect(**{k: v for k, v in params.items() if k not in ("cursor_factory", "context")},
-                           autocommit=True)
-    try:
-        conn.execute("LISTEN look_test")
+    with listening("look_test") as conn:
         for rows, expected in ((3, ["*"]), (10, ["q0", "q1", "q2", "q3"])):
             sql, args = get_dialect(connection).fleet_look_sql(
                 "look_test", interval=2.0, since_seconds=60, default_max_attempts=3,
@@ -158,8 +135,6 @@ def test_the_look_names_every_queue_when_many_jobs_came_due() -> None:
             with connection.cursor() as cursor:
                 cursor.execute(sql, args)
             assert _next_look(conn) == expected, rows
-    finally:
-        conn.close()
 
 
 def test_a_job_made_claimable_again_wakes_its_queue(listener: Any) -> None:
