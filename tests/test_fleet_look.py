@@ -33,6 +33,7 @@ from django_sqlqueue.dialects import (
     get_dialect,
     is_look,
     look_interval,
+    look_jobs,
     wake_payload,
     wakes,
 )
@@ -47,9 +48,15 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 worker_procs = wu.worker_procs
 
 
+def _named(payload: str) -> dict[str, str]:
+    """What a look's payload names (after its mark, its interval and its mark): queue -> jobs."""
+    items = [i for i in payload[len(LOOK_MARK):].partition(LOOK_MARK)[2].split(",") if i]
+    return {i.rpartition(":")[0] or i: i.rpartition(":")[2] for i in items}
+
+
 def _names(payload: str) -> list[str]:
-    """The queues a look's payload names (after its mark, its interval and its mark)."""
-    return sorted(q for q in payload[len(LOOK_MARK):].partition(LOOK_MARK)[2].split(",") if q)
+    """The queues a look's payload names."""
+    return sorted(_named(payload))
 
 
 def _looks(conn: Any, timeout: float = 0.5) -> list[list[str]]:
@@ -128,6 +135,7 @@ def test_the_look_names_every_queue_when_many_jobs_came_due() -> None:
     for i in range(4):
         Job.objects.enqueue("Noop", queue=f"q{i}")
     with listening("look_test") as conn:
+        Job.objects.enqueue("Noop", queue="q0")
         for rows, expected in ((3, ["*"]), (10, ["q0", "q1", "q2", "q3"])):
             sql, args = get_dialect(connection).fleet_look_sql(
                 "look_test", interval=2.0, since_seconds=60, default_max_attempts=3,
@@ -135,6 +143,13 @@ def test_the_look_names_every_queue_when_many_jobs_came_due() -> None:
             with connection.cursor() as cursor:
                 cursor.execute(sql, args)
             assert _next_look(conn) == expected, rows
+        # each queue with the number of its jobs: a worker wakes as many idle slots
+        with connection.cursor() as cursor:
+            cursor.execute(sql, args)
+        payload = next(n.payload for n in conn.notifies(timeout=60) if is_look(n.payload))
+        assert _named(payload) == {"q0": "2", "q1": "1", "q2": "1", "q3": "1"}
+        assert look_jobs(payload, ["q0", "q3"]) == 3 and look_jobs(payload, ["x"]) == 0
+        assert look_jobs(payload, []) == 5
 
 
 def test_a_job_made_claimable_again_wakes_its_queue(listener: Any) -> None:
@@ -185,7 +200,8 @@ def test_a_look_payload_wakes_only_the_workers_of_the_queues_it_names() -> None:
     assert look_interval(look) == 2.5 and look_interval("mail") is None
     assert not wakes(look, [])  # naming nothing wakes nobody, not even a worker of every queue
     assert not wakes(look, ["mail"])
-    assert wakes(look + "mail,sms", ["sms"]) and not wakes(look + "mail,sms", ["push"])
+    assert wakes(look + "mail:1,sms:2", ["sms"]) and not wakes(look + "mail:1,sms:2", ["push"])
+    assert look_jobs(look + "mail:1,sms:2", ["sms", "mail"]) == 3 and look_jobs("mail", ["mail"]) == 0
     assert wakes(look + "*", ["push"]) and wakes("mail", [])
     assert wake_payload(["mail", WAKE_ALL]) == WAKE_ALL  # a resumed type: every queue, whatever else
 
@@ -250,5 +266,45 @@ def test_a_delayed_job_nobody_was_told_of_is_picked_up_by_the_looks_bell(worker_
                           what="a look naming the queue")
     assert named
     assert w.stderr().count("slot_woken") > woken_before, w.output()
+    w.signal(signal.SIGTERM)
+    assert w.wait(60) == 0, w.output()
+
+
+def test_a_look_naming_several_jobs_wakes_as_many_idle_slots() -> None:
+    board = WakeBoard(multiprocessing.get_context("spawn"), 3)
+    board.idle[0] = board.idle[1] = board.idle[2] = 1
+    assert board.wake_some(2) == 2 and sum(board.idle[:]) == 1
+    assert board.wake_some(5) == 1 and sum(board.idle[:]) == 0
+    assert board.wake_some(3) == 0 and board.pending.value == 1  # kept once for the next slot to idle
+    assert board.wake_some(0) == 0 and board.pending.value == 1
+
+
+def test_a_burst_the_look_names_wakes_every_idle_slot_one_after_the_other(worker_procs, listener: Any,
+                                                                           tmp_path) -> None:
+    """Four long jobs that no notification announced (NOTIFY off in this process): the look names their
+    queue with their number, and the worker wakes four idle slots at once. Woken one per look, the later
+    ones would wait for a slot's 30 s backstop and take their jobs without a bell."""
+    JobType.objects.get_or_create(name="test.Sleep")
+    w = worker_procs("--worker-name", "burst", "--concurrency", "4", "--queue", "burst", "--log-level", "DEBUG")
+    wu.wait_until(lambda: w.stderr().count("wakeup=listen") == 4, 90, what=f"four listening slots\n{w.output()}")
+    # Every slot has made its first claim (after its first beat) and waits on the board.
+    wu.wait_until(lambda: w.stderr().count("slot_waiting") == 4, 90, what=f"four waiting slots\n{w.output()}")
+    list(listener.notifies(timeout=0.1))
+    wu.wait_until(lambda: _looks(listener), 90, what=f"a look\n{w.output()}")
+    woken_before = w.stderr().count("slot_woken")
+    release = tmp_path / "release"
+    from django_sqlqueue.queue import JobSpec
+
+    with override_settings(SQLQUEUE={**django_settings.SQLQUEUE, "NOTIFY_CHANNEL": ""}):
+        jobs = Job.objects.enqueue_many(
+            JobSpec("test.Sleep", {"seconds": 120, "until": str(release)}, queue="burst") for _ in range(4))
+    ids = [j.pk for j in jobs]
+    wu.wait_until(lambda: Job.objects.filter(pk__in=ids, status_id=Status.PROCESSING).count() == 4, 90,
+                  what=f"the four jobs running\n{w.output()}")
+    assert len(set(Job.objects.filter(pk__in=ids).values_list("worker", flat=True))) == 4  # one per slot
+    assert w.stderr().count("slot_woken") - woken_before >= 4, w.output()
+    release.write_text("go")
+    wu.wait_until(lambda: Job.objects.filter(pk__in=ids, status_id=Status.COMPLETED).count() == 4, 90,
+                  what=f"the four jobs done\n{w.output()}")
     w.signal(signal.SIGTERM)
     assert w.wait(60) == 0, w.output()

@@ -458,10 +458,11 @@ class PostgresDialect(Dialect):
                            or silent worker), from the Processing index
                            UNION per limit scope with a free permit and a due job (at most ``rows``
                            scopes), the queues of its due jobs (at most ``rows`` read))
-            SELECT pg_notify(channel, LOOK_MARK interval LOOK_MARK names)
+            SELECT pg_notify(channel, LOOK_MARK interval LOOK_MARK queue:jobs,...)
 
-        The names are ``*`` (every queue) when ``rows`` jobs came due in the window (a busy fleet: each
-        worker claims once more), or when they would not fit in one notification. Paused queues and types and jobs without attempts
+        Each queue is named with the number of its jobs found (a worker wakes as many idle slots), or
+        the names are ``*`` (every queue, every idle slot) when ``rows`` jobs came due in the window (a
+        busy fleet) or when they would not fit in one notification. Paused queues and types and jobs without attempts
         left are passed over as the claim passes them over. A job made claimable with a due time before
         the window (a hand-back, a workflow release, a retry or resume by an operator) is not named
         here: those changes wake the workers of its queue themselves (queue/modify.py, pauses.py). A
@@ -487,16 +488,17 @@ class PostgresDialect(Dialect):
             f"came_due(q) AS (SELECT d.q FROM pr CROSS JOIN LATERAL (SELECT j.{queue} AS q FROM {n.job} j "
             f"WHERE {self.due_predicate()} AND j.{prio} = pr.p AND j.{j['scheduled_for']} > {self.now_plus('%s')} "
             f"AND {common} ORDER BY j.{j['scheduled_for']} DESC LIMIT %s) d), "
-            f"named(q) AS (SELECT q FROM came_due "
-            f"UNION SELECT j.{queue} FROM {n.job} j WHERE j.{j['status_id']} = {int(Status.PROCESSING)} "
+            f"named(q, n) AS (SELECT q, count(*) FROM came_due GROUP BY q "
+            f"UNION ALL SELECT j.{queue}, 1 FROM {n.job} j WHERE j.{j['status_id']} = {int(Status.PROCESSING)} "
             f"AND (j.{j['lease_expires_at']} < {self.now()} OR j.{j['worker']} IN ({dead_workers})) AND {common} "
-            f"UNION SELECT l.q FROM (SELECT DISTINCT p.{p['job_type_id']} AS ptype, p.{p['key']} AS pkey "
+            f"UNION ALL SELECT l.q, 1 FROM (SELECT DISTINCT p.{p['job_type_id']} AS ptype, p.{p['key']} AS pkey "
             f"FROM {n.permit} p WHERE {free} AND EXISTS (SELECT 1 FROM {n.job} j WHERE {scope_job}) LIMIT %s) fp "
             f"CROSS JOIN LATERAL (SELECT DISTINCT x.q FROM (SELECT j.{queue} AS q FROM {n.job} j WHERE "
             f"{self.limited_job_predicate('fp.ptype', 'fp.pkey')} AND {limited_common} LIMIT %s) x) l) "
             f"SELECT pg_notify(%s, %s || COALESCE((SELECT CASE WHEN (SELECT count(*) FROM came_due) >= %s "
             f"OR octet_length(x) > %s THEN %s ELSE x END "
-            f"FROM (SELECT string_agg(q, ',' ORDER BY q) AS x FROM named) s), ''))"
+            f"FROM (SELECT string_agg(q || ':' || n, ',' ORDER BY q) AS x "
+            f"FROM (SELECT q, sum(n) AS n FROM named GROUP BY q) t) s), ''))"
         )
         params = [-float(since_seconds), *common_params, rows,
                   -float(worker_dead_after_seconds), *common_params,

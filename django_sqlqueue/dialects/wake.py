@@ -34,9 +34,12 @@ def wake_payload(queues: Iterable[str]) -> str:
 
 #: The first character of a look's payload (a control character: no queue name starts with it in
 #: practice, and one that did would only be read as a look that names the rest). A look's payload is
-#: ``LOOK_MARK <its interval in seconds> LOOK_MARK <queues>``: the receiver counts the looks as running
-#: for three of the SENDER's intervals (its own FLEET_LOOK_SECONDS may differ).
+#: ``LOOK_MARK <its interval in seconds> LOOK_MARK <queue>:<jobs>,...`` (or ``*``): the receiver counts
+#: the looks as running for three of the SENDER's intervals (its own FLEET_LOOK_SECONDS may differ), and
+#: wakes as many idle slots as the look named jobs of its queues.
 LOOK_MARK = "\x1e"
+#: A look naming every queue (``*``) wakes this many idle slots (all a worker has, in practice).
+LOOK_ALL_JOBS = 1_000_000
 
 
 def is_look(payload: str) -> bool:
@@ -54,12 +57,27 @@ def look_interval(payload: str) -> float | None:
         return None
 
 
+def look_jobs(payload: str, queues: Iterable[str]) -> int:
+    """How many jobs a look's payload names in ``queues`` (empty: every queue); 0 for what is not a
+    look. ``*`` counts as :data:`LOOK_ALL_JOBS`."""
+    if not is_look(payload):
+        return 0
+    names = payload[len(LOOK_MARK):].partition(LOOK_MARK)[2]
+    if names == WAKE_ALL:
+        return LOOK_ALL_JOBS
+    served = set(queues)
+    total = 0
+    for item in names.split(",") if names else ():
+        queue, _, count = item.rpartition(":")
+        if not served or queue in served:
+            total += int(count) if count.isdigit() else 1
+    return total
+
+
 def wakes(payload: str, queues: Iterable[str]) -> bool:
     """Whether a wake-up with ``payload`` concerns a worker serving ``queues`` (empty: every queue). A
-    look that names no queue wakes nobody: it only says that the look runs."""
+    look that names no job of them wakes nobody: it only says that the look runs."""
     if is_look(payload):
-        payload = payload[len(LOOK_MARK):].partition(LOOK_MARK)[2]
-        if not payload:
-            return False
+        return look_jobs(payload, queues) > 0
     served = set(queues)
     return not served or payload == WAKE_ALL or not served.isdisjoint(payload.split(","))

@@ -156,6 +156,15 @@ class WakeBoard:
                 self.pending.value = min(len(self.bells), self.pending.value + 1)
             return False
 
+    def wake_some(self, jobs: int) -> int:
+        """The fleet's look named ``jobs`` jobs of this worker's queues: wake as many idle slots (a
+        burst that came due spreads over the slots at once, as the poller's hand-over did); the first
+        is kept for the next slot to idle if none is. Returns how many were woken."""
+        woken = 0
+        while woken < jobs and self.wake_one(keep=woken == 0):
+            woken += 1
+        return woken
+
     def ring_all(self) -> None:
         """Wake every slot (the worker is stopping: they see it at once)."""
         for bell in self.bells:

@@ -115,6 +115,7 @@ class Worker:
         self._started = time.monotonic()
         self._gave_up = False
         self._registered = False
+        self._waited = False  # logged slot_waiting (DEBUG) once
 
     # ----- lifecycle ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -227,12 +228,8 @@ class Worker:
             board = self.channel.board if self.channel is not None else None
             if board is not None:
                 board.pass_poll(self.channel.index)  # busy now: another idle slot keeps looking
-                # A full batch: more may wait, for another idle slot. While the fleet's look runs the
-                # poller does not poll, so even a batch of one passes it on: a burst still wakes the
-                # idle slots one after the other, not one per look.
-                if len(jobs) >= self._asked > 1 or (len(jobs) >= self._asked
-                                                    and board.look_runs(time.monotonic())):
-                    board.wake_one(keep=False)
+                if len(jobs) >= self._asked > 1:
+                    board.wake_one(keep=False)  # a full batch: more may wait, for another idle slot
             started, ran = time.monotonic(), 0
             for job in jobs:
                 if self.stop_requested():
@@ -292,6 +289,9 @@ class Worker:
         connection commits (``PRAGMA data_version``, see wakeup.py); on SQL Server it simply sleeps.
         """
         if self._listener is not None:
+            if not self._waited:
+                self._waited = True  # its first claim is done: from now on it waits for work
+                log.debug("slot_waiting worker=%s", self.name)
             if self._listener.wait(seconds, self.stop_requested) and isinstance(self._listener, wakeup.BoardWaker):
                 log.debug("slot_woken worker=%s", self.name)
             return

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from ..dialects import look_interval, wakes
+from ..dialects import look_interval, look_jobs, wakes
 
 log = logging.getLogger("django_sqlqueue.worker")
 
@@ -116,6 +116,8 @@ class PgListener:
         #: When the fleet's look last arrived here (time.monotonic(); 0: never), and its sender's interval.
         self.looked_at = 0.0
         self.look_every = 0.0
+        #: Jobs of its queues the last look named (a look that wakes it may name several).
+        self.look_named = 0
 
     @property
     def listening(self) -> bool:
@@ -252,6 +254,7 @@ class PgListener:
                     interval = look_interval(note.payload)
                     if interval is not None:
                         self.looked_at, self.look_every = time.monotonic(), interval
+                        self.look_named = look_jobs(note.payload, self.queues)
                     if wakes(note.payload, self.queues):
                         return True
             except Exception as exc:
@@ -391,7 +394,8 @@ class SharedListener:
             interval = look_interval(note.payload)
             if interval is not None:
                 self.board.looked(interval)
-            if wakes(note.payload, self.queues):
+                self.board.wake_some(look_jobs(note.payload, self.queues))
+            elif wakes(note.payload, self.queues):
                 self.board.wake_one()
 
     def _connection(self) -> Any:
@@ -479,11 +483,14 @@ class ListenerThread:
         seen = 0.0
         while not self._stop.is_set():
             # A second at most: a look that arrived is told to the board while it is fresh.
+            self.listener.look_named = 0
             woken = self.listener.wait(1.0, self._stop.is_set)
             if self.listener.looked_at > seen:
                 seen = self.listener.looked_at
                 self.board.looked(self.listener.look_every)
-            if woken:
+            if self.listener.look_named:
+                self.board.wake_some(self.listener.look_named)
+            elif woken:
                 self.board.wake_one()
             self._close_check_connection()
 
