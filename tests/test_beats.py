@@ -98,3 +98,35 @@ def test_a_beat_that_did_not_cover_a_job_does_not_count_for_it() -> None:
     assert hb.at_risk(7)
     hb._apply(BeatResult(sent=time.monotonic(), ok=True, replaced=True))
     assert hb.replaced and not hb.may_claim()
+
+
+def test_a_slot_that_reported_during_a_beat_gets_its_first_beat_at_once_not_an_interval_later() -> None:
+    """A slot claims nothing before its first beat. Slots start a few ms apart: one whose first report
+    came while the beat for the others was on its way waited a whole interval (10 s) to claim."""
+    from types import SimpleNamespace
+
+    from django_sqlqueue.worker.beats import _Member
+
+    beats = _beats()
+    pipes = [multiprocessing.Pipe() for _ in range(2)]
+    for i, (ours, _) in enumerate(pipes):
+        beats.attach(i, f"s/{i}", "i", ours)
+    pipes[0][1].send(SlotReport({}, 0))
+    now = time.monotonic()
+    beats._collect(now)
+    call = SimpleNamespace(finished=False)  # the beat for s/0 is on its way
+    beats._call, beats._beat = call, ([beats.slots[0]], [_Member("s/0", "i", {}, 0, 0)])
+    pipes[1][1].send(SlotReport({}, 0))  # s/1 reports meanwhile
+    beats._collect(time.monotonic())
+    call.finished = True
+    beats._outcome = {"ok": True, "sent": now, "results": {"s/0": BeatResult(sent=now, ok=True)}}
+    beats._answer()
+    assert isinstance(pipes[0][1].recv(), BeatResult)
+    assert beats._next_beat <= time.monotonic()  # s/1's first beat: at once
+    assert [m.name for m in beats._members(time.monotonic())] == ["s/0", "s/1"]
+    # Once every slot has had one, the next beat waits its interval.
+    call = SimpleNamespace(finished=True)
+    beats._call, beats._beat = call, (list(beats.slots.values()), beats._members(time.monotonic()))
+    beats._outcome = {"ok": True, "sent": now, "results": {f"s/{i}": BeatResult(sent=now, ok=True) for i in (0, 1)}}
+    beats._answer()
+    assert beats._next_beat >= time.monotonic() + 5.0

@@ -60,6 +60,8 @@ class SlotBeat:
     stamped: int = 0
     next_cancel_check: float = 0.0
     gone: bool = False
+    #: A beat's result reached it at least once (until then it claims nothing).
+    answered: bool = False
 
 
 @dataclass(frozen=True)
@@ -194,11 +196,17 @@ class Beats:
                     continue
                 if result.ok:
                     slot.stamped = max(slot.stamped, done[slot.name])
+                slot.answered = True
                 self._send(slot, result)
             if self._outcome.get("ok"):
                 self._last_sent = sent
             self._call, self._beat = None, None
-            self._next_beat = time.monotonic() + self.interval()
+            now = time.monotonic()
+            # A slot whose first report came while this beat was on its way was not in it: it claims
+            # nothing before its first beat, so that one goes at once, not an interval (10 s) later.
+            waiting = any(not slot.answered and not slot.gone and slot.report is not None
+                          and slot.report.connect_error is None for slot in self.slots.values())
+            self._next_beat = now if waiting else now + self.interval()
         if self._cancel_call is not None and self._cancel_call.finished:
             by_name = {slot.name: slot for slot in self.slots.values()}
             for name, found in self._cancels.items():
