@@ -38,6 +38,7 @@ class SqlQueueConfig(AppConfig):
         setting_changed.connect(forget_heard, dispatch_uid="sqlqueue-forget-heard")
         post_save.connect(clear_cache, sender=JobType, dispatch_uid="sqlqueue-type-cache-save")
         post_save.connect(_sync_permits, sender=JobType, dispatch_uid="sqlqueue-permits-save")
+        post_save.connect(_wake_for_type, sender=JobType, dispatch_uid="sqlqueue-type-wake")
         post_delete.connect(clear_cache, sender=JobType, dispatch_uid="sqlqueue-type-cache-delete")
         post_migrate.connect(_sync_types, sender=self, dispatch_uid="sqlqueue-sync-types")
         _register_task_checks()
@@ -78,6 +79,21 @@ def _register_task_checks() -> None:
             import django.tasks  # noqa: F401  (registers django.tasks.checks.check_tasks)
         except ImportError:  # Django < 6.0: no tasks framework
             pass
+
+
+def _wake_for_type(sender: Any, instance: Any, using: str = "default", update_fields: Any = None,
+                   **kwargs: Any) -> None:
+    """A job type resumed or its limits changed (the admin's action or change form, code): its waiting
+    jobs, due long ago, are claimable now, and the fleet's look names only jobs that came due lately:
+    wake the workers (every queue: the type's jobs may be in any)."""
+    if kwargs.get("raw") or kwargs.get("created") or instance.paused:
+        return
+    if update_fields is not None and not {"paused", "concurrency_limit", "rate_limit"} & set(update_fields):
+        return
+    from .dialects import WAKE_ALL
+    from .queue.wakeups import wake_on_commit
+
+    wake_on_commit(using, {WAKE_ALL})
 
 
 def _sync_permits(sender: Any, instance: Any, using: str = "default", update_fields: Any = None,

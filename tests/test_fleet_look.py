@@ -29,11 +29,13 @@ from django_sqlqueue import jobtypes
 from django_sqlqueue.conf import get_settings
 from django_sqlqueue.dialects import (
     LOOK_MARK,
+    LOOK_SEP,
     WAKE_ALL,
     get_dialect,
     is_look,
     look_interval,
     look_jobs,
+    look_wakes,
     wake_payload,
     wakes,
 )
@@ -50,7 +52,7 @@ worker_procs = wu.worker_procs
 
 def _named(payload: str) -> dict[str, str]:
     """What a look's payload names (after its mark, its interval and its mark): queue -> jobs."""
-    items = [i for i in payload[len(LOOK_MARK):].partition(LOOK_MARK)[2].split(",") if i]
+    items = [i for i in payload[len(LOOK_MARK):].partition(LOOK_MARK)[2].split(LOOK_SEP) if i]
     return {i.rpartition(":")[0] or i: i.rpartition(":")[2] for i in items}
 
 
@@ -102,9 +104,12 @@ def test_the_look_names_the_queues_with_work_a_claim_could_take(listener: Any) -
     Job.objects.enqueue("Frozen", queue="frozen")
     JobType.objects.filter(name="Frozen").update(paused=True)
     jobtypes.clear_cache()
-    taken = Job.objects.enqueue("Noop", queue="dead")
+    taken = Job.objects.enqueue("Noop", queue="dead")  # its lease ran out within the look's window
     Job.objects.filter(pk=taken.pk).update(status_id=Status.PROCESSING, worker="gone:1",
-                                           lease_expires_at=now - timedelta(minutes=5))
+                                           lease_expires_at=now - timedelta(seconds=20))
+    long_gone = Job.objects.enqueue("Noop", queue="long-dead")  # ran out long ago: named by an earlier look
+    Job.objects.filter(pk=long_gone.pk).update(status_id=Status.PROCESSING, worker="gone:1",
+                                               lease_expires_at=now - timedelta(minutes=10))
     running = Job.objects.enqueue("Noop", queue="running")
     Job.objects.filter(pk=running.pk).update(status_id=Status.PROCESSING, worker="gone:1",
                                              lease_expires_at=now + timedelta(hours=1))
@@ -167,6 +172,14 @@ def test_a_job_made_claimable_again_wakes_its_queue(listener: Any) -> None:
     list(listener.notifies(timeout=0.2))
     assert Job.objects.resume_queue("paused-q")
     assert _wakes_for(listener, "paused-q")
+    # A job type resumed (here as the admin's change form saves it): every queue, its jobs may be in any.
+    noop = JobType.objects.get(name="Noop")
+    noop.paused = True
+    noop.save()
+    list(listener.notifies(timeout=0.2))
+    noop.paused = False
+    noop.save()
+    assert _wakes_for(listener, WAKE_ALL)
 
 
 def test_the_look_is_one_statement_of_index_seeks() -> None:
@@ -196,13 +209,17 @@ def test_the_look_is_one_statement_of_index_seeks() -> None:
 
 
 def test_a_look_payload_wakes_only_the_workers_of_the_queues_it_names() -> None:
-    look = f"{LOOK_MARK}2.5{LOOK_MARK}"
+    look = f"{LOOK_MARK}2.5/8{LOOK_MARK}"  # sent every 2.5 s; 8 live slots in the fleet
     assert look_interval(look) == 2.5 and look_interval("mail") is None
     assert not wakes(look, [])  # naming nothing wakes nobody, not even a worker of every queue
     assert not wakes(look, ["mail"])
-    assert wakes(look + "mail:1,sms:2", ["sms"]) and not wakes(look + "mail:1,sms:2", ["push"])
-    assert look_jobs(look + "mail:1,sms:2", ["sms", "mail"]) == 3 and look_jobs("mail", ["mail"]) == 0
-    assert wakes(look + "*", ["push"]) and wakes("mail", [])
+    both = look + f"mail:1{LOOK_SEP}sms,eu:6"  # a queue name may hold a comma
+    assert wakes(both, ["sms,eu"]) and not wakes(both, ["sms"]) and not wakes(both, ["push"])
+    assert look_jobs(both, ["sms,eu", "mail"]) == 7 and look_jobs("mail", ["mail"]) == 0
+    # A worker wakes its share: its slots among the fleet's (6 jobs, 2 of 8 slots: 2), one at least.
+    assert look_wakes(both, ["sms,eu"], 2) == 2 and look_wakes(both, ["mail"], 2) == 1
+    assert look_wakes(both, ["sms,eu"], 8) == 6 and look_wakes(both, ["push"], 2) == 0
+    assert wakes(look + "*", ["push"]) and look_wakes(look + "*", ["push"], 4) == 4 and wakes("mail", [])
     assert wake_payload(["mail", WAKE_ALL]) == WAKE_ALL  # a resumed type: every queue, whatever else
 
 

@@ -19,9 +19,7 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..conf import get_settings
-from ..dialects import WAKE_ALL
 from ..models import Job, JobType, Worker
-from ..queue.wakeups import wake_on_commit
 from ..states import Status, human_label  # noqa: F401 (human_label: also imported from here)
 from .filters import CheckedFilter, refuse
 from .guard import GuardedChangelist
@@ -83,8 +81,6 @@ def _set_paused(modeladmin: Any, request: HttpRequest, queryset: QuerySet, pause
     if changed:
         LogEntry.objects.log_actions(user_id=request.user.pk, queryset=changed, action_flag=CHANGE,
                                      change_message="Paused" if paused else "Resumed")
-        if not paused:  # their jobs are due already: the fleet's look would not name them
-            wake_on_commit(queryset.db, {WAKE_ALL})
     verb = _("paused") if paused else _("resumed")
     modeladmin.message_user(request, ngettext("%(n)d job type %(verb)s.", "%(n)d job types %(verb)s.",
                                               len(changed)) % {"n": len(changed), "verb": verb},

@@ -10,14 +10,24 @@ from django.db import DatabaseError, connections
 
 from ..exceptions import UnsupportedDatabase
 from .base import COL, JOB_COLUMNS, ClaimRequest, Dialect
-from .wake import LOOK_MARK, WAKE_ALL, is_look, look_interval, look_jobs, wake_payload, wakes
+from .wake import (
+    LOOK_MARK,
+    LOOK_SEP,
+    WAKE_ALL,
+    is_look,
+    look_interval,
+    look_jobs,
+    look_wakes,
+    wake_payload,
+    wakes,
+)
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
 __all__ = ["COL", "JOB_COLUMNS", "ClaimRequest", "Dialect", "get_dialect", "dialect_class", "capabilities",
-           "retrying", "TRANSIENT_RETRIES", "LOOK_MARK", "WAKE_ALL", "is_look", "look_interval",
-           "look_jobs", "wake_payload", "wakes"]
+           "retrying", "TRANSIENT_RETRIES", "LOOK_MARK", "LOOK_SEP", "WAKE_ALL", "is_look",
+           "look_interval", "look_jobs", "look_wakes", "wake_payload", "wakes"]
 
 #: Tries of a statement path that lost a deadlock (or a lock timeout, a snapshot conflict).
 TRANSIENT_RETRIES = 5

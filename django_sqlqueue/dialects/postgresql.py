@@ -14,7 +14,7 @@ from psycopg.types.json import Jsonb
 from ..states import CLAIMABLE, Status, sql_list
 from .base import JOB_COLUMNS, ClaimRequest, Dialect, queue_model
 from .plans import postgresql_scans
-from .wake import LOOK_MARK, WAKE_ALL, WAKE_PAYLOAD_MAX_BYTES
+from .wake import LOOK_MARK, LOOK_SEP, WAKE_ALL, WAKE_PAYLOAD_MAX_BYTES
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
@@ -475,11 +475,16 @@ class PostgresDialect(Dialect):
         free, free_params = self.permit_filters(req)
         prio, queue = j["priority"], j["queue"]
         in_index = f"j.{j['status_id']} IN ({sql_list(CLAIMABLE)}) AND j.{j['limited']} = {self.false_literal}"
-        dead_workers = (
-            f"SELECT w.{w['name']} FROM {n.worker_table} w WHERE w.{w['stopped_at']} IS NOT NULL "
-            f"OR w.{w['last_heartbeat']} < {self.now_plus('%s')}"
-        )
-        scope_job = f"{self.limited_job_predicate('p.' + p['job_type_id'], 'p.' + p['key'])} AND {limited_common}"
+        w_name, stopped, beat = w["name"], w["stopped_at"], w["last_heartbeat"]
+        # Workers that died within the window: stopped (the host's sweep stamps a gone process), or
+        # whose heartbeat crossed the dead-after age within it.
+        died = (f"SELECT w.{w_name} FROM {n.worker_table} w WHERE w.{stopped} > {self.now_plus('%s')} "
+                f"OR (w.{beat} < {self.now_plus('%s')} AND w.{beat} > {self.now_plus('%s')})")
+        live = (f"SELECT count(*) FROM {n.worker_table} w WHERE w.{stopped} IS NULL "
+                f"AND w.{beat} > {self.now_plus('%s')}")
+        lease = j["lease_expires_at"]
+        scope_job = (f"{self.limited_job_predicate('p.' + p['job_type_id'], 'p.' + p['key'])} AND {limited_common} "
+                     f"AND j.{j['scheduled_for']} > {self.now_plus('%s')}")
         sql = (
             f"WITH RECURSIVE pr(p) AS ("
             f"(SELECT j.{prio} FROM {n.job} j WHERE {in_index} ORDER BY j.{prio} DESC LIMIT 1) "
@@ -489,22 +494,30 @@ class PostgresDialect(Dialect):
             f"WHERE {self.due_predicate()} AND j.{prio} = pr.p AND j.{j['scheduled_for']} > {self.now_plus('%s')} "
             f"AND {common} ORDER BY j.{j['scheduled_for']} DESC LIMIT %s) d), "
             f"named(q, n) AS (SELECT q, count(*) FROM came_due GROUP BY q "
-            f"UNION ALL SELECT j.{queue}, 1 FROM {n.job} j WHERE j.{j['status_id']} = {int(Status.PROCESSING)} "
-            f"AND (j.{j['lease_expires_at']} < {self.now()} OR j.{j['worker']} IN ({dead_workers})) AND {common} "
+            # Processing jobs that became a claim's to take back within the window: the lease ran out, or
+            # the worker died (once named, not again: a type no worker serves wakes nobody for ever)
+            f"UNION ALL SELECT r.q, 1 FROM (SELECT j.{queue} AS q FROM {n.job} j "
+            f"WHERE j.{j['status_id']} = {int(Status.PROCESSING)} "
+            f"AND ((j.{lease} < {self.now()} AND j.{lease} > {self.now_plus('%s')}) OR j.{j['worker']} IN ({died})) "
+            f"AND {common} LIMIT %s) r "
+            # Limit scopes with a free permit whose lease ran out within the window, or with a job that
+            # came due within it (a permit freed by a finish: the slot that finished looks at once)
             f"UNION ALL SELECT l.q, 1 FROM (SELECT DISTINCT p.{p['job_type_id']} AS ptype, p.{p['key']} AS pkey "
-            f"FROM {n.permit} p WHERE {free} AND EXISTS (SELECT 1 FROM {n.job} j WHERE {scope_job}) LIMIT %s) fp "
+            f"FROM {n.permit} p WHERE {free} AND (p.{p['held_until']} > {self.now_plus('%s')} "
+            f"OR EXISTS (SELECT 1 FROM {n.job} j WHERE {scope_job})) LIMIT %s) fp "
             f"CROSS JOIN LATERAL (SELECT DISTINCT x.q FROM (SELECT j.{queue} AS q FROM {n.job} j WHERE "
             f"{self.limited_job_predicate('fp.ptype', 'fp.pkey')} AND {limited_common} LIMIT %s) x) l) "
-            f"SELECT pg_notify(%s, %s || COALESCE((SELECT CASE WHEN (SELECT count(*) FROM came_due) >= %s "
-            f"OR octet_length(x) > %s THEN %s ELSE x END "
-            f"FROM (SELECT string_agg(q || ':' || n, ',' ORDER BY q) AS x "
+            f"SELECT pg_notify(%s, %s || ({live}) || %s || COALESCE((SELECT CASE WHEN "
+            f"(SELECT count(*) FROM came_due) >= %s OR octet_length(x) > %s THEN %s ELSE x END "
+            f"FROM (SELECT string_agg(q || ':' || n, %s ORDER BY q) AS x "
             f"FROM (SELECT q, sum(n) AS n FROM named GROUP BY q) t) s), ''))"
         )
-        params = [-float(since_seconds), *common_params, rows,
-                  -float(worker_dead_after_seconds), *common_params,
-                  *free_params, *limited_params, rows, *limited_params, rows,
-                  channel, f"{LOOK_MARK}{interval:g}{LOOK_MARK}", rows,
-                  WAKE_PAYLOAD_MAX_BYTES - 32, WAKE_ALL]
+        back, dead = -float(since_seconds), -float(worker_dead_after_seconds)
+        params = [back, *common_params, rows,
+                  back, back, dead, dead + back, *common_params, rows,
+                  *free_params, back, *limited_params, back, rows, *limited_params, rows,
+                  channel, f"{LOOK_MARK}{interval:g}/", dead, LOOK_MARK, rows,
+                  WAKE_PAYLOAD_MAX_BYTES - 64, WAKE_ALL, LOOK_SEP]
         return sql, params
 
     def estimated_rows(self, table: str) -> int | None:

@@ -34,11 +34,13 @@ def wake_payload(queues: Iterable[str]) -> str:
 
 #: The first character of a look's payload (a control character: no queue name starts with it in
 #: practice, and one that did would only be read as a look that names the rest). A look's payload is
-#: ``LOOK_MARK <its interval in seconds> LOOK_MARK <queue>:<jobs>,...`` (or ``*``): the receiver counts
-#: the looks as running for three of the SENDER's intervals (its own FLEET_LOOK_SECONDS may differ), and
-#: wakes as many idle slots as the look named jobs of its queues.
+#: ``LOOK_MARK <interval>/<live slots> LOOK_MARK <queue>:<jobs> LOOK_SEP ...`` (or ``*``): the receiver
+#: counts the looks as running for three of the SENDER's intervals (its own FLEET_LOOK_SECONDS may
+#: differ), and wakes its share of the idle slots the jobs named in its queues need.
 LOOK_MARK = "\x1e"
-#: A look naming every queue (``*``) wakes this many idle slots (all a worker has, in practice).
+#: Between a look's queues (a queue name may hold a comma; an enqueue's payload, older, uses commas).
+LOOK_SEP = "\x1f"
+#: A look naming every queue (``*``) counts as this many jobs.
 LOOK_ALL_JOBS = 1_000_000
 
 
@@ -47,14 +49,20 @@ def is_look(payload: str) -> bool:
     return payload.startswith(LOOK_MARK)
 
 
-def look_interval(payload: str) -> float | None:
-    """The interval a look's payload says its sender looks at (None: not a look, or unreadable)."""
+def _look_header(payload: str) -> tuple[float, int] | None:
     if not is_look(payload):
         return None
+    interval, _, slots = payload[len(LOOK_MARK):].partition(LOOK_MARK)[0].partition("/")
     try:
-        return float(payload[len(LOOK_MARK):].split(LOOK_MARK, 1)[0])
+        return float(interval), int(slots or 0)
     except ValueError:
         return None
+
+
+def look_interval(payload: str) -> float | None:
+    """The interval a look's payload says its sender looks at (None: not a look, or unreadable)."""
+    header = _look_header(payload)
+    return None if header is None else header[0]
 
 
 def look_jobs(payload: str, queues: Iterable[str]) -> int:
@@ -67,11 +75,25 @@ def look_jobs(payload: str, queues: Iterable[str]) -> int:
         return LOOK_ALL_JOBS
     served = set(queues)
     total = 0
-    for item in names.split(",") if names else ():
+    for item in names.split(LOOK_SEP) if names else ():
         queue, _, count = item.rpartition(":")
         if not served or queue in served:
             total += int(count) if count.isdigit() else 1
     return total
+
+
+def look_wakes(payload: str, queues: Iterable[str], slots: int) -> int:
+    """How many of its ``slots`` idle slots a worker serving ``queues`` wakes for a look: its share of
+    the jobs named in its queues, by its slots among the fleet's live ones (so W workers do not each
+    wake one slot per job: W times the claims for the same jobs), one at least when any are named."""
+    jobs = look_jobs(payload, queues)
+    if jobs <= 0:
+        return 0
+    header = _look_header(payload)
+    fleet = header[1] if header is not None else 0
+    if fleet <= slots:
+        return min(jobs, slots)
+    return max(1, min(slots, -(-jobs * slots // fleet)))
 
 
 def wakes(payload: str, queues: Iterable[str]) -> bool:

@@ -54,6 +54,7 @@ class ModifyMixin(RowsMixin):
         reset_attempts: bool = False,
         duration: float | None = None,
         using: str | None = None,
+        wake: bool = True,
         _release_note: str = "",
     ) -> Job:
         """Move a job to ``status`` if ``token`` still matches its ``version``; return the new row.
@@ -117,9 +118,10 @@ class ModifyMixin(RowsMixin):
         updated = retrying(alias, write)
         if (updated.has_dependents or updated.batch_id) and updated.state in FINISHED:  # workflows only (markers)
             hooks.after_finish([updated], alias)
-        if updated.state == Status.PENDING:
+        if wake and updated.state == Status.PENDING:
             # Claimable again, often with a due time long past (a hand-back, a workflow release, a retry,
             # a resume): the fleet's look names only jobs that came due lately, so wake its queue here.
+            # A caller changing many jobs passes wake=False and wakes their queues once at the end.
             wake_on_commit(alias, {updated.queue})
         return updated
 
@@ -248,11 +250,12 @@ class ModifyMixin(RowsMixin):
         return self.modify(job, job.version, Status.PROCESSING, step=step, response=response,
                            using=using or job._state.db)
 
-    def release(self, job: Job, *, using: str | None = None, note: str = "") -> Job:
+    def release(self, job: Job, *, using: str | None = None, note: str = "", wake: bool = True) -> Job:
         """Hand a claimed, unstarted job back to Pending without spending its attempt.
 
         The attempt's history row is dropped, or, with a ``note`` (e.g. "claim reply lost"), kept and
-        closed as Pending with the note as its error, so the history shows what happened.
+        closed as Pending with the note as its error, so the history shows what happened. ``wake``: as
+        for :meth:`modify`.
         """
-        return self.modify(job, job.version, Status.PENDING, using=using or job._state.db,
+        return self.modify(job, job.version, Status.PENDING, using=using or job._state.db, wake=wake,
                            _release_note=note)

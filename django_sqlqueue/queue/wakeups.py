@@ -43,8 +43,17 @@ def wake_on_commit(alias: str, queues: set[str]) -> None:
     workflow release, an operator's retry, a resumed queue or type), which the fleet's look, reading
     only the jobs that came due lately, does not name."""
     channel = get_settings().NOTIFY_CHANNEL
-    if channel and queues and get_dialect(connections[alias]).notify_sql():
+    connection = connections[alias]
+    notify = get_dialect(connection).notify_sql()
+    if not (channel and queues and notify):
+        return
+    if connection.get_autocommit() or (connection.in_atomic_block and connection.commit_on_exit):
         notify_on_commit(alias, channel, queues)
+    else:
+        # AUTOCOMMIT off (no atomic() of Django's, or one entered with it off): Django runs no on_commit
+        # hook there, so the notification rides in the caller's transaction, delivered at its commit.
+        with connection.cursor() as cursor:
+            cursor.execute(notify, [channel, wake_payload(queues)])
 
 
 def _send_pending_wakeup(alias: str, channel: str) -> None:

@@ -125,6 +125,7 @@ class WakeBoard:
         # A semaphore per slot, not an Event: its release is one sem_post (an Event's set waits for the
         # woken process to acknowledge, a round trip between processes on the pickup path).
         self.bells = [ctx.Semaphore(0) for _ in range(slots)]
+        self.slots = slots
         #: 1 while the supervisor's LISTEN is in place (what a slot's worker_started line says).
         self.listening = ctx.Value("b", 0, lock=False)
         #: When (time.monotonic(), one clock for the host's processes) the fleet's look last arrived, and
@@ -157,9 +158,9 @@ class WakeBoard:
             return False
 
     def wake_some(self, jobs: int) -> int:
-        """The fleet's look named ``jobs`` jobs of this worker's queues: wake as many idle slots (a
-        burst that came due spreads over the slots at once, as the poller's hand-over did); the first
-        is kept for the next slot to idle if none is. Returns how many were woken."""
+        """The fleet's look asks this worker to wake ``jobs`` idle slots (its share of the jobs named in
+        its queues: a burst that came due spreads over the slots at once, as the poller's hand-over
+        did); the first is kept for the next slot to idle if none is. Returns how many were woken."""
         woken = 0
         while woken < jobs and self.wake_one(keep=woken == 0):
             woken += 1

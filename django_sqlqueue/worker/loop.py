@@ -35,6 +35,7 @@ from .. import jobtypes, signals
 from ..conf import get_settings
 from ..exceptions import IllegalTransition, InvalidArgument, JobNotFound, StaleJob, UnknownJobType
 from ..handlers import registry
+from ..queue.wakeups import wake_on_commit
 from ..states import CLAIMABLE, Status
 from . import runner, serving, wakeup
 from .batch_size import BatchSizer
@@ -576,12 +577,15 @@ class Worker:
         released = 0
         for job in jobs:
             try:
-                if self._db(Job.objects.release, job, using=self.using, retry_while_stopping=3) is not None:
+                if self._db(Job.objects.release, job, using=self.using, wake=False,
+                            retry_while_stopping=3) is not None:
                     released += 1
                     self.counters[RELEASED] += 1
             except (StaleJob, IllegalTransition, JobNotFound):
                 pass
             self.heartbeat.drop(job.pk, finished=False)
+        if released:  # one wake-up for the batch, not one per job
+            self._db(wake_on_commit, self.using, {job.queue for job in jobs}, retry_while_stopping=1)
         if jobs:
             log.info("worker_released worker=%s jobs=%s reason=%s", self.name, released, reason)
         return released

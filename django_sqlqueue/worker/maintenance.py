@@ -49,8 +49,9 @@ from django.db import DatabaseError, IntegrityError, connections
 from django.utils import timezone
 
 from ..conf import get_settings, retention_ages
-from ..dialects import get_dialect
+from ..dialects import WAKE_ALL, get_dialect
 from ..ops.rollup import Rollup
+from ..queue.wakeups import wake_on_commit
 from ..states import Status
 from .support import DB_DOWN_ERRORS, close_connection, one_line
 
@@ -319,7 +320,8 @@ class Maintenance:
             # limit may have started a little before the change): an enqueue-time index range.
             since = min(changed.values()) - timedelta(seconds=HEAL_MARGIN_SECONDS)
             healed = heal(self.using, list(changed), since=since)
-            if healed:
+            if healed:  # jobs unflagged (or scopes given permits) are claimable now: wake the workers
+                wake_on_commit(self.using, {WAKE_ALL})
                 log.warning("permits_healed jobs_or_scopes=%s (jobs of a type whose limit changed were enqueued "
                             "with the old one)", healed)
         remove_idle_key_permits(self.using)  # a read of the permit table: nothing when no key has permits

@@ -57,6 +57,7 @@ from django.db import Error as DatabaseError
 from .. import signals
 from ..exceptions import IllegalTransition, JobNotFound, StaleJob
 from ..ops import tracing
+from ..queue.wakeups import wake_on_commit
 from ..states import Status
 from .beats import Beats
 from .contract import (
@@ -637,11 +638,14 @@ class Supervisor:
             # it is reclaimed as a new attempt, never handed back.
             mine = Job.objects.using(using).filter(worker=name, incarnation=incarnation,
                                                    status_id=Status.PROCESSING)
+            queues = set()
             for job in mine.exclude(pk__in=started):
                 try:
-                    Job.objects.release(job, using=using)
+                    Job.objects.release(job, using=using, wake=False)
+                    queues.add(job.queue)
                 except (StaleJob, IllegalTransition, JobNotFound):
                     pass
+            wake_on_commit(using, queues)  # once for them all
             self._free_started(mine.filter(pk__in=started))
             mark_stopped(name, using, incarnation=incarnation)  # its running job is free for anyone at once
         except DatabaseError as exc:

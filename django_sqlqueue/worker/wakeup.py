@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from ..dialects import look_interval, look_jobs, wakes
+from ..dialects import look_interval, look_wakes, wakes
 
 log = logging.getLogger("django_sqlqueue.worker")
 
@@ -116,8 +116,10 @@ class PgListener:
         #: When the fleet's look last arrived here (time.monotonic(); 0: never), and its sender's interval.
         self.looked_at = 0.0
         self.look_every = 0.0
-        #: Jobs of its queues the last look named (a look that wakes it may name several).
+        #: Idle slots the last look asks this worker to wake (a look may name several jobs).
         self.look_named = 0
+        #: The worker's slots (set by the supervisor's ListenerThread; 1 for a slot's own listener).
+        self.slots = 1
 
     @property
     def listening(self) -> bool:
@@ -254,7 +256,7 @@ class PgListener:
                     interval = look_interval(note.payload)
                     if interval is not None:
                         self.looked_at, self.look_every = time.monotonic(), interval
-                        self.look_named = look_jobs(note.payload, self.queues)
+                        self.look_named = look_wakes(note.payload, self.queues, self.slots)
                     if wakes(note.payload, self.queues):
                         return True
             except Exception as exc:
@@ -394,7 +396,7 @@ class SharedListener:
             interval = look_interval(note.payload)
             if interval is not None:
                 self.board.looked(interval)
-                self.board.wake_some(look_jobs(note.payload, self.queues))
+                self.board.wake_some(look_wakes(note.payload, self.queues, self.board.slots))
             elif wakes(note.payload, self.queues):
                 self.board.wake_one()
 
@@ -465,6 +467,7 @@ class ListenerThread:
     def __init__(self, listener: PgListener, board: Any) -> None:
         self.listener = listener
         self.board = board
+        listener.slots = board.slots
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sqlqueue-listen", daemon=True)
 

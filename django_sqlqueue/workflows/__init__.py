@@ -248,11 +248,15 @@ def _settle(finished: list[Job], alias: str) -> None:
 
 
 def _resolve_many(ids: list[int], alias: str) -> list[Job]:
+    from ..queue.wakeups import wake_on_commit
+
     out = []
     for job_id in ids:
-        new = resolve(job_id, alias)
+        new = resolve(job_id, alias, wake=False)
         if new is not None:
             out.append(new)
+    # One wake-up for the jobs released (a fan-out of thousands: one notification, not thousands).
+    wake_on_commit(alias, {j.queue for j in out if j.state == Status.PENDING})
     return out
 
 
@@ -272,7 +276,7 @@ def decide(job_id: int, alias: str) -> tuple[Status | None, str]:
     return None, ""
 
 
-def resolve(job_id: int, alias: str) -> Job | None:
+def resolve(job_id: int, alias: str, *, wake: bool = True) -> Job | None:
     """Move Waiting job ``job_id`` on if its dependencies allow it; return its new row, or None when it
     stays (or someone else moved it first: the token decides, so it moves once)."""
     from ..models import Job
@@ -288,7 +292,7 @@ def resolve(job_id: int, alias: str) -> Job | None:
     if new is None:
         return None
     try:
-        return manager.modify(job, job.version, new, error=reason or None, using=alias)
+        return manager.modify(job, job.version, new, error=reason or None, using=alias, wake=wake)
     except StaleJob:
         return None
 
