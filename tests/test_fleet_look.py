@@ -27,18 +27,7 @@ from django.utils import timezone
 
 from django_sqlqueue import jobtypes
 from django_sqlqueue.conf import get_settings
-from django_sqlqueue.dialects import (
-    LOOK_MARK,
-    LOOK_SEP,
-    WAKE_ALL,
-    get_dialect,
-    is_look,
-    look_interval,
-    look_jobs,
-    look_wakes,
-    wake_payload,
-    wakes,
-)
+from django_sqlqueue.dialects import get_dialect, wake
 from django_sqlqueue.models import Job, JobType
 from django_sqlqueue.states import Status
 from django_sqlqueue.worker.contract import IDLE_BACKSTOP_SECONDS, WakeBoard
@@ -52,7 +41,7 @@ worker_procs = wu.worker_procs
 
 def _named(payload: str) -> dict[str, str]:
     """What a look's payload names (after its mark, its interval and its mark): queue -> jobs."""
-    items = [i for i in payload[len(LOOK_MARK):].partition(LOOK_MARK)[2].split(LOOK_SEP) if i]
+    items = [i for i in payload[len(wake.LOOK_MARK):].partition(wake.LOOK_MARK)[2].split(wake.LOOK_SEP) if i]
     return {i.rpartition(":")[0] or i: i.rpartition(":")[2] for i in items}
 
 
@@ -63,14 +52,14 @@ def _names(payload: str) -> list[str]:
 
 def _looks(conn: Any, timeout: float = 0.5) -> list[list[str]]:
     """The looks that arrived within ``timeout`` (the queues each names), enqueues' notifications left out."""
-    return [_names(n.payload) for n in conn.notifies(timeout=timeout) if is_look(n.payload)]
+    return [_names(n.payload) for n in conn.notifies(timeout=timeout) if wake.is_look(n.payload)]
 
 
 def _next_look(conn: Any) -> list[str]:
     """The queues named by the next look to arrive (waits for it: a bound, not a duration)."""
     for note in conn.notifies(timeout=60):
-        if is_look(note.payload):
-            assert look_interval(note.payload) == get_settings().FLEET_LOOK_SECONDS
+        if wake.is_look(note.payload):
+            assert wake.look_interval(note.payload) == get_settings().FLEET_LOOK_SECONDS
             return _names(note.payload)
     raise AssertionError("no look arrived within 60 s")
 
@@ -78,7 +67,7 @@ def _next_look(conn: Any) -> list[str]:
 def _wakes_for(conn: Any, queue: str) -> bool:
     """Whether a plain wake-up (an enqueue's, a modify's) naming ``queue`` arrives (waits up to 60 s)."""
     for note in conn.notifies(timeout=60):
-        if not is_look(note.payload) and queue in note.payload.split(","):
+        if not wake.is_look(note.payload) and queue in note.payload.split(","):
             return True
     return False
 
@@ -95,8 +84,8 @@ def test_the_look_names_the_queues_with_work_a_claim_could_take(listener: Any) -
     now = timezone.now()
     Job.objects.enqueue("Noop", queue="due")
     Job.objects.enqueue("Noop", queue="later", scheduled_for=now + timedelta(days=1))
-    # Due long before the look's window: named by no look (a queue nobody serves wakes nobody; a job
-    # made claimable late wakes its queue itself, see below)
+    # Due long before the look's window: named by no look (a queue nobody serves wake.wakes nobody; a job
+    # made claimable late wake.wakes its queue itself, see below)
     Job.objects.enqueue("Noop", queue="old", scheduled_for=now - timedelta(minutes=10))
     Job.objects.enqueue("Noop", queue="held")
     Job.objects.pause_queue("held")
@@ -148,18 +137,18 @@ def test_the_look_names_every_queue_when_many_jobs_came_due() -> None:
             with connection.cursor() as cursor:
                 cursor.execute(sql, args)
             assert _next_look(conn) == expected, rows
-        # each queue with the number of its jobs: a worker wakes as many idle slots
+        # each queue with the number of its jobs: a worker wake.wakes as many idle slots
         with connection.cursor() as cursor:
             cursor.execute(sql, args)
-        payload = next(n.payload for n in conn.notifies(timeout=60) if is_look(n.payload))
+        payload = next(n.payload for n in conn.notifies(timeout=60) if wake.is_look(n.payload))
         assert _named(payload) == {"q0": "2", "q1": "1", "q2": "1", "q3": "1"}
-        assert look_jobs(payload, ["q0", "q3"]) == 3 and look_jobs(payload, ["x"]) == 0
-        assert look_jobs(payload, []) == 5
+        assert wake.look_jobs(payload, ["q0", "q3"]) == 3 and wake.look_jobs(payload, ["x"]) == 0
+        assert wake.look_jobs(payload, []) == 5
 
 
 def test_a_job_made_claimable_again_wakes_its_queue(listener: Any) -> None:
     """A hand-back, a release from a workflow, a retry, a resume: claimable with a due time long past, so
-    no look names them; the change itself wakes the queue's workers."""
+    no look names them; the change itself wake.wakes the queue's workers."""
     JobType.objects.get_or_create(name="Noop")
     job = Job.objects.enqueue("Noop", queue="handed", scheduled_for=timezone.now() - timedelta(hours=1))
     (claimed,) = Job.objects.claim("w1", limit=1, queues=["handed"])
@@ -179,7 +168,7 @@ def test_a_job_made_claimable_again_wakes_its_queue(listener: Any) -> None:
     list(listener.notifies(timeout=0.2))
     noop.paused = False
     noop.save()
-    assert _wakes_for(listener, WAKE_ALL)
+    assert _wakes_for(listener, wake.WAKE_ALL)
 
 
 def test_the_look_is_one_statement_of_index_seeks() -> None:
@@ -209,18 +198,18 @@ def test_the_look_is_one_statement_of_index_seeks() -> None:
 
 
 def test_a_look_payload_wakes_only_the_workers_of_the_queues_it_names() -> None:
-    look = f"{LOOK_MARK}2.5/8{LOOK_MARK}"  # sent every 2.5 s; 8 live slots in the fleet
-    assert look_interval(look) == 2.5 and look_interval("mail") is None
-    assert not wakes(look, [])  # naming nothing wakes nobody, not even a worker of every queue
-    assert not wakes(look, ["mail"])
-    both = look + f"mail:1{LOOK_SEP}sms,eu:6"  # a queue name may hold a comma
-    assert wakes(both, ["sms,eu"]) and not wakes(both, ["sms"]) and not wakes(both, ["push"])
-    assert look_jobs(both, ["sms,eu", "mail"]) == 7 and look_jobs("mail", ["mail"]) == 0
-    # A worker wakes its share: its slots among the fleet's (6 jobs, 2 of 8 slots: 2), one at least.
-    assert look_wakes(both, ["sms,eu"], 2) == 2 and look_wakes(both, ["mail"], 2) == 1
-    assert look_wakes(both, ["sms,eu"], 8) == 6 and look_wakes(both, ["push"], 2) == 0
-    assert wakes(look + "*", ["push"]) and look_wakes(look + "*", ["push"], 4) == 4 and wakes("mail", [])
-    assert wake_payload(["mail", WAKE_ALL]) == WAKE_ALL  # a resumed type: every queue, whatever else
+    look = f"{wake.LOOK_MARK}2.5/8{wake.LOOK_MARK}"  # sent every 2.5 s; 8 live slots in the fleet
+    assert wake.look_interval(look) == 2.5 and wake.look_interval("mail") is None
+    assert not wake.wakes(look, [])  # naming nothing wake.wakes nobody, not even a worker of every queue
+    assert not wake.wakes(look, ["mail"])
+    both = look + f"mail:1{wake.LOOK_SEP}sms,eu:6"  # a queue name may hold a comma
+    assert wake.wakes(both, ["sms,eu"]) and not wake.wakes(both, ["sms"]) and not wake.wakes(both, ["push"])
+    assert wake.look_jobs(both, ["sms,eu", "mail"]) == 7 and wake.look_jobs("mail", ["mail"]) == 0
+    # A worker wake.wakes its share: its slots among the fleet's (6 jobs, 2 of 8 slots: 2), one at least.
+    assert wake.look_wakes(both, ["sms,eu"], 2) == 2 and wake.look_wakes(both, ["mail"], 2) == 1
+    assert wake.look_wakes(both, ["sms,eu"], 8) == 6 and wake.look_wakes(both, ["push"], 2) == 0
+    assert wake.wakes(look + "*", ["push"]) and wake.look_wakes(look + "*", ["push"], 4) == 4 and wake.wakes("mail", [])
+    assert wake.wake_payload(["mail", wake.WAKE_ALL]) == wake.WAKE_ALL  # a resumed type: every queue, whatever else
 
 
 def test_while_looks_arrive_the_poller_waits_for_a_bell_and_polls_again_when_they_stop() -> None:
@@ -299,7 +288,7 @@ def test_a_look_naming_several_jobs_wakes_as_many_idle_slots() -> None:
 def test_a_burst_the_look_names_wakes_every_idle_slot_one_after_the_other(worker_procs, listener: Any,
                                                                            tmp_path) -> None:
     """Four long jobs that no notification announced (NOTIFY off in this process): the look names their
-    queue with their number, and the worker wakes four idle slots at once. Woken one per look, the later
+    queue with their number, and the worker wake.wakes four idle slots at once. Woken one per look, the later
     ones would wait for a slot's 30 s backstop and take their jobs without a bell."""
     JobType.objects.get_or_create(name="test.Sleep")
     w = worker_procs("--worker-name", "burst", "--concurrency", "4", "--queue", "burst", "--log-level", "DEBUG")
