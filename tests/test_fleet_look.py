@@ -30,7 +30,7 @@ from django_sqlqueue.conf import get_settings
 from django_sqlqueue.dialects import get_dialect, wake
 from django_sqlqueue.models import Job, JobType
 from django_sqlqueue.states import Status
-from django_sqlqueue.worker.contract import IDLE_BACKSTOP_SECONDS, WakeBoard
+from django_sqlqueue.worker.contract import WakeBoard
 from django_sqlqueue.worker.maintenance import Maintenance
 from tests import workerutil as wu
 from tests.procutil import listening
@@ -212,47 +212,52 @@ def test_a_look_payload_wakes_only_the_workers_of_the_queues_it_names() -> None:
     assert wake.wake_payload(["mail", wake.WAKE_ALL]) == wake.WAKE_ALL  # a resumed type: every queue, whatever else
 
 
-def test_while_looks_arrive_the_poller_waits_for_a_bell_and_polls_again_when_they_stop() -> None:
+def test_while_looks_arrive_the_poller_waits_for_a_bell_and_polls_again_when_they_stop(monkeypatch) -> None:
+    """Which event ends each wait, never how long it took: the backstop is made an hour, and a wait that
+    should end by the poller's own interval is given a stop that never fires (a wrong one would hang
+    until the test's timeout), one that should not end by it, a stop that records that it fired."""
+    from django_sqlqueue.worker import contract
+
+    monkeypatch.setattr(contract, "IDLE_BACKSTOP_SECONDS", 3600.0)
     board = WakeBoard(multiprocessing.get_context("spawn"), 2)
     board.listening.value = 1
+    never = lambda: False  # noqa: E731
+    fired: list[bool] = []
 
-    def stop_after(seconds: float):  # noqa: ANN202
-        until = time.monotonic() + seconds
-        return lambda: time.monotonic() >= until
+    def stop_later():  # noqa: ANN202  (fires after the poller's interval has passed many times over)
+        until = time.monotonic() + 1.5
+
+        def stop() -> bool:
+            if time.monotonic() >= until:
+                fired.append(True)
+            return bool(fired)
+        return stop
 
     # No look yet: the first idle slot is the poller and its own interval ends its wait.
-    began = time.monotonic()
-    assert board.wait(0, 0.05, stop_after(60)) is False and board.poller.value == 0
-    assert time.monotonic() - began < 60  # its interval ended it, not the stop
+    assert board.wait(0, 0.05, never) is False and board.poller.value == 0
     # Looks arrive: the poller's interval no longer ends its wait; the stop (or a bell) does.
     board.looked(10.0)
-    began = time.monotonic()
-    assert board.wait(0, 0.05, stop_after(1.5)) is False
-    assert time.monotonic() - began >= 1.5
+    assert board.wait(0, 0.05, stop_later()) is False and fired
     # ... and a bell does.
     board.looked(10.0)
     board.idle[1] = 0
     woken: list[bool] = []
     import threading
 
-    waiter = threading.Thread(target=lambda: woken.append(board.wait(0, 0.05, stop_after(60))))
+    waiter = threading.Thread(target=lambda: woken.append(board.wait(0, 0.05, never)))
     waiter.start()
     wu.wait_until(lambda: board.idle[0] == 1, 30, what="the poller idle")
     assert board.wake_one()
     waiter.join(30)
     assert woken == [True]
-    # The looks stop arriving (fresh for 3 intervals of 0.1 s): the poller polls again, within its next
-    # second, well before its backstop.
+    # The looks stop arriving (fresh for 3 intervals of 0.1 s): the poller polls again on its own
+    # interval, not at its (hour-long) backstop.
     board.looked(0.1)
-    began = time.monotonic()
-    assert board.wait(0, 0.05, stop_after(IDLE_BACKSTOP_SECONDS + 30)) is False
-    assert time.monotonic() - began < IDLE_BACKSTOP_SECONDS
+    assert board.wait(0, 0.05, never) is False
     # Not listening: a look is never heard, and the poller polls.
     board.listening.value = 0
     board.looked(10.0)
-    began = time.monotonic()
-    assert board.wait(0, 0.05, stop_after(IDLE_BACKSTOP_SECONDS + 30)) is False
-    assert time.monotonic() - began < IDLE_BACKSTOP_SECONDS
+    assert board.wait(0, 0.05, never) is False
 
 
 def test_a_delayed_job_nobody_was_told_of_is_picked_up_by_the_looks_bell(worker_procs, listener: Any) -> None:
