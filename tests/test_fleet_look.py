@@ -319,3 +319,61 @@ def test_a_burst_the_look_names_wakes_every_idle_slot_one_after_the_other(worker
                   what=f"the four jobs done\n{w.output()}")
     w.signal(signal.SIGTERM)
     assert w.wait(60) == 0, w.output()
+
+
+def test_a_permit_a_finish_releases_names_the_queues_of_its_scopes_waiting_jobs(listener: Any) -> None:
+    """A limited job waiting in a queue the finishing worker does not serve: its scope's permit, freed by
+    the finish, is named by the next look (PostgreSQL stamps the release), so no backstop claim is needed.
+    Both jobs came due long before the look's window: only the release can name the scope."""
+    JobType.objects.update_or_create(name="Export", defaults={"concurrency_limit": 1})
+    jobtypes.clear_cache()
+    long_ago = timezone.now() - timedelta(minutes=10)
+    Job.objects.enqueue("Export", queue="exports", scheduled_for=long_ago)
+    Job.objects.enqueue("Export", queue="exports-b", scheduled_for=long_ago)
+    (running,) = Job.objects.claim("w1", limit=1, queues=["exports"])
+    assert "exports-b" not in _look_once(listener)  # its permit is held
+    Job.objects.complete(running)
+    assert _look_once(listener) == ["exports-b"]
+
+
+def test_while_looks_arrive_no_idle_slot_claims_at_its_backstop(monkeypatch) -> None:
+    """A slot that is not the poller: while looks arrive its (short) backstop does not end its wait; once
+    they stop, it does again. Which event ends each wait, not how long it took (see the test above)."""
+    from django_sqlqueue.worker import contract
+
+    monkeypatch.setattr(contract, "IDLE_BACKSTOP_SECONDS", 0.05)
+    monkeypatch.setattr(contract, "LOOKED_BACKSTOP_SECONDS", 3600.0)
+    board = WakeBoard(multiprocessing.get_context("spawn"), 2)
+    board.listening.value = 1
+    board.poller.value = 1  # slot 1 polls: slot 0 waits for a bell or its backstop
+    fired: list[bool] = []
+    until = time.monotonic() + 1.5
+
+    def stop_later() -> bool:
+        if time.monotonic() >= until:
+            fired.append(True)
+        return bool(fired)
+
+    board.looked(10.0)
+    assert board.wait(0, 0.01, stop_later) is False and fired
+    board.looked(0.01)  # the looks stop: counted as running for 0.3 s only
+    assert board.wait(0, 0.01, lambda: False) is False  # its backstop ends it (or the test times out)
+
+
+def test_a_worker_that_hears_the_look_does_not_try_for_the_lease() -> None:
+    """While the holder's looks arrive, the lease is alive: a worker that does not hold it sends no try
+    (an UPDATE that would match nothing); once they stop, it tries, and takes a free lease."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_sqlqueue.models import MaintenanceLease
+
+    table = MaintenanceLease._meta.db_table
+    hearing = Maintenance("default", "hearing", look_heard=lambda: True)
+    with CaptureQueriesContext(connection) as queries:
+        hearing.run()
+    assert not hearing.holding and not [q for q in queries if table in q["sql"]], queries.captured_queries
+    hearing.look_heard = lambda: False
+    hearing.next_at = 0.0
+    hearing.run()
+    assert hearing.holding
+    hearing.release()

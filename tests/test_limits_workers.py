@@ -104,7 +104,7 @@ def test_two_workers_of_three_slots_keep_every_limit(worker_procs, tmp_path) -> 
     print(f"rate 5/s: 20 starts over {span:.2f} s")  # about 3 s (the first 5 at once, then 5 a second)
     assert span >= 3.0
     assert Job.objects.filter(attempt_num=1).count() == len(specs)
-    assert not LimitPermit.objects.filter(kind=LimitPermit.Kind.CONCURRENCY, held_until__isnull=False).exists()
+    assert not LimitPermit.objects.filter(kind=LimitPermit.Kind.CONCURRENCY, job_id__isnull=False).exists()
 
 
 def test_a_killed_workers_permit_frees_with_its_lease(worker_procs, tmp_path) -> None:
@@ -177,7 +177,7 @@ def test_a_killed_slots_limited_job_and_permit_are_free_at_once(worker_procs, tm
     events = timeline(log)
     events.remove(next(e for e in events if e[0] == job.pk and e[3] == "start"))  # the killed run: no "end"
     assert max_overlap(events, lambda t, k: t) == {job.job_type_id: 1}
-    assert not LimitPermit.objects.filter(kind=LimitPermit.Kind.CONCURRENCY, held_until__isnull=False).exists()
+    assert not LimitPermit.objects.filter(kind=LimitPermit.Kind.CONCURRENCY, job_id__isnull=False).exists()
 
 
 def test_a_limited_job_claimed_in_a_batch_runs_first(worker_procs, tmp_path) -> None:

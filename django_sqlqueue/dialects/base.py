@@ -402,7 +402,8 @@ class Dialect:
         return sql, list(req.types)
 
     def permit_order(self) -> str:
-        """Which free permit first: never used (or released) ones, then the longest expired; then id."""
+        """Which free permit first: never used (or released, see released_until) ones, then the longest expired
+        or released; then id."""
         p = self.n.p
         return f"p.{p['held_until']}, p.{p['id']}"
 
@@ -414,8 +415,13 @@ class Dialect:
     def release_permits_sql(self, count: int) -> str:
         """Free the concurrency permits ``count`` jobs hold (they left Processing). Params: job ids."""
         p = self.n.p
-        return (f"UPDATE {self.n.permit} SET {p['held_until']} = NULL, {p['job_id']} = NULL "
+        return (f"UPDATE {self.n.permit} SET {p['held_until']} = {self.released_until()}, {p['job_id']} = NULL "
                 f"WHERE {p['job_id']} IN ({_marks(count)}) AND {p['kind']} = 1")
+
+    def released_until(self) -> str:
+        """What a released permit's ``held_until`` becomes: NULL (free, like a permit never used), unless
+        the vendor runs the fleet's look, which must see when a permit freed (see PostgresDialect)."""
+        return "NULL"
 
     def renew_permits_sql(self, count: int) -> str:
         """Hold the concurrency permits of ``count`` running jobs as long as their renewed leases.

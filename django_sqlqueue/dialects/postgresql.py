@@ -456,8 +456,9 @@ class PostgresDialect(Dialect):
                  named AS (those
                            UNION the queues of Processing jobs a claim takes back (expired lease, stopped
                            or silent worker), from the Processing index
-                           UNION per limit scope with a free permit and a due job (at most ``rows``
-                           scopes), the queues of its due jobs (at most ``rows`` read))
+                           UNION per limit scope with a permit freed in the window (its lease ran
+                           out, or a finish released it) or a job that came due in it (at most
+                           ``rows`` scopes), the queues of its due jobs (at most ``rows`` read))
             SELECT pg_notify(channel, LOOK_MARK interval LOOK_MARK queue:jobs,...)
 
         Each queue is named with the number of its jobs found (a worker wakes as many idle slots), or
@@ -500,8 +501,8 @@ class PostgresDialect(Dialect):
             f"WHERE j.{j['status_id']} = {int(Status.PROCESSING)} "
             f"AND ((j.{lease} < {self.now()} AND j.{lease} > {self.now_plus('%s')}) OR j.{j['worker']} IN ({died})) "
             f"AND {common} LIMIT %s) r "
-            # Limit scopes with a free permit whose lease ran out within the window, or with a job that
-            # came due within it (a permit freed by a finish: the slot that finished looks at once)
+            # Limit scopes with a free permit whose lease ran out or that a finish released within the
+            # window (released_until stamps it), or with a job that came due within it
             f"UNION ALL SELECT l.q, 1 FROM (SELECT DISTINCT p.{p['job_type_id']} AS ptype, p.{p['key']} AS pkey "
             f"FROM {n.permit} p WHERE {free} AND (p.{p['held_until']} > {self.now_plus('%s')} "
             f"OR EXISTS (SELECT 1 FROM {n.job} j WHERE {scope_job})) LIMIT %s) fp "
@@ -519,6 +520,13 @@ class PostgresDialect(Dialect):
                   channel, f"{LOOK_MARK}{interval:g}/", dead, LOOK_MARK, rows,
                   WAKE_PAYLOAD_MAX_BYTES - 64, WAKE_ALL, LOOK_SEP]
         return sql, params
+
+    def released_until(self) -> str:
+        # A moment in the past, not NULL: the permit is free at once (held_until < now), and the fleet's
+        # look, which names each limit scope whose permit freed within its window, sees this one too.
+        # With NULL, a job of the scope that waits in a queue the finishing worker does not serve waited
+        # for an idle slot's backstop claim, which the look has made rare (LOOKED_BACKSTOP_SECONDS).
+        return self.now_plus("-0.001")
 
     def estimated_rows(self, table: str) -> int | None:
         with self.connection.cursor() as cursor:

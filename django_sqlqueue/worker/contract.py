@@ -23,6 +23,11 @@ IDLE_BACKSTOP_SECONDS = 30.0
 #: The fleet's look (PostgreSQL: the maintenance holder's notification every FLEET_LOOK_SECONDS) counts as
 #: running while one arrived this many look intervals ago or less; otherwise the worker's poller polls.
 LOOK_FRESH_INTERVALS = 3.0
+#: The backstop of every idle slot while the fleet's look runs: the look names each job that comes within
+#: a claim's reach (due, taken back, a permit freed) and the changes that make older jobs claimable wake
+#: their queues themselves, so a look-time backstop is a last resort, not a routine: an idle fleet's
+#: claims then stop growing with its slots (issue 28).
+LOOKED_BACKSTOP_SECONDS = 300.0
 #: Exit codes of a slot process (a supervisor believes one only if the slot also declared it, see
 #: slots.py: a handler's own ``os._exit(3)`` is a death, not a fatal error).
 EXIT_OK, EXIT_FORCED, EXIT_FATAL, EXIT_REPLACED = 0, 1, 3, 4
@@ -210,9 +215,10 @@ class WakeBoard:
         --max-jobs run, where every slot looks on its own interval), else up to
         :data:`IDLE_BACKSTOP_SECONDS` (at least ``seconds``): True when woken (or a wake-up was pending).
 
-        While the fleet's look runs (:meth:`look_runs`), the poller too waits up to the backstop: the
-        look names its queues when due work appears, and a poll would only repeat it. It polls again
-        from the first second in which the look has stopped arriving."""
+        While the fleet's look runs (:meth:`look_runs`), every idle slot, the poller too, waits up to
+        :data:`LOOKED_BACKSTOP_SECONDS` instead: the look names its queues when due work appears, and a
+        poll would only repeat it. From the first second in which the look has stopped arriving, the
+        poller polls on its interval again and the others wait out their usual backstop."""
         bell = self.bells[index]
         with self.idle.get_lock():
             if self.pending.value > 0:
@@ -225,11 +231,13 @@ class WakeBoard:
         try:
             began = time.monotonic()
             backstop = began + max(seconds, IDLE_BACKSTOP_SECONDS)
+            looked_backstop = began + max(seconds, LOOKED_BACKSTOP_SECONDS)
             end = began + seconds if polls else backstop
             while not stop():
                 now = time.monotonic()
-                if polls and not alone:  # the poller: its own interval only while no look arrives
-                    end = backstop if self.look_runs(now) else began + seconds
+                if not alone:  # the poller's own interval, and every slot's backstop, only while no look arrives
+                    runs = self.look_runs(now)
+                    end = looked_backstop if runs else (began + seconds if polls else backstop)
                 left = end - now
                 if left <= 0:
                     return False

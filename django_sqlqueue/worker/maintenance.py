@@ -7,7 +7,7 @@ result. So every supervisor asks, on its database thread, for one row of :class:
 with ONE conditional UPDATE by primary key ("expired, or already mine": :meth:`Dialect.take_lease_sql`,
 the database's clock deciding). Whoever gets it runs the passes below and renews it every third of
 ``MAINTENANCE_LEASE_SECONDS``; the others try again about once per lease length (an UPDATE that matches
-nothing: one primary-key seek). A holder that dies simply stops renewing, and the lease runs out (taken
+nothing: one primary-key seek), and not at all while they hear the holder's fleet's look (PostgreSQL). A holder that dies simply stops renewing, and the lease runs out (taken
 over within twice its length); one that stops cleanly gives it up, so the next look takes it. There is no leader process to deploy.
 
 The lease saves work; it is not what makes the passes correct. Each pass was, and stays, safe to run
@@ -169,6 +169,10 @@ class Maintenance:
     _retention_warned_at: float = 0.0
     #: When (time.monotonic()) this holder's last look went out; None: not since it took the lease.
     _looked_at: float | None = None
+    #: Whether this worker hears the fleet's look (the supervisor's wake board): while it does, a holder
+    #: is alive and renewing, so a worker that does not hold the lease skips its try (an UPDATE that
+    #: would match nothing) until the looks stop.
+    look_heard: Callable[[], bool] = lambda: False
 
     def __post_init__(self) -> None:
         self._rollup = Rollup(self.using)
@@ -186,6 +190,9 @@ class Maintenance:
         now = time.monotonic()
         lease_seconds = get_settings().MAINTENANCE_LEASE_SECONDS
         self._sync_schedules()
+        if not self.holding and self.look_heard():
+            self.next_at = now + lease_seconds * random.uniform(0.7, 1.0)
+            return
         if not self.holding or now >= self._renew_at:
             try:
                 insert = now >= self._insert_check_at

@@ -185,6 +185,9 @@ class Supervisor:
         self._listen_thread: Any = None
         self._db = self._database_thread(ctx, settings)
         self._maintenance = Maintenance(self._using, new_holder(self.config.name))
+        board = self._board
+        if board is not None:  # a holder's look heard here: its lease is alive, no need to try for it
+            self._maintenance.look_heard = lambda: board.look_runs(time.monotonic())
         self._host_sweep = HostSweep(self._using, min(SWEEP_REREAD_SECONDS, settings.WORKER_DEAD_AFTER_SECONDS / 3))
         budget = ctx.Value("q", self.config.max_jobs) if self.config.max_jobs is not None else None
         self._budget = budget
