@@ -8,6 +8,7 @@ module above it. This module imports nothing of the package.
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import socket
 import time
@@ -218,7 +219,8 @@ class WakeBoard:
         While the fleet's look runs (:meth:`look_runs`), every idle slot, the poller too, waits up to
         :data:`LOOKED_BACKSTOP_SECONDS` instead: the look names its queues when due work appears, and a
         poll would only repeat it. From the first second in which the look has stopped arriving, the
-        poller polls on its interval again and the others wait out their usual backstop."""
+        poller polls on its interval again and the others wait out their usual backstop (one that has
+        waited longer ends at a random point of the backstop after the last look)."""
         bell = self.bells[index]
         with self.idle.get_lock():
             if self.pending.value > 0:
@@ -232,12 +234,19 @@ class WakeBoard:
             began = time.monotonic()
             backstop = began + max(seconds, IDLE_BACKSTOP_SECONDS)
             looked_backstop = began + max(seconds, LOOKED_BACKSTOP_SECONDS)
+            # When the looks stop, a slot that has waited past its backstop claims within a backstop of the
+            # last look, at a point of its own: a fleet's idle slots do not all claim in the same second.
+            spread = random.uniform(0.0, IDLE_BACKSTOP_SECONDS)
             end = began + seconds if polls else backstop
             while not stop():
                 now = time.monotonic()
                 if not alone:  # the poller's own interval, and every slot's backstop, only while no look arrives
-                    runs = self.look_runs(now)
-                    end = looked_backstop if runs else (began + seconds if polls else backstop)
+                    if self.look_runs(now):
+                        end = looked_backstop
+                    elif polls:
+                        end = began + seconds
+                    else:
+                        end = max(backstop, self.looked_at.value + self.look_fresh.value + spread)
                 left = end - now
                 if left <= 0:
                     return False
