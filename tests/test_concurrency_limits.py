@@ -277,6 +277,76 @@ def test_a_dead_workers_permit_frees_at_its_lease_expiry() -> None:
 
 
 @pytest.mark.django_db(transaction=True)  # PostgreSQL's now() is the transaction's start
+@pytest.mark.parametrize("batched", [False, True], ids=["slot", "supervisor"])
+def test_a_late_renewal_does_not_revive_a_lease_whose_permit_another_job_took(batched: bool) -> None:
+    """A worker alive but late: its job's lease (1 s) and so its permit run out, a claim gives the permit
+    to a job that comes first, and then the late renewal arrives. It renews nothing (neither the lease
+    nor the permit): the slot kills the job, and the limit of one is never two running. Found by a
+    review (the renewal extended the lease whatever had become of the permit)."""
+    limited("Export", concurrency_limit=1, lease_seconds=1)
+    a = Job.objects.enqueue("Export", {"i": 0})
+    (got,) = Job.objects.claim("slow", 1, incarnation="i1")
+    assert got.pk == a.pk
+    b = Job.objects.enqueue("Export", {"i": 1}, priority=10)  # comes first in claim order
+    time.sleep(1.3)  # a's lease, and its permit with it, run out
+    (taken,) = Job.objects.claim("w2", 1, incarnation="i2")
+    assert taken.pk == b.pk and LimitPermit.objects.get(job_type__name="Export").job_id == b.pk
+    if batched:
+        kept = Job.objects.renew_held([("slow", "i1", [a.pk])], 30)
+    else:
+        kept = Job.objects.renew_leases("slow", [a.pk], 30, incarnation="i1")
+    assert kept == 0, "the late renewal revived a lease whose permit another job holds"
+    # ... and the beat tells its slot the job is lost (the slot kills it), though it is still in its name.
+    if batched:
+        from django_sqlqueue.worker.beats import Beats
+
+        assert Beats("default", "slow", 10.0, 60.0, 1.0)._find_taken([("slow", "i1", [a.pk])]) == {a.pk}
+    else:
+        from django_sqlqueue.worker.heartbeat import Heartbeat
+
+        beat = Heartbeat("slow", "default", 10.0, exit_with_parent=False, incarnation="i1")
+        beat.hold({a.pk: 1.0})
+        beat._find_taken([a.pk])
+        assert beat.lost == {a.pk} and beat.at_risk(a.pk)
+    assert Job.objects.get(pk=a.pk).worker == "slow"
+    permit = LimitPermit.objects.get(job_type__name="Export")
+    assert permit.job_id == b.pk and permit.held_until == Job.objects.get(pk=b.pk).lease_expires_at
+    # a is a stuck job again: taken over once b's permit frees, never beside it.
+    assert Job.objects.claim("w3", 1) == []
+    Job.objects.complete(taken)
+    (again,) = Job.objects.claim("w3", 1)
+    assert again.pk == a.pk and again.attempt_num == 2 and processing("Export") == 1
+
+
+@pytest.mark.django_db(transaction=True)  # PostgreSQL's now() is the transaction's start
+def test_a_late_renewal_nobody_overtook_still_holds_its_lease_and_permit() -> None:
+    """The late renewal of a job whose permit nobody took: the permit renewal gives it back, and the lease
+    is extended as before (a slow machine does not lose its jobs for nothing). A rate-limited job needs
+    no concurrency permit, and a job flagged limited after its claim holds none: both keep their leases."""
+    limited("Export", concurrency_limit=1, lease_seconds=1)
+    limited("Partner", rate_limit="100/s", lease_seconds=1)
+    a = Job.objects.enqueue("Export", {"i": 0})
+    r = Job.objects.enqueue("Partner", {"i": 0})
+    ids = {j.pk for _ in range(2) for j in Job.objects.claim("slow", 1, incarnation="i1")}
+    assert ids == {a.pk, r.pk}
+    time.sleep(1.3)
+    assert Job.objects.renew_leases("slow", [a.pk, r.pk], 30, incarnation="i1") == 2
+    from django_sqlqueue.worker.beats import Beats
+
+    assert Beats("default", "slow", 10.0, 60.0, 1.0)._find_taken([("slow", "i1", [a.pk, r.pk])]) == set()
+    assert LimitPermit.objects.get(job_type__name="Export", kind=1).job_id == a.pk
+    assert Job.objects.claim("w2", 2) == [], "the renewed permit stays held"
+    # Flagged limited while it runs (its type got a limit after its claim): no permit, a live lease.
+    limited("Late", lease_seconds=60)
+    late = Job.objects.enqueue("Late", {})
+    (running,) = Job.objects.claim("w4", 1, queues=["default"], incarnation="i4")
+    assert running.pk == late.pk
+    limited("Late", concurrency_limit=1, lease_seconds=60)
+    Job.objects.filter(pk=late.pk).update(limited=True)  # what heal does for a type that got a limit
+    assert Job.objects.renew_leases("w4", [late.pk], 30, incarnation="i4") == 1
+
+
+@pytest.mark.django_db(transaction=True)  # PostgreSQL's now() is the transaction's start
 def test_the_heartbeat_renews_the_permit_with_the_lease() -> None:
     limited("Export", concurrency_limit=1, lease_seconds=1)
     Job.objects.enqueue("Export", {"i": 0})

@@ -65,9 +65,12 @@ def _next_look(conn: Any) -> list[str]:
 
 
 def _wakes_for(conn: Any, queue: str) -> bool:
-    """Whether a plain wake-up (an enqueue's, a modify's) naming ``queue`` arrives (waits up to 60 s)."""
+    """Whether a plain wake-up (an enqueue's, a modify's) that wakes the workers of ``queue`` arrives (waits
+    up to 60 s). As a worker reads it: ``*`` wakes every queue's, and the queues a rolled-back transaction
+    of an earlier test left pending on this connection widen the next wake-up (wakeups.notify_on_commit),
+    up to ``*`` when they are many."""
     for note in conn.notifies(timeout=60):
-        if not wake.is_look(note.payload) and queue in note.payload.split(","):
+        if not wake.is_look(note.payload) and wake.wakes(note.payload, [queue]):
             return True
     return False
 

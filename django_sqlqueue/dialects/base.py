@@ -656,9 +656,9 @@ class Dialect:
         a = self.n.a
         return f"{a['job_id']} = %s AND {a['attempt_num']} = %s AND {a['finished_at']} IS NULL"
 
-    def renew_leases_sql(self, count: int, incarnation: bool = True) -> str:
+    def renew_leases_sql(self, count: int, incarnation: bool = True, *, guarded: bool = False) -> str:
         """Extend the leases a worker process still holds. Params: lease seconds, ``count`` ids, worker
-        name, and (``incarnation``) the incarnation."""
+        name, and (``incarnation``) the incarnation. ``guarded``: see :meth:`permit_guard_sql`."""
         j = self.n.j
         marks = ", ".join(["%s"] * count)
         return (
@@ -666,12 +666,14 @@ class Dialect:
             f"WHERE {j['id']} IN ({marks}) AND {j['worker']} = %s "
             + (f"AND {j['incarnation']} = %s " if incarnation else "")
             + f"AND {j['status_id']} = {int(Status.PROCESSING)}"
+            + (f" AND {self.permit_guard_sql()}" if guarded else "")
         )
 
-    def renew_held_sql(self, counts: Sequence[int]) -> str:
+    def renew_held_sql(self, counts: Sequence[int], *, guarded: bool = False) -> str:
         """Extend the leases several worker processes (a supervisor's slots) hold, in one statement.
         Params: lease seconds, every id (the primary-key seek), then for each holder its ``counts[i]``
-        ids, its name and its incarnation: a job is renewed only under the holder that claimed it."""
+        ids, its name and its incarnation: a job is renewed only under the holder that claimed it.
+        ``guarded``: see :meth:`permit_guard_sql`."""
         j = self.n.j
         every = ", ".join(["%s"] * sum(counts))
         holders = " OR ".join(
@@ -680,6 +682,29 @@ class Dialect:
         return (
             f"UPDATE {self.n.job} SET {j['lease_expires_at']} = {self.now_plus('%s')} "
             f"WHERE {j['id']} IN ({every}) AND {j['status_id']} = {int(Status.PROCESSING)} AND ({holders})"
+            + (f" AND {self.permit_guard_sql()}" if guarded else "")
+        )
+
+    def permit_guard_sql(self) -> str:
+        """The condition under which a lease renewal may extend a job's lease while some type has a
+        limit; the renewal sends it after it has renewed the permits (:meth:`renew_permits_sql`).
+
+        A late renewal (the lease ran out, nobody took the job over) used to extend the lease whatever
+        had become of the job's concurrency permit, which ran out with it: a claim may have given that
+        permit to another job of the scope, and then both ran under a limit of one. So an expired lease
+        is extended only for a job that is not limited, or whose scope has no concurrency permits (a
+        rate limit), or that holds a live concurrency permit, which the permit renewal just before gave
+        back to it if nobody had taken it. A live lease is extended as always: its permit, held as long
+        as the lease, is live too (and a job flagged limited after its claim, which holds none, keeps
+        running). The permit reads are locked reads (:meth:`locked_read_hint`), as the permit renewal's."""
+        j, p, job, permit = self.n.j, self.n.p, self.n.job, self.n.permit
+        hint = self.locked_read_hint()
+        return (
+            f"({j['lease_expires_at']} >= {self.now()} OR {j['limited']} = {self.false_literal} "
+            f"OR NOT EXISTS (SELECT 1 FROM {permit} s{hint} WHERE s.{p['job_type_id']} = {job}.{j['job_type_id']} "
+            f"AND s.{p['key']} = {job}.{j['concurrency_key']} AND s.{p['kind']} = 1) "
+            f"OR EXISTS (SELECT 1 FROM {permit} h{hint} WHERE h.{p['job_id']} = {job}.{j['id']} "
+            f"AND h.{p['kind']} = 1 AND h.{p['held_until']} >= {self.now()}))"
         )
 
     def reap_candidates_sql(self) -> str:

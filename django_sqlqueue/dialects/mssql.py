@@ -471,12 +471,12 @@ class MssqlDialect(Dialect):
             cursor.nextset()
         return finished, cursor.fetchall()
 
-    def renew_leases_sql(self, count: int, incarnation: bool = True) -> str:
+    def renew_leases_sql(self, count: int, incarnation: bool = True, *, guarded: bool = False) -> str:
         # The caller reads the row count: make sure it is reported, whatever an earlier batch left.
-        return "SET NOCOUNT OFF; " + super().renew_leases_sql(count, incarnation)
+        return "SET NOCOUNT OFF; " + super().renew_leases_sql(count, incarnation, guarded=guarded)
 
-    def renew_held_sql(self, counts: Sequence[int]) -> str:
-        return "SET NOCOUNT OFF; " + super().renew_held_sql(counts)
+    def renew_held_sql(self, counts: Sequence[int], *, guarded: bool = False) -> str:
+        return "SET NOCOUNT OFF; " + super().renew_held_sql(counts, guarded=guarded)
 
     # ----- modify and enqueue ---------------------------------------------------------------------
     def update_returning(self, set_sql: str, where_sql: str) -> str:

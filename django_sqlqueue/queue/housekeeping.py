@@ -49,14 +49,15 @@ class HousekeepingMixin(RowsMixin):
 
         def renew() -> int:
             with connections[alias].cursor() as cursor:
-                dialect.execute(cursor, dialect.renew_leases_sql(len(ids), incarnation is not None),
-                                [int(lease_seconds), *ids, worker, *([incarnation] if incarnation is not None else [])])
-                kept = cursor.rowcount
-                if kept and jobtypes.limited_type_ids(alias):
+                limited = bool(jobtypes.limited_type_ids(alias))
+                if limited:
                     # Concurrency permits are held as long as their jobs' leases: one more statement,
-                    # only while some type has a limit (docs/limits.md).
+                    # only while some type has a limit (docs/limits.md). The permits first: a job whose
+                    # lease ran out is renewed only if it got its permit back (permit_guard_sql).
                     hooks.renew_permits(cursor, dialect, ids, int(lease_seconds))
-                return kept
+                dialect.execute(cursor, dialect.renew_leases_sql(len(ids), incarnation is not None, guarded=limited),
+                                [int(lease_seconds), *ids, worker, *([incarnation] if incarnation is not None else [])])
+                return cursor.rowcount
 
         # Each statement commits alone (autocommit) and is idempotent: a deadlock victim (the renewal
         # meets the claim's expired branch in the opposite lock order on SQL Server) is run again.
@@ -77,11 +78,12 @@ class HousekeepingMixin(RowsMixin):
         for name, incarnation, ids in holders:
             params += [*ids, name, incarnation]
         with connections[alias].cursor() as cursor:
-            dialect.execute(cursor, dialect.renew_held_sql([len(ids) for _n, _i, ids in holders]), params)
-            kept = cursor.rowcount
-            if kept and jobtypes.limited_type_ids(alias):
-                hooks.renew_permits(cursor, dialect, every, int(lease_seconds))  # as renew_leases does
-            return kept
+            limited = bool(jobtypes.limited_type_ids(alias))
+            if limited:  # the permits first, as renew_leases does
+                hooks.renew_permits(cursor, dialect, every, int(lease_seconds))
+            dialect.execute(cursor, dialect.renew_held_sql([len(ids) for _n, _i, ids in holders], guarded=limited),
+                            params)
+            return cursor.rowcount
 
     def purge(self, ids: Sequence[int], *, statuses: Iterable[Status | int], cutoff: datetime,
               queues: Sequence[str] = (), using: str | None = None) -> int:

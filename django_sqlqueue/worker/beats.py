@@ -37,7 +37,7 @@ from ..dialects import get_dialect
 from .contract import BeatResult, SlotReport
 from .dbthread import Call, DatabaseThread
 from .heartbeat import REPORT_SECONDS, RETRY_SECONDS
-from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line
+from .support import DB_DOWN_ERRORS, close_connection, db_now, lease_ran_out, one_line
 
 log = logging.getLogger("django_sqlqueue.supervisor")
 
@@ -306,13 +306,16 @@ class Beats:
                 for m in members}
 
     def _find_taken(self, holders: list[tuple[str, str, list[int]]]) -> set[int]:
-        """Of these held jobs, those another worker or incarnation holds now (a job its slot finished
-        meanwhile is still under its name and incarnation: not taken)."""
+        """Of these held jobs, those lost: another worker or incarnation holds them now, or they are still
+        Processing under their holder with a lease the renewal did not extend (it ran out, and a claim gave
+        the job's concurrency permit to another job: ``Dialect.permit_guard_sql``). A job its slot
+        finished meanwhile is still under its name and incarnation, and not Processing: not lost."""
         from ..models import Job
 
         owner = {i: (name, inc) for name, inc, ids in holders for i in ids}
-        rows = Job.objects.using(self.using).filter(pk__in=list(owner)).values_list("pk", "worker", "incarnation")
-        return {pk for pk, worker, inc in rows if (worker, inc) != owner[pk]}
+        rows = Job.objects.using(self.using).filter(pk__in=list(owner)).annotate(
+            ran_out=lease_ran_out(self.using)).values_list("pk", "worker", "incarnation", "ran_out")
+        return {pk for pk, worker, inc, ran_out in rows if (worker, inc) != owner[pk] or ran_out}
 
     def baseline(self) -> None:
         """Note the database file's identity now (the supervisor's connection was just opened, before

@@ -44,7 +44,15 @@ from ..conf import get_settings
 from ..dialects import get_dialect
 from ..exceptions import WorkerNameInUse
 from .contract import BeatResult, SlotReport
-from .support import DB_DOWN_ERRORS, close_connection, db_now, one_line, process_gone, process_key
+from .support import (
+    DB_DOWN_ERRORS,
+    close_connection,
+    db_now,
+    lease_ran_out,
+    one_line,
+    process_gone,
+    process_key,
+)
 
 log = logging.getLogger("django_sqlqueue.worker")
 
@@ -488,7 +496,8 @@ class Heartbeat:
                 taken = set(result.lost) & set(self._held)
                 self.lost |= taken
             if taken:
-                log.warning("lease_lost worker=%s jobs=%s (taken over by another worker)", self.name,
+                log.warning("lease_lost worker=%s jobs=%s (taken over by another worker, or the lease ran out and a "
+                            "claim gave the job's concurrency permit to another job)", self.name,
                             ",".join(map(str, sorted(taken))))
             if not self.replaced and not self.fatal:
                 self.ok_at = max(self.ok_at or 0.0, result.sent)
@@ -605,11 +614,12 @@ class Heartbeat:
         """
         from ..models import Job
 
-        taken = set(Job.objects.using(self.using).filter(pk__in=ids).exclude(
-            worker=self.name, incarnation=self.incarnation).values_list("pk", flat=True))
+        taken = set(Job.objects.using(self.using).filter(pk__in=ids).annotate(ran_out=lease_ran_out(self.using)).filter(
+            ~Q(worker=self.name, incarnation=self.incarnation) | Q(ran_out=1)).values_list("pk", flat=True))
         with self._lock:
             taken &= set(self._held)
             self.lost |= taken
         if taken:
-            log.warning("lease_lost worker=%s jobs=%s (taken over by another worker)", self.name,
+            log.warning("lease_lost worker=%s jobs=%s (taken over by another worker, or the lease ran out and a claim "
+                        "gave the job's concurrency permit to another job)", self.name,
                         ",".join(map(str, sorted(taken))))

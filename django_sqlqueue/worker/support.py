@@ -8,9 +8,11 @@ import time
 from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections
+from django.db.models import Case, IntegerField, Q, Value, When
 from django.db.models.expressions import RawSQL
 
 from ..dialects import get_dialect
+from ..states import Status
 
 log = logging.getLogger("django_sqlqueue.worker")
 
@@ -32,6 +34,14 @@ def configure_logging(level: str | None) -> None:
 def db_now(using: str) -> RawSQL:
     """The database clock as an ORM expression: heartbeats are compared with it by the claim."""
     return RawSQL(get_dialect(connections[using]).now(), [])
+
+
+def lease_ran_out(using: str) -> Case:
+    """1 if a job is Processing with a lease past the database clock, else 0, as an ORM expression: after
+    a renewal that did not extend it (``Dialect.permit_guard_sql``), the job is lost to its holder. (An
+    integer, not a boolean: SQL Server selects no bare comparison.)"""
+    return Case(When(Q(status_id=int(Status.PROCESSING), lease_expires_at__lt=db_now(using)), then=Value(1)),
+                default=Value(0), output_field=IntegerField())
 
 
 def send(sig: Any, sender: type, **kwargs: Any) -> None:
