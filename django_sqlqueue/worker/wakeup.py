@@ -446,7 +446,10 @@ class SharedListener:
         self._listening = conn
         self.board.listening.value = 1
         log.debug("listen_checked worker=%s ms=%.1f", self.worker, (time.monotonic() - started) * 1000)
-        # Jobs enqueued while no LISTEN was in place would wait for a poll: let one slot look now.
+        # Jobs enqueued while no LISTEN was in place (and looks missed: a short drop may not have lasted
+        # long enough for the poller to see it) would wait for a poll or a backstop: every idle slot
+        # looks once now, and one wake-up is kept for the next slot to idle.
+        self.board.wake_idle()
         self.board.wake_one()
 
     def _lost(self, exc: BaseException) -> None:
