@@ -11,10 +11,12 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection, connections
+from django.db.models.functions import Now
 
 from django_sqlqueue import jobtypes
 from django_sqlqueue import limits as permits
@@ -291,6 +293,7 @@ def test_a_late_renewal_does_not_revive_a_lease_whose_permit_another_job_took(ba
     time.sleep(1.3)  # a's lease, and its permit with it, run out
     (taken,) = Job.objects.claim("w2", 1, incarnation="i2")
     assert taken.pk == b.pk and LimitPermit.objects.get(job_type__name="Export").job_id == b.pk
+    assert Job.objects.renew_leases("w2", [b.pk], 60, incarnation="i2") == 1  # b runs on, whatever the load
     if batched:
         kept = Job.objects.renew_held([("slow", "i1", [a.pk])], 30)
     else:
@@ -309,13 +312,79 @@ def test_a_late_renewal_does_not_revive_a_lease_whose_permit_another_job_took(ba
         beat._find_taken([a.pk])
         assert beat.lost == {a.pk} and beat.at_risk(a.pk)
     assert Job.objects.get(pk=a.pk).worker == "slow"
-    permit = LimitPermit.objects.get(job_type__name="Export")
-    assert permit.job_id == b.pk and permit.held_until == Job.objects.get(pk=b.pk).lease_expires_at
+    assert LimitPermit.objects.get(job_type__name="Export").job_id == b.pk
     # a is a stuck job again: taken over once b's permit frees, never beside it.
     assert Job.objects.claim("w3", 1) == []
     Job.objects.complete(taken)
     (again,) = Job.objects.claim("w3", 1)
     assert again.pk == a.pk and again.attempt_num == 2 and processing("Export") == 1
+
+
+def _until_permits_ran_out(type_name: str) -> None:
+    """Wait (a bound, not a duration) until no concurrency permit of the type is held by the database clock."""
+    deadline = time.monotonic() + 60
+    while LimitPermit.objects.filter(job_type__name=type_name, kind=1, held_until__gte=Now()).exists():
+        assert time.monotonic() < deadline, "a permit stayed held"
+        time.sleep(0.05)
+
+
+@pytest.mark.django_db(transaction=True)  # PostgreSQL's now() is the transaction's start
+def test_a_renewal_stalled_between_its_permit_and_its_lease_never_outlives_the_permit(monkeypatch) -> None:
+    """The renewal's two statements have two clocks: stalled between them (a lock wait, a retry, a paused
+    thread), the lease from the second would outlive the permit from the first, and a claim could take
+    the permit while the lease still ran. The lease is capped at the permit: they run out together, and
+    the next renewal is refused. Found by a review."""
+    from django_sqlqueue.queue import housekeeping
+
+    limited("Export", concurrency_limit=1, lease_seconds=60)
+    Job.objects.enqueue("Export", {"i": 0})
+    (x,) = Job.objects.claim("slow", 1, incarnation="i1")
+    y = Job.objects.enqueue("Export", {"i": 1}, priority=10)
+    renew = housekeeping.hooks.renew_permits
+
+    def stalled(*args: Any, **kwargs: Any) -> None:
+        renew(*args, **kwargs)
+        time.sleep(2.0)
+
+    monkeypatch.setattr(housekeeping.hooks, "renew_permits", stalled)
+    assert Job.objects.renew_leases("slow", [x.pk], 4, incarnation="i1") == 1
+    monkeypatch.setattr(housekeeping.hooks, "renew_permits", renew)
+    held = Job.objects.get(pk=x.pk).lease_expires_at
+    assert held == LimitPermit.objects.get(job_type__name="Export").held_until, "the lease outlives its permit"
+    _until_permits_ran_out("Export")
+    (taken,) = Job.objects.claim("w2", 1, incarnation="i2")
+    assert taken.pk == y.pk
+    assert Job.objects.renew_leases("slow", [x.pk], 60, incarnation="i1") == 0
+
+
+@pytest.mark.django_db(transaction=True)  # PostgreSQL's now() is the transaction's start
+def test_a_late_renewal_does_not_revive_a_surplus_permit() -> None:
+    """A limit lowered from 2 to 1 while two jobs run: the one on the slot the limit lost holds a surplus
+    permit until it finishes. Late, its surplus permit runs out and the scope admits again under the
+    lower limit: its renewal must not revive the surplus permit (two running under a limit of one).
+    Found by a review."""
+    row = limited("Export", concurrency_limit=2, lease_seconds=1)
+    Job.objects.enqueue("Export", {"i": 0})
+    Job.objects.enqueue("Export", {"i": 1})
+    (a,) = Job.objects.claim("wa", 1, incarnation="ia")
+    (x,) = Job.objects.claim("slow", 1, incarnation="i1")
+    assert Job.objects.renew_leases("wa", [a.pk], 60, incarnation="ia") == 1
+    row.concurrency_limit = 1
+    row.save()
+    jobtypes.clear_cache()
+    surplus = LimitPermit.objects.filter(job_type=row, hold_seconds__lt=0)
+    assert surplus.count() == 1
+    Job.objects.complete(a)
+    y = Job.objects.enqueue("Export", {"i": 2}, priority=10)
+    if surplus.get().job_id == x.pk:  # x is on the slot the limit lost: nothing is admitted beside it
+        assert Job.objects.claim("w2", 1) == []
+    _until_permits_ran_out("Export")
+    (taken,) = Job.objects.claim("w2", 1, incarnation="i2")
+    assert taken.pk in (x.pk, y.pk)
+    if taken.pk == y.pk:
+        assert Job.objects.renew_leases("w2", [y.pk], 60, incarnation="i2") == 1
+        assert Job.objects.renew_leases("slow", [x.pk], 60, incarnation="i1") == 0, "the surplus permit came back"
+    assert not LimitPermit.objects.filter(job_type=row, hold_seconds__lt=0, held_until__gte=Now()).exists()
 
 
 @pytest.mark.django_db(transaction=True)  # PostgreSQL's now() is the transaction's start

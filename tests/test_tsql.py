@@ -190,13 +190,14 @@ def test_renew_leases(dialect: MssqlDialect) -> None:
 def test_guarded_renewals_read_the_permits_locked(dialect: MssqlDialect) -> None:
     """While a type has a limit, an expired lease is renewed only for a job holding a live permit (or
     needing none): the permit reads are locked reads, as READ_COMMITTED_SNAPSHOT would read a version."""
-    for sql, params in ((dialect.renew_leases_sql(2, guarded=True), [60, 1, 2, "w", "i"]),
-                        (dialect.renew_held_sql([2, 1], guarded=True), [60, 1, 2, 3, 1, 2, "w", "i", 3, "v", "j"])):
+    for sql, params in ((dialect.renew_leases_sql(2, guarded=True), [60, 60, 1, 2, "w", "i"]),
+                        (dialect.renew_held_sql([2, 1], guarded=True), [60, 60, 1, 2, 3, 1, 2, "w", "i", 3, "v", "j"])):
         assert sql.startswith("SET NOCOUNT OFF; ")
         [_, update] = parse(sql, params)
         text = update.sql("tsql").upper()
-        assert text.count("EXISTS") == 2 and text.count("READCOMMITTEDLOCK") == 2, text
-        assert "LIMITED" in text and "HELD_UNTIL" in text
+        # the guard's two permit reads and the lease's cap at the live permit, all locked reads
+        assert text.count("EXISTS") == 2 and text.count("READCOMMITTEDLOCK") == 3, text
+        assert "LIMITED" in text and "HELD_UNTIL" in text and "MIN(" in text
 
 
 def test_purge_statements(dialect: MssqlDialect) -> None:

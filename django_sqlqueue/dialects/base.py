@@ -429,7 +429,9 @@ class Dialect:
 
         A job taken over after its lease expired may have been given another permit than its old one,
         which still names it (expired): that one is renewed only while the job holds no live permit
-        (a late renewal of a lease nobody took over), else the job would hold two to its end.
+        (a late renewal of a lease nobody took over), else the job would hold two to its end. An expired
+        surplus permit (a slot the limit lost while its job ran, ``hold_seconds`` < 0) is never revived:
+        once it ran out the scope admitted again under the lower limit.
 
         The re-check of the other permits is a locked read (:meth:`locked_read_hint`): under SQL Server's
         READ_COMMITTED_SNAPSHOT it would otherwise read the last committed version and miss a permit a
@@ -438,8 +440,9 @@ class Dialect:
         live = f"{{t}}.{p['held_until']} >= {self.now()}"
         return (f"UPDATE {permit} SET {p['held_until']} = {self.now_plus('%s')} "
                 f"WHERE {p['job_id']} IN ({_marks(count)}) AND {p['kind']} = 1 AND {p['held_until']} IS NOT NULL "
-                f"AND ({live.format(t=permit)} OR NOT EXISTS (SELECT 1 FROM {permit} q{self.locked_read_hint()} "
-                f"WHERE q.{p['job_id']} = {permit}.{p['job_id']} AND q.{p['kind']} = 1 AND {live.format(t='q')}))")
+                f"AND ({live.format(t=permit)} OR ({p['hold_seconds']} IS NULL "
+                f"AND NOT EXISTS (SELECT 1 FROM {permit} q{self.locked_read_hint()} "
+                f"WHERE q.{p['job_id']} = {permit}.{p['job_id']} AND q.{p['kind']} = 1 AND {live.format(t='q')})))")
 
     def insert_permits_sql(self) -> str:
         """Create one permit row unless it exists. Params: type id, key, kind, slot, hold seconds, then
@@ -657,12 +660,13 @@ class Dialect:
         return f"{a['job_id']} = %s AND {a['attempt_num']} = %s AND {a['finished_at']} IS NULL"
 
     def renew_leases_sql(self, count: int, incarnation: bool = True, *, guarded: bool = False) -> str:
-        """Extend the leases a worker process still holds. Params: lease seconds, ``count`` ids, worker
-        name, and (``incarnation``) the incarnation. ``guarded``: see :meth:`permit_guard_sql`."""
+        """Extend the leases a worker process still holds. Params: lease seconds (twice when ``guarded``),
+        ``count`` ids, worker name, and (``incarnation``) the incarnation. ``guarded``: see
+        :meth:`permit_guard_sql`."""
         j = self.n.j
         marks = ", ".join(["%s"] * count)
         return (
-            f"UPDATE {self.n.job} SET {j['lease_expires_at']} = {self.now_plus('%s')} "
+            f"UPDATE {self.n.job} SET {j['lease_expires_at']} = {self.renewed_lease_sql(guarded)} "
             f"WHERE {j['id']} IN ({marks}) AND {j['worker']} = %s "
             + (f"AND {j['incarnation']} = %s " if incarnation else "")
             + f"AND {j['status_id']} = {int(Status.PROCESSING)}"
@@ -671,19 +675,33 @@ class Dialect:
 
     def renew_held_sql(self, counts: Sequence[int], *, guarded: bool = False) -> str:
         """Extend the leases several worker processes (a supervisor's slots) hold, in one statement.
-        Params: lease seconds, every id (the primary-key seek), then for each holder its ``counts[i]``
-        ids, its name and its incarnation: a job is renewed only under the holder that claimed it.
-        ``guarded``: see :meth:`permit_guard_sql`."""
+        Params: lease seconds (twice when ``guarded``), every id (the primary-key seek), then for each
+        holder its ``counts[i]`` ids, its name and its incarnation: a job is renewed only under the holder
+        that claimed it. ``guarded``: see :meth:`permit_guard_sql`."""
         j = self.n.j
         every = ", ".join(["%s"] * sum(counts))
         holders = " OR ".join(
             f"({j['id']} IN ({', '.join(['%s'] * n)}) AND {j['worker']} = %s AND {j['incarnation']} = %s)"
             for n in counts)
         return (
-            f"UPDATE {self.n.job} SET {j['lease_expires_at']} = {self.now_plus('%s')} "
+            f"UPDATE {self.n.job} SET {j['lease_expires_at']} = {self.renewed_lease_sql(guarded)} "
             f"WHERE {j['id']} IN ({every}) AND {j['status_id']} = {int(Status.PROCESSING)} AND ({holders})"
             + (f" AND {self.permit_guard_sql()}" if guarded else "")
         )
+
+    def renewed_lease_sql(self, guarded: bool) -> str:
+        """A renewed lease: ``lease seconds`` from now (one param); ``guarded`` (two params, the lease
+        seconds twice), never past the live concurrency permit the job holds. The permits are renewed
+        by a statement of their own just before, from that statement's clock: a lease from this one's
+        would outlive its permit by the time between the two, and a claim could take the permit while
+        the lease still ran (a stall between the statements, a retry). Capped, the lease and its permit
+        run out together."""
+        if not guarded:
+            return self.now_plus("%s")
+        j, p, job = self.n.j, self.n.p, self.n.job
+        return (f"COALESCE((SELECT MIN(h.{p['held_until']}) FROM {self.n.permit} h{self.locked_read_hint()} "
+                f"WHERE h.{p['job_id']} = {job}.{j['id']} AND h.{p['kind']} = 1 AND h.{p['held_until']} >= {self.now()} "
+                f"AND h.{p['held_until']} < {self.now_plus('%s')}), {self.now_plus('%s')})")
 
     def permit_guard_sql(self) -> str:
         """The condition under which a lease renewal may extend a job's lease while some type has a

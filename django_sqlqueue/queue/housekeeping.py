@@ -56,7 +56,8 @@ class HousekeepingMixin(RowsMixin):
                     # lease ran out is renewed only if it got its permit back (permit_guard_sql).
                     hooks.renew_permits(cursor, dialect, ids, int(lease_seconds))
                 dialect.execute(cursor, dialect.renew_leases_sql(len(ids), incarnation is not None, guarded=limited),
-                                [int(lease_seconds), *ids, worker, *([incarnation] if incarnation is not None else [])])
+                                [*[int(lease_seconds)] * (2 if limited else 1), *ids, worker,
+                                 *([incarnation] if incarnation is not None else [])])
                 return cursor.rowcount
 
         # Each statement commits alone (autocommit) and is idempotent: a deadlock victim (the renewal
@@ -74,11 +75,11 @@ class HousekeepingMixin(RowsMixin):
         alias = self._alias(using)
         dialect = get_dialect(connections[alias])
         every = [job_id for _n, _i, ids in holders for job_id in ids]
-        params: list[Any] = [int(lease_seconds), *every]
+        limited = bool(jobtypes.limited_type_ids(alias))
+        params: list[Any] = [*[int(lease_seconds)] * (2 if limited else 1), *every]
         for name, incarnation, ids in holders:
             params += [*ids, name, incarnation]
         with connections[alias].cursor() as cursor:
-            limited = bool(jobtypes.limited_type_ids(alias))
             if limited:  # the permits first, as renew_leases does
                 hooks.renew_permits(cursor, dialect, every, int(lease_seconds))
             dialect.execute(cursor, dialect.renew_held_sql([len(ids) for _n, _i, ids in holders], guarded=limited),

@@ -37,11 +37,12 @@ def db_now(using: str) -> RawSQL:
 
 
 def lease_ran_out(using: str) -> Case:
-    """1 if a job is Processing with a lease past the database clock, else 0, as an ORM expression: after
-    a renewal that did not extend it (``Dialect.permit_guard_sql``), the job is lost to its holder. (An
-    integer, not a boolean: SQL Server selects no bare comparison.)"""
-    return Case(When(Q(status_id=int(Status.PROCESSING), lease_expires_at__lt=db_now(using)), then=Value(1)),
-                default=Value(0), output_field=IntegerField())
+    """1 if a limited job is Processing with a lease past the database clock, else 0, as an ORM
+    expression: after a renewal that did not extend it (``Dialect.permit_guard_sql``, which refuses only
+    limited jobs), the job is lost to its holder. (An integer, not a boolean: SQL Server selects no bare
+    comparison.)"""
+    return Case(When(Q(status_id=int(Status.PROCESSING), limited=True, lease_expires_at__lt=db_now(using)),
+                     then=Value(1)), default=Value(0), output_field=IntegerField())
 
 
 def send(sig: Any, sender: type, **kwargs: Any) -> None:
