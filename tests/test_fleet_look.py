@@ -380,3 +380,30 @@ def test_a_worker_that_hears_the_look_does_not_try_for_the_lease() -> None:
     hearing.run()
     assert hearing.holding
     hearing.release()
+
+
+def test_a_listener_on_its_own_connection_wakes_every_idle_slot_when_it_listens_again() -> None:
+    """``LISTEN_DATABASE``'s listener (a thread, a connection of its own): its connection is cut (the
+    server ends its session), it LISTENs again, and every idle slot is woken once, since what was sent in
+    between went unheard and no look names it again."""
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
+    from django_sqlqueue.worker.wakeup import ListenerThread, PgListener
+
+    listener = PgListener.for_alias("default", get_settings().NOTIFY_CHANNEL, queues=("default",))
+    assert listener is not None
+    board = WakeBoard(multiprocessing.get_context("spawn"), 2)
+    thread = ListenerThread(listener, board)
+    try:
+        assert thread.start()
+        pid = listener._conn.pgconn.backend_pid
+        board.idle[0] = board.idle[1] = 1
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        wu.wait_until(lambda: listener._conn is None, 60, what="the listener to notice its connection cut")
+        listener._broken_until = 0.0  # (it waits 30 s before it connects again)
+        wu.wait_until(lambda: listener.relistened == 1, 60, what="the listener to LISTEN again")
+        wu.wait_until(lambda: sum(board.idle[:]) == 0, 60, what="both idle slots woken")
+        assert board.bells[0].acquire(timeout=5) and board.bells[1].acquire(timeout=5)
+    finally:
+        thread.close()

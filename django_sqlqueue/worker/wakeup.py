@@ -120,6 +120,8 @@ class PgListener:
         self.look_named = 0
         #: The worker's slots (set by the supervisor's ListenerThread; 1 for a slot's own listener).
         self.slots = 1
+        #: How many times :meth:`wait` connected and LISTENed again after a drop.
+        self.relistened = 0
 
     @property
     def listening(self) -> bool:
@@ -240,6 +242,7 @@ class PgListener:
         if self._conn is None and not self.disabled and time.monotonic() >= self._broken_until:
             try:
                 self._conn = self._connect(stop)
+                self.relistened += 1
             except ListenCheckFailed:
                 pass
             except Exception as exc:
@@ -487,10 +490,16 @@ class ListenerThread:
 
     def _run(self) -> None:
         seen = 0.0
+        relistened = self.listener.relistened
         while not self._stop.is_set():
             # A second at most: a look that arrived is told to the board while it is fresh.
             self.listener.look_named = 0
             woken = self.listener.wait(1.0, self._stop.is_set)
+            if self.listener.relistened != relistened:
+                # LISTEN again after a drop: what was sent meanwhile was not heard (SharedListener._listen)
+                relistened = self.listener.relistened
+                self.board.wake_idle()
+                self.board.wake_one()
             if self.listener.looked_at > seen:
                 seen = self.listener.looked_at
                 self.board.looked(self.listener.look_every)
