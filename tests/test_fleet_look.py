@@ -124,6 +124,27 @@ def test_the_look_names_the_queues_with_work_a_claim_could_take(listener: Any) -
     assert "exports-b" not in named and "reports" in named, named
 
 
+def test_the_look_names_every_queue_when_its_taken_back_or_scope_part_is_full() -> None:
+    """The jobs to take back and the limit scopes are read up to ``rows`` too: full, there may be more
+    beyond (in queues it did not name), so the look says ``*``. Found by a review."""
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")
+    JobType.objects.get_or_create(name="Noop")
+    now = timezone.now()
+    for i in range(3):  # three leases that ran out within the window, due long before it
+        job = Job.objects.enqueue("Noop", queue=f"gone{i}", scheduled_for=now - timedelta(hours=1))
+        Job.objects.filter(pk=job.pk).update(status_id=Status.PROCESSING, worker="gone:1",
+                                             lease_expires_at=now - timedelta(seconds=10))
+    with listening("look_test") as conn:
+        for rows, expected in ((2, ["*"]), (10, ["gone0", "gone1", "gone2"])):
+            sql, args = get_dialect(connection).fleet_look_sql(
+                "look_test", interval=2.0, since_seconds=60, default_max_attempts=3,
+                worker_dead_after_seconds=60, rows=rows)
+            with connection.cursor() as cursor:
+                cursor.execute(sql, args)
+            assert _next_look(conn) == expected, rows
+
+
 def test_the_look_names_every_queue_when_many_jobs_came_due() -> None:
     """Past ``rows`` jobs in its window the look says ``*`` (a busy fleet) rather than read further."""
     if connection.vendor != "postgresql":
@@ -364,21 +385,33 @@ def test_while_looks_arrive_no_idle_slot_claims_at_its_backstop(monkeypatch) -> 
 
 
 def test_a_worker_that_hears_the_look_does_not_try_for_the_lease() -> None:
-    """While the holder's looks arrive, the lease is alive: a worker that does not hold it sends no try
-    (an UPDATE that would match nothing); once they stop, it tries, and takes a free lease."""
+    """While the holder's looks arrive, the lease is alive: a worker that does not hold it tries once (its
+    start), then sends no try (an UPDATE that would match nothing) but one every HEARD_TRY_SECONDS; once
+    the looks stop, it tries at its next turn, and takes a free lease."""
     from django.test.utils import CaptureQueriesContext
 
     from django_sqlqueue.models import MaintenanceLease
+    from django_sqlqueue.worker import maintenance
 
     table = MaintenanceLease._meta.db_table
+    holder = Maintenance("default", "holder")
+    holder.run()
+    assert holder.holding
     hearing = Maintenance("default", "hearing", look_heard=lambda: True)
-    with CaptureQueriesContext(connection) as queries:
-        hearing.run()
-    assert not hearing.holding and not [q for q in queries if table in q["sql"]], queries.captured_queries
-    hearing.look_heard = lambda: False
-    hearing.next_at = 0.0
-    hearing.run()
-    assert hearing.holding
+
+    def tries() -> int:
+        hearing.next_at = 0.0
+        with CaptureQueriesContext(connection) as queries:
+            hearing.run()
+        return len([q for q in queries if table in q["sql"]])
+
+    assert tries() >= 1 and not hearing.holding  # its first turn tries
+    assert tries() == 0 and tries() == 0  # then, hearing looks, it does not
+    hearing._try_anyway_at = time.monotonic() - 1  # HEARD_TRY_SECONDS later
+    assert tries() >= 1 and tries() == 0 and maintenance.HEARD_TRY_SECONDS >= 60
+    holder.release()
+    hearing.look_heard = lambda: False  # the looks stop (the holder stopped)
+    assert tries() >= 1 and hearing.holding
     hearing.release()
 
 

@@ -453,17 +453,20 @@ class PostgresDialect(Dialect):
             WITH RECURSIVE pr AS (the claimable priorities, one claim-index seek each),
                  came_due AS (per priority, the queues of the jobs that came due in the last
                               ``since_seconds``: a range of the claim index, at most ``rows`` per priority),
-                 named AS (those
-                           UNION the queues of Processing jobs a claim takes back (expired lease, stopped
-                           or silent worker), from the Processing index
-                           UNION per limit scope with a permit freed in the window (its lease ran
-                           out, or a finish released it) or a job that came due in it (at most
-                           ``rows`` scopes), the queues of its due jobs (at most ``rows`` read))
+                 back AS (the queues of Processing jobs a claim takes back since the window began
+                          (expired lease, stopped or silent worker), from the Processing index, at most
+                          ``rows``),
+                 scopes AS (the limit scopes with a free permit and a permit of theirs (a surplus one
+                            too) freed in the window (its lease ran out, or a finish released it), or a
+                            job that came due in it, at most ``rows``),
+                 named AS (came_due UNION back UNION per scope the queues of its due jobs (at most
+                           ``rows`` read))
             SELECT pg_notify(channel, LOOK_MARK interval LOOK_MARK queue:jobs,...)
 
         Each queue is named with the number of its jobs found (a worker wakes as many idle slots), or
-        the names are ``*`` (every queue, every idle slot) when ``rows`` jobs came due in the window (a
-        busy fleet) or when they would not fit in one notification. Paused queues and types and jobs without attempts
+        the names are ``*`` (every queue, every idle slot) when a part read as many rows as it may
+        (``rows`` jobs came due in the window: a busy fleet; or as many jobs to take back, or scopes:
+        more may lie beyond) or when they would not fit in one notification. Paused queues and types and jobs without attempts
         left are passed over as the claim passes them over. A job made claimable with a due time before
         the window (a hand-back, a workflow release, a retry or resume by an operator) is not named
         here: those changes wake the workers of its queue themselves (queue/modify.py, pauses.py). A
@@ -494,22 +497,30 @@ class PostgresDialect(Dialect):
             f"came_due(q) AS (SELECT d.q FROM pr CROSS JOIN LATERAL (SELECT j.{queue} AS q FROM {n.job} j "
             f"WHERE {self.due_predicate()} AND j.{prio} = pr.p AND j.{j['scheduled_for']} > {self.now_plus('%s')} "
             f"AND {common} ORDER BY j.{j['scheduled_for']} DESC LIMIT %s) d), "
-            f"named(q, n) AS (SELECT q, count(*) FROM came_due GROUP BY q "
             # Processing jobs that became a claim's to take back within the window: the lease ran out, or
             # the worker died (once named, not again: a type no worker serves wakes nobody for ever)
-            f"UNION ALL SELECT r.q, 1 FROM (SELECT j.{queue} AS q FROM {n.job} j "
+            f"back(q) AS (SELECT j.{queue} FROM {n.job} j "
             f"WHERE j.{j['status_id']} = {int(Status.PROCESSING)} "
             f"AND ((j.{lease} < {self.now()} AND j.{lease} > {self.now_plus('%s')}) OR j.{j['worker']} IN ({died})) "
-            f"AND {common} LIMIT %s) r "
-            # Limit scopes with a free permit whose lease ran out or that a finish released within the
-            # window (released_until stamps it), or with a job that came due within it
-            f"UNION ALL SELECT l.q, 1 FROM (SELECT DISTINCT p.{p['job_type_id']} AS ptype, p.{p['key']} AS pkey "
-            f"FROM {n.permit} p WHERE {free} AND (p.{p['held_until']} > {self.now_plus('%s')} "
-            f"OR EXISTS (SELECT 1 FROM {n.job} j WHERE {scope_job})) LIMIT %s) fp "
+            f"AND {common} LIMIT %s), "
+            # Limit scopes with a free permit and one of its permits (a surplus one too: its release is what
+            # opens the scope again) whose lease ran out or that a finish released within the window
+            # (released_until stamps it), or with a job that came due within it
+            f"scopes(ptype, pkey) AS (SELECT DISTINCT p.{p['job_type_id']}, p.{p['key']} "
+            f"FROM {n.permit} p WHERE {free} AND (EXISTS (SELECT 1 FROM {n.permit} sq "
+            f"WHERE sq.{p['job_type_id']} = p.{p['job_type_id']} AND sq.{p['key']} = p.{p['key']} "
+            f"AND sq.{p['kind']} = p.{p['kind']} AND sq.{p['held_until']} > {self.now_plus('%s')} "
+            f"AND sq.{p['held_until']} < {self.now()}) "
+            f"OR EXISTS (SELECT 1 FROM {n.job} j WHERE {scope_job})) LIMIT %s), "
+            f"named(q, n) AS (SELECT q, count(*) FROM came_due GROUP BY q "
+            f"UNION ALL SELECT q, 1 FROM back "
+            f"UNION ALL SELECT l.q, 1 FROM scopes fp "
             f"CROSS JOIN LATERAL (SELECT DISTINCT x.q FROM (SELECT j.{queue} AS q FROM {n.job} j WHERE "
             f"{self.limited_job_predicate('fp.ptype', 'fp.pkey')} AND {limited_common} LIMIT %s) x) l) "
+            # Every queue (*) when a part found as many rows as it reads: more may lie beyond
             f"SELECT pg_notify(%s, %s || ({live}) || %s || COALESCE((SELECT CASE WHEN "
-            f"(SELECT count(*) FROM came_due) >= %s OR octet_length(x) > %s THEN %s ELSE x END "
+            f"(SELECT count(*) FROM came_due) >= %s OR (SELECT count(*) FROM back) >= %s "
+            f"OR (SELECT count(*) FROM scopes) >= %s OR octet_length(x) > %s THEN %s ELSE x END "
             f"FROM (SELECT string_agg(q || ':' || n, %s ORDER BY q) AS x "
             f"FROM (SELECT q, sum(n) AS n FROM named GROUP BY q) t) s), ''))"
         )
@@ -517,7 +528,7 @@ class PostgresDialect(Dialect):
         params = [back, *common_params, rows,
                   back, back, dead, dead + back, *common_params, rows,
                   *free_params, back, *limited_params, back, rows, *limited_params, rows,
-                  channel, f"{LOOK_MARK}{interval:g}/", dead, LOOK_MARK, rows,
+                  channel, f"{LOOK_MARK}{interval:g}/", dead, LOOK_MARK, rows, rows, rows,
                   WAKE_PAYLOAD_MAX_BYTES - 64, WAKE_ALL, LOOK_SEP]
         return sql, params
 

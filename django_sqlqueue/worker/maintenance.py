@@ -7,7 +7,8 @@ result. So every supervisor asks, on its database thread, for one row of :class:
 with ONE conditional UPDATE by primary key ("expired, or already mine": :meth:`Dialect.take_lease_sql`,
 the database's clock deciding). Whoever gets it runs the passes below and renews it every third of
 ``MAINTENANCE_LEASE_SECONDS``; the others try again about once per lease length (an UPDATE that matches
-nothing: one primary-key seek), and not at all while they hear the holder's fleet's look (PostgreSQL). A holder that dies simply stops renewing, and the lease runs out (taken
+nothing: one primary-key seek), and only every ``HEARD_TRY_SECONDS`` while they hear the holder's fleet's
+look (PostgreSQL). A holder that dies simply stops renewing, and the lease runs out (taken
 over within twice its length); one that stops cleanly gives it up, so the next look takes it. There is no leader process to deploy.
 
 The lease saves work; it is not what makes the passes correct. Each pass was, and stays, safe to run
@@ -58,6 +59,10 @@ from .support import DB_DOWN_ERRORS, close_connection, one_line
 log = logging.getLogger("django_sqlqueue.maintenance")
 
 LEASE_NAME = "maintenance"
+#: A worker that hears the fleet's look still tries for the lease this often: a look heard on the channel
+#: may come from another installation's holder (another schema of the same database, the same
+#: NOTIFY_CHANNEL), which keeps no lease of ours alive.
+HEARD_TRY_SECONDS = 300.0
 #: How often the holder reaps, heals and runs the workflow backstop.
 REAP_SECONDS = 30.0
 #: The first reap after the lease is taken waits this long (the slots are starting).
@@ -171,8 +176,9 @@ class Maintenance:
     _looked_at: float | None = None
     #: Whether this worker hears the fleet's look (the supervisor's wake board): while it does, a holder
     #: is alive and renewing, so a worker that does not hold the lease skips its try (an UPDATE that
-    #: would match nothing) until the looks stop.
+    #: would match nothing) until the looks stop, but for one try every HEARD_TRY_SECONDS.
     look_heard: Callable[[], bool] = lambda: False
+    _try_anyway_at: float = 0.0
 
     def __post_init__(self) -> None:
         self._rollup = Rollup(self.using)
@@ -190,10 +196,12 @@ class Maintenance:
         now = time.monotonic()
         lease_seconds = get_settings().MAINTENANCE_LEASE_SECONDS
         self._sync_schedules()
-        if not self.holding and self.look_heard():
+        if not self.holding and now < self._try_anyway_at and self.look_heard():
             self.next_at = now + lease_seconds * random.uniform(0.7, 1.0)
             return
         if not self.holding or now >= self._renew_at:
+            if not self.holding:
+                self._try_anyway_at = now + HEARD_TRY_SECONDS
             try:
                 insert = now >= self._insert_check_at
                 held = take_lease(self.using, self.holder, lease_seconds, insert=insert)
