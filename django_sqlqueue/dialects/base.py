@@ -712,9 +712,10 @@ class Dialect:
         permit to another job of the scope, and then both ran under a limit of one. So an expired lease
         is extended only for a job that is not limited, or whose scope has no concurrency permits (a
         rate limit), or that holds a live concurrency permit, which the permit renewal just before gave
-        back to it if nobody had taken it. A live lease is extended as always: its permit, held as long
-        as the lease, is live too (and a job flagged limited after its claim, which holds none, keeps
-        running). The permit reads are locked reads (:meth:`locked_read_hint`), as the permit renewal's."""
+        back to it if nobody had taken it. A live lease is extended, never past the live permit the job
+        holds (:meth:`renewed_lease_sql`): a job flagged limited after its claim, which holds none, keeps
+        running while its lease is live. The permit reads are locked reads (:meth:`locked_read_hint`), as
+        the permit renewal's."""
         j, p, job, permit = self.n.j, self.n.p, self.n.job, self.n.permit
         hint = self.locked_read_hint()
         return (
