@@ -75,6 +75,17 @@ def _wakes_for(conn: Any, queue: str) -> bool:
     return False
 
 
+def _look_with_rows(conn: Any, rows: int, *, read: bool = True) -> list[str]:
+    """Send a look on the test's channel that reads at most ``rows`` per part, 60 s back; the queues it
+    names (``read``), else nothing (the caller reads the notification)."""
+    sql, args = get_dialect(connection).fleet_look_sql(
+        "look_test", interval=2.0, since_seconds=60, default_max_attempts=3, worker_dead_after_seconds=60,
+        rows=rows)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, args)
+    return _next_look(conn) if read else []
+
+
 def _look_once(conn: Any) -> list[str]:
     list(conn.notifies(timeout=0.2))  # what came before
     Maintenance("default", "test-holder")._look()
@@ -136,13 +147,8 @@ def test_the_look_names_every_queue_when_its_taken_back_or_scope_part_is_full() 
         Job.objects.filter(pk=job.pk).update(status_id=Status.PROCESSING, worker="gone:1",
                                              lease_expires_at=now - timedelta(seconds=10))
     with listening("look_test") as conn:
-        for rows, expected in ((2, ["*"]), (10, ["gone0", "gone1", "gone2"])):
-            sql, args = get_dialect(connection).fleet_look_sql(
-                "look_test", interval=2.0, since_seconds=60, default_max_attempts=3,
-                worker_dead_after_seconds=60, rows=rows)
-            with connection.cursor() as cursor:
-                cursor.execute(sql, args)
-            assert _next_look(conn) == expected, rows
+        assert _look_with_rows(conn, 2) == ["*"]
+        assert _look_with_rows(conn, 10) == ["gone0", "gone1", "gone2"]
 
 
 def test_the_look_names_every_queue_when_many_jobs_came_due() -> None:
@@ -154,16 +160,10 @@ def test_the_look_names_every_queue_when_many_jobs_came_due() -> None:
         Job.objects.enqueue("Noop", queue=f"q{i}")
     with listening("look_test") as conn:
         Job.objects.enqueue("Noop", queue="q0")
-        for rows, expected in ((3, ["*"]), (10, ["q0", "q1", "q2", "q3"])):
-            sql, args = get_dialect(connection).fleet_look_sql(
-                "look_test", interval=2.0, since_seconds=60, default_max_attempts=3,
-                worker_dead_after_seconds=60, rows=rows)
-            with connection.cursor() as cursor:
-                cursor.execute(sql, args)
-            assert _next_look(conn) == expected, rows
+        assert _look_with_rows(conn, 3) == ["*"]
+        assert _look_with_rows(conn, 10) == ["q0", "q1", "q2", "q3"]
         # each queue with the number of its jobs: a worker wake.wakes as many idle slots
-        with connection.cursor() as cursor:
-            cursor.execute(sql, args)
+        _look_with_rows(conn, 10, read=False)
         payload = next(n.payload for n in conn.notifies(timeout=60) if wake.is_look(n.payload))
         assert _named(payload) == {"q0": "2", "q1": "1", "q2": "1", "q3": "1"}
         assert wake.look_jobs(payload, ["q0", "q3"]) == 3 and wake.look_jobs(payload, ["x"]) == 0
