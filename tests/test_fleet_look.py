@@ -28,7 +28,7 @@ from django.utils import timezone
 from django_sqlqueue import jobtypes
 from django_sqlqueue.conf import get_settings
 from django_sqlqueue.dialects import get_dialect, wake
-from django_sqlqueue.models import Job, JobType
+from django_sqlqueue.models import Job, JobType, LimitPermit
 from django_sqlqueue.states import Status
 from django_sqlqueue.worker.contract import WakeBoard
 from django_sqlqueue.worker.maintenance import Maintenance
@@ -433,10 +433,35 @@ def test_a_listener_on_its_own_connection_wakes_every_idle_slot_when_it_listens_
         board.idle[0] = board.idle[1] = 1
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-        wu.wait_until(lambda: listener._conn is None, 60, what="the listener to notice its connection cut")
+        wu.wait_until(lambda: listener._conn is None and listener._broken_until > 0, 60,
+                      what="the listener to notice its connection cut")
         listener._broken_until = 0.0  # (it waits 30 s before it connects again)
         wu.wait_until(lambda: listener.relistened == 1, 60, what="the listener to LISTEN again")
         wu.wait_until(lambda: sum(board.idle[:]) == 0, 60, what="both idle slots woken")
         assert board.bells[0].acquire(timeout=5) and board.bells[1].acquire(timeout=5)
     finally:
         thread.close()
+
+
+def test_the_release_of_a_surplus_permit_names_the_scope_it_opens(listener: Any) -> None:
+    """A limit lowered under running jobs admits again only once the surplus permit (the slot it took
+    away) is released: that release, not the free slot's (long ago), is what the look must see. Found by
+    a review."""
+    row, _ = JobType.objects.update_or_create(name="Export", defaults={"concurrency_limit": 2})
+    jobtypes.clear_cache()
+    long_ago = timezone.now() - timedelta(minutes=10)
+    Job.objects.enqueue("Export", queue="exports", scheduled_for=long_ago)
+    Job.objects.enqueue("Export", queue="exports", scheduled_for=long_ago)
+    (a,) = Job.objects.claim("w1", limit=1, queues=["exports"])
+    (x,) = Job.objects.claim("w1", limit=1, queues=["exports"])
+    row.concurrency_limit = 1
+    row.save()
+    jobtypes.clear_cache()
+    assert LimitPermit.objects.get(job_type=row, hold_seconds__lt=0).job_id == x.pk  # the slot the limit lost
+    Job.objects.complete(a)
+    # the free slot was released long before the look's window; a job waits in a queue w1 does not serve
+    LimitPermit.objects.filter(job_type=row, hold_seconds__isnull=True).update(held_until=long_ago)
+    Job.objects.enqueue("Export", queue="exports-b", scheduled_for=long_ago)
+    assert "exports-b" not in _look_once(listener)  # x's surplus permit is held: the scope admits nothing
+    Job.objects.complete(x)
+    assert _look_once(listener) == ["exports-b"]

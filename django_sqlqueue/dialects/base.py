@@ -698,10 +698,12 @@ class Dialect:
         run out together."""
         if not guarded:
             return self.now_plus("%s")
+        # One scalar aggregate, read once: SQL Server expands COALESCE((subquery), x) into a CASE that
+        # runs the subquery twice, and a renewal between the two reads could make the second NULL.
         j, p, job = self.n.j, self.n.p, self.n.job
-        return (f"COALESCE((SELECT MIN(h.{p['held_until']}) FROM {self.n.permit} h{self.locked_read_hint()} "
-                f"WHERE h.{p['job_id']} = {job}.{j['id']} AND h.{p['kind']} = 1 AND h.{p['held_until']} >= {self.now()} "
-                f"AND h.{p['held_until']} < {self.now_plus('%s')}), {self.now_plus('%s')})")
+        return (f"(SELECT COALESCE(MIN(h.{p['held_until']}), {self.now_plus('%s')}) FROM {self.n.permit} "
+                f"h{self.locked_read_hint()} WHERE h.{p['job_id']} = {job}.{j['id']} AND h.{p['kind']} = 1 "
+                f"AND h.{p['held_until']} >= {self.now()} AND h.{p['held_until']} < {self.now_plus('%s')})")
 
     def permit_guard_sql(self) -> str:
         """The condition under which a lease renewal may extend a job's lease while some type has a

@@ -509,7 +509,7 @@ class PostgresDialect(Dialect):
             f"scopes(ptype, pkey) AS (SELECT DISTINCT p.{p['job_type_id']}, p.{p['key']} "
             f"FROM {n.permit} p WHERE {free} AND (EXISTS (SELECT 1 FROM {n.permit} sq "
             f"WHERE sq.{p['job_type_id']} = p.{p['job_type_id']} AND sq.{p['key']} = p.{p['key']} "
-            f"AND sq.{p['kind']} = p.{p['kind']} AND sq.{p['held_until']} > {self.now_plus('%s')} "
+            f"AND sq.{p['held_until']} > {self.now_plus('%s')} "
             f"AND sq.{p['held_until']} < {self.now()}) "
             f"OR EXISTS (SELECT 1 FROM {n.job} j WHERE {scope_job})) LIMIT %s), "
             f"named(q, n) AS (SELECT q, count(*) FROM came_due GROUP BY q "
