@@ -25,6 +25,7 @@ from django_sqlqueue.exceptions import InvalidArgument
 from django_sqlqueue.handlers import Registry
 from django_sqlqueue.models import Job, JobType, LimitPermit
 from django_sqlqueue.states import Status
+from tests import workerutil as wu
 
 pytestmark = pytest.mark.django_db
 
@@ -321,11 +322,10 @@ def test_a_late_renewal_does_not_revive_a_lease_whose_permit_another_job_took(ba
 
 
 def _until_permits_ran_out(type_name: str) -> None:
-    """Wait (a bound, not a duration) until no concurrency permit of the type is held by the database clock."""
-    deadline = time.monotonic() + 60
-    while LimitPermit.objects.filter(job_type__name=type_name, kind=1, held_until__gte=Now()).exists():
-        assert time.monotonic() < deadline, "a permit stayed held"
-        time.sleep(0.05)
+    """Wait until no concurrency permit of the type is held by the database clock (the event, through the
+    suite's one waiting helper)."""
+    wu.wait_until(lambda: not LimitPermit.objects.filter(job_type__name=type_name, kind=1, held_until__gte=Now()).exists(),
+                  60, what="the permits to run out")
 
 
 @pytest.mark.django_db(transaction=True)  # PostgreSQL's now() is the transaction's start

@@ -689,6 +689,11 @@ class Dialect:
             + (f" AND {self.permit_guard_sql()}" if guarded else "")
         )
 
+    @staticmethod
+    def renewed_lease_params(lease_seconds: int, guarded: bool) -> list[Any]:
+        """The parameters :meth:`renewed_lease_sql` takes, first in a renewal's list."""
+        return [int(lease_seconds)] * (2 if guarded else 1)
+
     def renewed_lease_sql(self, guarded: bool) -> str:
         """A renewed lease: ``lease seconds`` from now (one param); ``guarded`` (two params, the lease
         seconds twice), never past the live concurrency permit the job holds. The permits are renewed

@@ -56,7 +56,7 @@ class HousekeepingMixin(RowsMixin):
                     # lease ran out is renewed only if it got its permit back (permit_guard_sql).
                     hooks.renew_permits(cursor, dialect, ids, int(lease_seconds))
                 dialect.execute(cursor, dialect.renew_leases_sql(len(ids), incarnation is not None, guarded=limited),
-                                [*[int(lease_seconds)] * (2 if limited else 1), *ids, worker,
+                                [*dialect.renewed_lease_params(lease_seconds, limited), *ids, worker,
                                  *([incarnation] if incarnation is not None else [])])
                 return cursor.rowcount
 
@@ -76,7 +76,7 @@ class HousekeepingMixin(RowsMixin):
         dialect = get_dialect(connections[alias])
         every = [job_id for _n, _i, ids in holders for job_id in ids]
         limited = bool(jobtypes.limited_type_ids(alias))
-        params: list[Any] = [*[int(lease_seconds)] * (2 if limited else 1), *every]
+        params: list[Any] = [*dialect.renewed_lease_params(lease_seconds, limited), *every]
         for name, incarnation, ids in holders:
             params += [*ids, name, incarnation]
         with connections[alias].cursor() as cursor:

@@ -55,6 +55,9 @@ from .support import (
 )
 
 log = logging.getLogger("django_sqlqueue.worker")
+#: The line a slot logs when a beat finds some of its jobs lost (the supervisor's beat or its own).
+LEASE_LOST = ("lease_lost worker=%s jobs=%s (taken over by another worker, or the lease ran out and a claim gave "
+              "the job's concurrency permit to another job)")
 
 #: Shares of the window (see the module docstring): stop claiming, then treat the running job as lost.
 CLAIM_SHARE = 0.5
@@ -496,9 +499,7 @@ class Heartbeat:
                 taken = set(result.lost) & set(self._held)
                 self.lost |= taken
             if taken:
-                log.warning("lease_lost worker=%s jobs=%s (taken over by another worker, or the lease ran out and a "
-                            "claim gave the job's concurrency permit to another job)", self.name,
-                            ",".join(map(str, sorted(taken))))
+                log.warning(LEASE_LOST, self.name, ",".join(map(str, sorted(taken))))
             if not self.replaced and not self.fatal:
                 self.ok_at = max(self.ok_at or 0.0, result.sent)
         running = self._running
@@ -620,6 +621,4 @@ class Heartbeat:
             taken &= set(self._held)
             self.lost |= taken
         if taken:
-            log.warning("lease_lost worker=%s jobs=%s (taken over by another worker, or the lease ran out and a claim "
-                        "gave the job's concurrency permit to another job)", self.name,
-                        ",".join(map(str, sorted(taken))))
+            log.warning(LEASE_LOST, self.name, ",".join(map(str, sorted(taken))))
