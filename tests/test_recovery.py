@@ -117,3 +117,64 @@ def test_the_supervisors_sweep_reads_its_hosts_rows_seldom_and_checks_their_proc
     assert sweep.run(120.0) == ["came-later/0"]  # the read 20 s after the last one finds it
     assert set(WorkerRow.objects.filter(stopped_at__isnull=False).values_list("name", flat=True)) == {
         "dies-later/0", "came-later/0"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_while_it_listens_the_sweep_reads_its_hosts_rows_when_a_worker_of_the_host_says_hello(listener) -> None:
+    """PostgreSQL: registering a worker row notifies the channel with a hello naming the host, and a
+    supervisor's sweep that LISTENs reads the host's rows on that hello (or after a LISTEN again), on a
+    long backstop otherwise: an idle worker no longer reads them every 20 s."""
+    from django_sqlqueue.dialects import hello_host
+    from django_sqlqueue.worker.heartbeat import HostSweep, register
+
+    now, host = timezone.now(), socket.gethostname()
+    hearing = {"on": True}
+    sweep = HostSweep("default", reread_seconds=20.0, listening=lambda: hearing["on"], listening_reread_seconds=300.0)
+    sweep.run(100.0)
+    assert sweep.reads == 1
+    list(listener.notifies(timeout=0.1))
+    assert register("hello-test/0", "default", incarnation="h")
+    hellos = [n.payload for n in listener.notifies(timeout=5.0, stop_after=1)]
+    assert [hello_host(p) for p in hellos] == [host[:200]]
+    WorkerRow.objects.create(name="came-later/0", host=host, process=_exited_child_key(), incarnation="c",
+                             started_at=now, last_heartbeat=now)
+    assert sweep.run(130.0) == [] and sweep.reads == 1  # 30 s on: the 20-s timer is off while it listens
+    sweep.reread()  # what the listener does on that hello
+    assert sweep.run(131.0) == ["came-later/0"] and sweep.reads == 2
+    assert sweep.run(400.0) == [] and sweep.reads == 2
+    assert sweep.run(431.0) == [] and sweep.reads == 3  # the 300-s backstop
+    hearing["on"] = False  # not listening: the 20-s timer again
+    assert sweep.run(452.0) == [] and sweep.reads == 4
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_shared_listener_passes_on_a_hello_of_its_host_and_its_own_listen(listener) -> None:
+    """The supervisor's LISTEN (SharedListener, the database thread's idle hook): a hello naming this host
+    calls ``on_hello``, one naming another host does not, and every LISTEN (the first, and after a drop)
+    calls it too, since hellos sent meanwhile went unheard."""
+    import multiprocessing
+
+    from django.db import connections
+
+    from django_sqlqueue.conf import get_settings
+    from django_sqlqueue.dialects import hello_payload
+    from django_sqlqueue.worker.contract import WakeBoard
+    from django_sqlqueue.worker.wakeup import HOST, SharedListener
+
+    channel = get_settings().NOTIFY_CHANNEL
+    calls: list[str] = []
+    shared = SharedListener("default", channel, (), WakeBoard(multiprocessing.get_context("spawn"), 1), "hello")
+    shared.on_hello = lambda: calls.append("hello")
+    poke_r, _poke_w = os.pipe()
+    try:
+        shared.idle(poke_r)  # connects and LISTENs
+        assert shared.listening and calls == ["hello"]
+        with listener.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s), pg_notify(%s, %s)",
+                           [channel, hello_payload("another-host"), channel, hello_payload(HOST)])
+        wu.wait_until(lambda: shared.idle(poke_r) or len(calls) == 2, 30, what="the hello passed on")
+        assert calls == ["hello", "hello"]
+    finally:
+        os.close(poke_r)
+        os.close(_poke_w)
+        connections["default"].close()

@@ -14,9 +14,12 @@ from .wake import (
     LOOK_MARK,
     LOOK_SEP,
     WAKE_ALL,
+    hello_host,
+    hello_payload,
     is_look,
     look_interval,
     look_jobs,
+    look_stamp,
     look_wakes,
     wake_payload,
     wakes,
@@ -26,8 +29,8 @@ if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
 __all__ = ["COL", "JOB_COLUMNS", "ClaimRequest", "Dialect", "get_dialect", "dialect_class", "capabilities",
-           "retrying", "TRANSIENT_RETRIES", "LOOK_MARK", "LOOK_SEP", "WAKE_ALL", "is_look",
-           "look_interval", "look_jobs", "look_wakes", "wake_payload", "wakes"]
+           "retrying", "TRANSIENT_RETRIES", "LOOK_MARK", "LOOK_SEP", "WAKE_ALL", "hello_host", "hello_payload", "is_look",
+           "look_interval", "look_jobs", "look_stamp", "look_wakes", "wake_payload", "wakes"]
 
 #: Tries of a statement path that lost a deadlock (or a lock timeout, a snapshot conflict).
 TRANSIENT_RETRIES = 5

@@ -923,8 +923,26 @@ class Dialect:
     def notify_sql(self) -> str | None:
         return None
 
+    #: Whether the fleet's look stamps the worker rows whose session lock a live supervisor holds, so
+    #: that an idle worker need not beat (PostgreSQL: worker/beats.py, "session liveness").
+    session_liveness = False
+
+    def lock_rows_sql(self, count: int) -> str:
+        raise NotImplementedError(f"{self.vendor} has no session liveness")
+
+    def unlock_row_sql(self) -> str:
+        raise NotImplementedError(f"{self.vendor} has no session liveness")
+
+    @staticmethod
+    def keepalive_sql() -> str:
+        raise NotImplementedError("no session liveness here")
+
+    def liveness_key(self) -> int:
+        raise NotImplementedError(f"{self.vendor} has no session liveness")
+
     def fleet_look_sql(self, channel: str, *, interval: float, since_seconds: float, default_max_attempts: int,
-                       worker_dead_after_seconds: float, rows: int) -> tuple[str, list[Any]] | None:
+                       worker_dead_after_seconds: float, rows: int,
+                       stamp_older_than: float = 0.0) -> tuple[str, list[Any]] | None:
         """The fleet's look (sent by the maintenance holder where workers LISTEN): ONE statement that
         notifies ``channel`` with a look's payload (dialects/wake.py: its ``interval``, and the queues of
         work that a claim could take and that came within reach in the last ``since_seconds``); None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,17 @@ from .wake import LOOK_MARK, LOOK_SEP, WAKE_ALL, WAKE_PAYLOAD_MAX_BYTES
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
+
+
+#: Session liveness (docs/scaling.md, "An idle worker sends nothing"): the advisory lock a supervisor
+#: holds on each of its slots' worker rows is (LIVENESS_KEY of the table, the row's id modulo 2**31).
+LOCK_ID_MODULUS = 2**31
+
+
+def liveness_key(table: str) -> int:
+    """The first key of the session locks on rows of the worker table ``table`` (unquoted): one per
+    table, so two installations in one database never stamp each other's rows."""
+    return zlib.crc32(f"django_sqlqueue:{table}".encode()) & 0x7FFFFFFF
 
 
 def _as_is(text: str) -> str:
@@ -446,11 +458,45 @@ class PostgresDialect(Dialect):
 
     can_listen = True
 
+    # ----- session liveness: an idle worker's rows stamped by the fleet's look -------------------------
+    session_liveness = True
+
+    def liveness_key(self) -> int:
+        return liveness_key(queue_model("Worker")._meta.db_table)
+
+    def lock_rows_sql(self, count: int) -> str:
+        """Take the session lock of the live worker rows named (``count`` names; params: the key, then
+        the names): each row's id, name, whether the lock is held, and the clock AFTER it was taken (a
+        look whose transaction began later saw it: :meth:`fleet_look_sql`). A lock already held is taken
+        again (session locks count): the caller asks for each row once per connection."""
+        n, w = self.n, self.n.w
+        marks = ", ".join(["%s"] * count)
+        return (f"WITH l AS MATERIALIZED (SELECT w.{w['id']} AS id, w.{w['name']} AS name, "
+                f"pg_try_advisory_lock(%s, (w.{w["id"]} %% {LOCK_ID_MODULUS})::int4) AS ok "
+                f"FROM {n.worker_table} w WHERE w.{w['name']} IN ({marks}) AND w.{w['stopped_at']} IS NULL) "
+                f"SELECT l.id, l.name, l.ok, extract(epoch FROM clock_timestamp())::float8 FROM l")
+
+    def unlock_row_sql(self) -> str:
+        """Release one row's session lock (params: the key, the row's id)."""
+        return f"SELECT pg_advisory_unlock(%s, (%s %% {LOCK_ID_MODULUS})::int4)"
+
+    @staticmethod
+    def keepalive_sql() -> str:
+        """Make the server notice a vanished client within about 25 s (TCP keepalives on this session):
+        its session locks, which keep its rows stamped, must not outlive a host that lost power by the
+        kernel's default two hours. Ignored on a Unix socket, where a dead client is seen at once."""
+        return ("SELECT set_config('tcp_keepalives_idle', '10', false), "
+                "set_config('tcp_keepalives_interval', '5', false), set_config('tcp_keepalives_count', '3', false)")
+
     def fleet_look_sql(self, channel: str, *, interval: float, since_seconds: float, default_max_attempts: int,
-                       worker_dead_after_seconds: float, rows: int) -> tuple[str, list[Any]]:
+                       worker_dead_after_seconds: float, rows: int,
+                       stamp_older_than: float = 0.0) -> tuple[str, list[Any]]:
         """The fleet's look, ONE statement of index seeks (docs/scaling.md, "The fleet's look")::
 
-            WITH RECURSIVE pr AS (the claimable priorities, one claim-index seek each),
+            WITH RECURSIVE stamped AS (the live worker rows whose session lock is held (their
+                                       supervisor's connection is alive) and whose heartbeat is older
+                                       than ``stamp_older_than``: heartbeat now),
+                 pr AS (the claimable priorities, one claim-index seek each),
                  came_due AS (per priority, the queues of the jobs that came due in the last
                               ``since_seconds``: a range of the claim index, at most ``rows`` per priority),
                  back AS (the queues of Processing jobs a claim takes back since the window began
@@ -461,7 +507,11 @@ class PostgresDialect(Dialect):
                             job that came due in it, at most ``rows``),
                  named AS (came_due UNION back UNION per scope the queues of its due jobs (at most
                            ``rows`` read))
-            SELECT pg_notify(channel, LOOK_MARK interval LOOK_MARK queue:jobs,...)
+            SELECT pg_notify(channel, LOOK_MARK interval/live slots/now LOOK_MARK queue:jobs,...)
+
+        The header's ``now`` (the transaction's start, seconds since 1970) tells a supervisor whose rows'
+        locks were taken before it that its rows are stamped: it need not beat for idle slots
+        (worker/beats.py). ``stamp_older_than`` 0 stamps nothing.
 
         Each queue is named with the number of its jobs found (a worker wakes as many idle slots), or
         the names are ``*`` (every queue, every idle slot) when a part read as many rows as it may
@@ -489,8 +539,15 @@ class PostgresDialect(Dialect):
         lease = j["lease_expires_at"]
         scope_job = (f"{self.limited_job_predicate('p.' + p['job_type_id'], 'p.' + p['key'])} AND {limited_common} "
                      f"AND j.{j['scheduled_for']} > {self.now_plus('%s')}")
+        # Rows whose supervisor holds their session lock: pg_locks read once (an uncorrelated IN)
+        locked = ("SELECT l.objid::int8 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
+                  "AND l.objsubid = 2 AND l.classid::int8 = %s "
+                  "AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())")
         sql = (
-            f"WITH RECURSIVE pr(p) AS ("
+            f"WITH RECURSIVE stamped AS (UPDATE {n.worker_table} w SET {beat} = {self.now()} "
+            f"WHERE %s > 0 AND w.{stopped} IS NULL AND w.{beat} < {self.now_plus('%s')} "
+            f"AND w.{w["id"]} %% {LOCK_ID_MODULUS} IN ({locked}) RETURNING 1), "
+            f"pr(p) AS ("
             f"(SELECT j.{prio} FROM {n.job} j WHERE {in_index} ORDER BY j.{prio} DESC LIMIT 1) "
             f"UNION ALL SELECT (SELECT j.{prio} FROM {n.job} j WHERE {in_index} AND j.{prio} < pr.p "
             f"ORDER BY j.{prio} DESC LIMIT 1) FROM pr WHERE pr.p IS NOT NULL), "
@@ -518,17 +575,18 @@ class PostgresDialect(Dialect):
             f"CROSS JOIN LATERAL (SELECT DISTINCT x.q FROM (SELECT j.{queue} AS q FROM {n.job} j WHERE "
             f"{self.limited_job_predicate('fp.ptype', 'fp.pkey')} AND {limited_common} LIMIT %s) x) l) "
             # Every queue (*) when a part found as many rows as it reads: more may lie beyond
-            f"SELECT pg_notify(%s, %s || ({live}) || %s || COALESCE((SELECT CASE WHEN "
+            f"SELECT pg_notify(%s, %s || ({live}) || %s || extract(epoch FROM {self.now()})::float8 || %s || COALESCE((SELECT CASE WHEN "
             f"(SELECT count(*) FROM came_due) >= %s OR (SELECT count(*) FROM back) >= %s "
             f"OR (SELECT count(*) FROM scopes) >= %s OR octet_length(x) > %s THEN %s ELSE x END "
             f"FROM (SELECT string_agg(q || ':' || n, %s ORDER BY q) AS x "
             f"FROM (SELECT q, sum(n) AS n FROM named GROUP BY q) t) s), ''))"
         )
         back, dead = -float(since_seconds), -float(worker_dead_after_seconds)
-        params = [back, *common_params, rows,
+        params = [stamp_older_than, -float(stamp_older_than), self.liveness_key(),
+                  back, *common_params, rows,
                   back, back, dead, dead + back, *common_params, rows,
                   *free_params, back, *limited_params, back, rows, *limited_params, rows,
-                  channel, f"{LOOK_MARK}{interval:g}/", dead, LOOK_MARK, rows, rows, rows,
+                  channel, f"{LOOK_MARK}{interval:g}/", dead, "/", LOOK_MARK, rows, rows, rows,
                   WAKE_PAYLOAD_MAX_BYTES - 64, WAKE_ALL, LOOK_SEP]
         return sql, params
 

@@ -34,14 +34,34 @@ def wake_payload(queues: Iterable[str]) -> str:
 
 #: The first character of a look's payload (a control character: no queue name starts with it in
 #: practice, and one that did would only be read as a look that names the rest). A look's payload is
-#: ``LOOK_MARK <interval>/<live slots> LOOK_MARK <queue>:<jobs> LOOK_SEP ...`` (or ``*``): the receiver
-#: counts the looks as running for three of the SENDER's intervals (its own FLEET_LOOK_SECONDS may
-#: differ), and wakes its share of the idle slots the jobs named in its queues need.
+#: ``LOOK_MARK <interval>/<live slots>/<stamp> LOOK_MARK <queue>:<jobs> LOOK_SEP ...`` (or ``*``): the
+#: receiver counts the looks as running for three of the SENDER's intervals (its own FLEET_LOOK_SECONDS
+#: may differ), and wakes its share of the idle slots the jobs named in its queues need. ``stamp`` is the
+#: database's clock when the look began (seconds since 1970): the look stamped the heartbeat of every
+#: worker row whose session lock was held then (session liveness, worker/beats.py).
 LOOK_MARK = "\x1e"
 #: Between a look's queues (a queue name may hold a comma; an enqueue's payload, older, uses commas).
 LOOK_SEP = "\x1f"
+#: The look stamps a locked worker row whose heartbeat is older than this (seconds): a row it leaves
+#: alone is at most this much older than the look's stamp.
+LOOK_STAMPS_OLDER_THAN = 5.0
 #: A look naming every queue (``*``) counts as this many jobs.
 LOOK_ALL_JOBS = 1_000_000
+
+
+#: The first character of a worker's hello: ``HELLO_MARK <host>``, sent when a worker row of that host
+#: is registered, so that the host's other workers read its rows for their sweep of gone processes
+#: (worker/heartbeat.HostSweep) at once instead of on a timer.
+HELLO_MARK = "\x1d"
+
+
+def hello_payload(host: str) -> str:
+    return f"{HELLO_MARK}{host}"
+
+
+def hello_host(payload: str) -> str | None:
+    """The host a worker's hello names (None: not a hello)."""
+    return payload[len(HELLO_MARK):] if payload.startswith(HELLO_MARK) else None
 
 
 def is_look(payload: str) -> bool:
@@ -49,14 +69,22 @@ def is_look(payload: str) -> bool:
     return payload.startswith(LOOK_MARK)
 
 
-def _look_header(payload: str) -> tuple[float, int] | None:
+def _look_header(payload: str) -> tuple[float, int, float | None] | None:
     if not is_look(payload):
         return None
-    interval, _, slots = payload[len(LOOK_MARK):].partition(LOOK_MARK)[0].partition("/")
+    interval, _, rest = payload[len(LOOK_MARK):].partition(LOOK_MARK)[0].partition("/")
+    slots, _, stamp = rest.partition("/")
     try:
-        return float(interval), int(slots or 0)
+        return float(interval), int(slots or 0), float(stamp) if stamp else None
     except ValueError:
         return None
+
+
+def look_stamp(payload: str) -> float | None:
+    """When the look's statement began on the database's clock (seconds since 1970): it stamped every
+    live worker row whose session lock was taken before that. None: not a look, or a look without it."""
+    header = _look_header(payload)
+    return None if header is None else header[2]
 
 
 def look_interval(payload: str) -> float | None:
@@ -101,5 +129,7 @@ def wakes(payload: str, queues: Iterable[str]) -> bool:
     look that names no job of them wakes nobody: it only says that the look runs."""
     if is_look(payload):
         return look_jobs(payload, queues) > 0
+    if payload.startswith(HELLO_MARK):
+        return False
     served = set(queues)
     return not served or payload == WAKE_ALL or not served.isdisjoint(payload.split(","))

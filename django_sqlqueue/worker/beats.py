@@ -19,6 +19,19 @@ Safety, with the beats out of the slot process:
 - A slot stuck in its handler keeps reporting (its reporting thread runs): its lease is renewed, and
   the job's timeout (the supervisor's SIGKILL at the type's ``timeout_seconds``) bounds it, as before.
 
+Session liveness (PostgreSQL, LISTEN on the supervisor's own connection): an idle fleet must not send
+one heartbeat per worker (issue 28). The supervisor takes a session-level advisory lock on each of its
+slots' worker rows, on the connection that LISTENs, and the maintenance holder's look stamps in the same
+statement every live row whose lock is held (``PostgresDialect.fleet_look_sql``). A look's header
+carries the database clock at which it began; once a look began after the locks were taken, the rows
+are known fresh, and while no slot holds a job or has finished one since the last beat the supervisor
+answers its slots from that look instead of beating (:meth:`Beats._stamped`). A slot that claims gets a
+real beat at once (its leases need one); so does a stale slot (its lock is released, its row goes
+stale); the connection's loss takes the locks with it (the supervisor beats again until it relocks);
+and a real beat goes at least every ``IDLE_BEAT_SECONDS`` (it is what learns that a row was replaced).
+The server drops a dead client's session, and its locks, within about 25 s (TCP keepalives, set on the
+session): a host that lost power stops being stamped.
+
 Cancel requests of running attempts are looked for here too (every ``CANCEL_CHECK_SECONDS`` while a job
 runs longer than that), and sent to the slot running the attempt.
 """
@@ -34,6 +47,7 @@ from django.db import DatabaseError, connections
 from django.db.models import Case, F, IntegerField, Q, Value, When
 
 from ..dialects import get_dialect
+from ..dialects.wake import LOOK_STAMPS_OLDER_THAN
 from .contract import BeatResult, SlotReport
 from .dbthread import Call, DatabaseThread
 from .heartbeat import REPORT_SECONDS, RETRY_SECONDS
@@ -45,6 +59,13 @@ log = logging.getLogger("django_sqlqueue.supervisor")
 STALE_SECONDS = 5 * REPORT_SECONDS
 #: Most job ids in one renewal statement (SQL Server takes 2,100 parameters).
 MAX_IDS = 900
+#: Under session liveness, an idle worker still beats this often (it learns there that a row was replaced).
+IDLE_BEAT_SECONDS = 300.0
+#: A look's stamp older than this (on the database's clock, as this host sees it) stands for no beat.
+STAMP_FRESH_SECONDS = 10.0
+#: ... and one whose row stamp is older than this share of WORKER_DEAD_AFTER_SECONDS (the slots would
+#: soon stop claiming on it: heartbeat.CLAIM_SHARE is 0.5).
+STAMP_SHARE = 0.25
 
 
 @dataclass
@@ -94,6 +115,14 @@ class Beats:
     _said_failing: bool = False
     _identity: Any = None
     _fatal: str | None = None
+    #: Session liveness: the supervisor's SharedListener (its looks' stamps), or None (module docstring).
+    session: Any = None
+    _locks: dict[str, int] = field(default_factory=dict)  # slot name -> worker row id, locked on _lock_conn
+    _lock_conn: Any = None
+    _locked_at: float = 0.0  # the database's clock just after the last lock was taken
+    _clock_offset: float = 0.0  # the database's clock minus this host's, as the lock statement saw it
+    #: Beats answered from a look's stamp, without a statement (for the tests and the benchmark).
+    stamped_beats: int = 0
 
     @property
     def beaten(self) -> bool:
@@ -136,6 +165,8 @@ class Beats:
         self._collect(now)
         self._answer()
         members = self._members(now) if self._call is None and now >= self._next_beat else []
+        if members and self._stamped(members, now):
+            members = []
         if members:
             self._beat = (list(self.slots.values()), members)
             self._outcome = {}
@@ -183,6 +214,33 @@ class Beats:
         if self._failing_since is not None:
             interval = min(interval, RETRY_SECONDS)
         return max(0.05, interval)
+
+    def _stamped(self, members: list[_Member], now: float) -> bool:
+        """Answer idle slots from the fleet's look instead of beating, when it stamped their rows (the
+        module docstring says when); True if it did."""
+        session, conn = self.session, self._lock_conn
+        stamp = session.stamp if session is not None else None
+        if stamp is None or conn is None or session.connection is not conn or self._last_sent is None:
+            return False
+        if now - self._last_sent >= IDLE_BEAT_SECONDS or stamp[0] <= self._locked_at:
+            return False
+        if len(members) != len(self.slots) or set(self._locks) != {m.name for m in members}:
+            return False  # a slot stale, gone or not locked yet: its row must not be stamped for it
+        if any(m.held or m.done for m in members):
+            return False  # leases to renew, finished jobs to count: a real beat
+        # The look's start on this host's monotonic clock; the row was stamped then, or within the
+        # LOOK_STAMPS_OLDER_THAN before (the look leaves a fresher row alone).
+        age = max(0.0, time.time() + self._clock_offset - stamp[0])
+        began = min(stamp[1], now - age)
+        sent = began - LOOK_STAMPS_OLDER_THAN
+        if now - began > STAMP_FRESH_SECONDS or now - sent > self.dead_after * STAMP_SHARE:
+            return False  # an old look, or a dead-after time too short for a look's stamp to stand for a beat
+        for slot in list(self.slots.values()):
+            slot.answered = True
+            self._send(slot, BeatResult(sent=sent, ok=True, done=slot.stamped))
+        self.stamped_beats += 1
+        self._next_beat = now + self.interval()
+        return True
 
     def _answer(self) -> None:
         """Send the results of a finished beat (and of a look for cancel requests) to their slots."""
@@ -300,10 +358,44 @@ class Beats:
                 name__in=[m.name for m in members], stopped_at__isnull=True).values_list("name", "incarnation"))
             replaced = {m.name for m in members if (m.name, m.incarnation) not in live}
         self._check_identity()
+        if self.session is not None:
+            self._lock_rows(members)
         return {m.name: BeatResult(sent=sent, ok=True, renewed=tuple(sorted(renewed[m.name])),
                                    lost=tuple(sorted(lost[m.name])), replaced=m.name in replaced,
                                    fatal=self._fatal, done=m.done_total)
                 for m in members}
+
+    def _lock_rows(self, members: list[_Member]) -> None:
+        """Session liveness: hold the session lock of exactly the beaten slots' rows, on the connection
+        that LISTENs (one statement when a slot is new to it; none in the steady state)."""
+        wrapper = connections[self.using]
+        raw = wrapper.connection
+        if raw is None or raw is not self.session.connection:
+            self._locks, self._lock_conn = {}, None  # not listening here: no looks to stand for beats
+            return
+        dialect = get_dialect(wrapper)
+        key = dialect.liveness_key()
+        try:
+            with wrapper.cursor() as cursor:
+                if self._lock_conn is not raw:  # a new connection: the old one's locks went with it
+                    self._locks, self._lock_conn, self._locked_at = {}, None, 0.0
+                    cursor.execute(dialect.keepalive_sql())
+                    self._lock_conn = raw
+                names = {m.name for m in members}
+                for name in [n for n in self._locks if n not in names]:
+                    cursor.execute(dialect.unlock_row_sql(), [key, self._locks.pop(name)])
+                new = sorted(names - set(self._locks))
+                if new:
+                    cursor.execute(dialect.lock_rows_sql(len(new)), [key, *new])
+                    for row_id, name, ok, clock in cursor.fetchall():
+                        if ok:
+                            self._locks[name] = row_id
+                        self._locked_at = max(self._locked_at, clock)
+                        self._clock_offset = clock - time.time()
+        except DatabaseError as exc:  # never the beat's failure: the slots are beaten, not stamped
+            log.info("session_lock_failed worker=%s error=%s", self.worker, one_line(exc))
+            self._locks, self._lock_conn = {}, None
+            close_connection(self.using)
 
     def _find_taken(self, holders: list[tuple[str, str, list[int]]]) -> set[int]:
         """Of these held jobs, those lost: another worker or incarnation holds them now, or they are still

@@ -41,7 +41,7 @@ from django.db.models import DateTimeField, F, Q
 from django.db.models.expressions import RawSQL
 
 from ..conf import get_settings
-from ..dialects import get_dialect
+from ..dialects import get_dialect, hello_payload
 from ..exceptions import WorkerNameInUse
 from .contract import BeatResult, SlotReport
 from .support import (
@@ -111,15 +111,31 @@ def register(name: str, using: str, incarnation: str = "", queues: Sequence[str]
                        "heartbeat to go stale" if unproved else ""))
             mine = free | Q(host=host, pid=holder["pid"], process=holder["process"])
         if rows.filter(mine, name=name).update(**values):
-            return True
+            return _hello(using, host)
         if holder is None and not rows.filter(name=name).exists():
             try:
                 with transaction.atomic(using=using):
                     rows.create(name=name, **values)
-                return True
+                return _hello(using, host)
             except IntegrityError:
                 pass  # another worker created it just now: look again
     raise WorkerNameInUse(f"worker name {name!r} keeps changing hands; is another worker starting under it?")
+
+
+def _hello(using: str, host: str) -> bool:
+    """Tell the workers of this host that a row of it was registered (where workers LISTEN): they read
+    their host's rows for the sweep of gone processes at once (:class:`HostSweep`), so an idle worker
+    need not read them on a short timer. Never the registration's failure. Returns True."""
+    channel = get_settings().NOTIFY_CHANNEL
+    connection = connections[using]
+    sql = get_dialect(connection).notify_sql() if channel else None
+    if sql:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, [channel, hello_payload(host)])
+        except DatabaseError as exc:
+            log.info("hello_failed host=%s error=%s", host, one_line(exc))
+    return True
 
 
 def _holder_gone(holder: dict[str, Any], host: str, pid: int) -> bool:
@@ -207,17 +223,37 @@ class HostSweep:
     (a statement only when a process is gone). A worker that registered after the last read and dies
     before the next one is found at that read; the supervisor rereads at least three times within
     ``WORKER_DEAD_AFTER_SECONDS``, so that is still sooner than its heartbeat would go stale.
+
+    Where the worker LISTENs (PostgreSQL), a newly registered row of the host says hello on the channel
+    (:func:`register`) and the listener calls :meth:`reread`; the rows are then read on that hello, after
+    each LISTEN (hellos sent meanwhile went unheard) and every ``listening_reread_seconds`` (300 s) as a
+    backstop: an idle worker reads them about once in five minutes instead of three times a minute.
     """
 
-    def __init__(self, using: str, reread_seconds: float) -> None:
+    def __init__(self, using: str, reread_seconds: float, *, listening: Callable[[], bool] = lambda: False,
+                 listening_reread_seconds: float = 300.0) -> None:
         self.using = using
         self.reread_seconds = reread_seconds
+        #: While the worker LISTENs, a row registered on this host says hello (:meth:`reread` at once),
+        #: so the rows are read on this longer backstop only.
+        self.listening = listening
+        self.listening_reread_seconds = listening_reread_seconds
+        self.reads = 0
         self._rows: list[HostRow] | None = None
         self._read_at = 0.0
+        self._stale = False
+
+    def reread(self) -> None:
+        """A worker of this host registered (its hello), or hellos may have gone unheard (LISTEN again):
+        read the rows at the next run. Safe from any thread."""
+        self._stale = True
 
     def run(self, now: float) -> list[str]:
         """One sweep at ``now`` (monotonic); returns the names stamped stopped."""
-        if self._rows is None or now - self._read_at >= self.reread_seconds:
+        every = self.listening_reread_seconds if self.listening() else self.reread_seconds
+        if self._rows is None or self._stale or now - self._read_at >= every:
+            self._stale = False
+            self.reads += 1
             self._rows, self._read_at = _host_rows(self.using), now
         gone = [row for row in self._rows if process_gone(row[2])]
         if not gone:

@@ -51,6 +51,7 @@ from django.utils import timezone
 
 from ..conf import get_settings, retention_ages
 from ..dialects import WAKE_ALL, get_dialect
+from ..dialects.wake import LOOK_STAMPS_OLDER_THAN
 from ..ops.rollup import Rollup
 from ..queue.wakeups import wake_on_commit
 from ..states import Status
@@ -303,6 +304,7 @@ class Maintenance:
             settings.NOTIFY_CHANNEL, interval=interval, since_seconds=since,
             default_max_attempts=settings.MAX_ATTEMPTS,
             worker_dead_after_seconds=settings.WORKER_DEAD_AFTER_SECONDS, rows=LOOK_ROWS,
+            stamp_older_than=LOOK_STAMPS_OLDER_THAN,
         ) if settings.NOTIFY_CHANNEL and interval > 0 else None
         if look is None:
             return LOOK_OFF_SECONDS

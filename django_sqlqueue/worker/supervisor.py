@@ -188,7 +188,11 @@ class Supervisor:
         board = self._board
         if board is not None:  # a holder's look heard here: its lease is alive, no need to try for it
             self._maintenance.look_heard = lambda: board.look_runs(time.monotonic())
-        self._host_sweep = HostSweep(self._using, min(SWEEP_REREAD_SECONDS, settings.WORKER_DEAD_AFTER_SECONDS / 3))
+        self._host_sweep = HostSweep(self._using, min(SWEEP_REREAD_SECONDS, settings.WORKER_DEAD_AFTER_SECONDS / 3),
+                                     listening=lambda: board is not None and bool(board.listening.value))
+        for hears in (getattr(self, "_shared_listener", None), self._listen_thread):
+            if hears is not None:  # a worker of this host registered: read the host's rows at the next sweep
+                hears.on_hello = self._host_sweep.reread
         budget = ctx.Value("q", self.config.max_jobs) if self.config.max_jobs is not None else None
         self._budget = budget
         self._slots = [Slot(i, f"{self.config.name}/{i}", Flag(ctx), ctx.RawArray("q", N_COUNTERS))
@@ -299,6 +303,8 @@ class Supervisor:
             return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS)
         self._shared_listener = wakeup.SharedListener(self._using, settings.NOTIFY_CHANNEL, self.config.queues,
                                                       self._board, self.config.name)
+        if capabilities(vendor).session_liveness:  # the looks stamp idle slots' rows
+            self._beats.session = self._shared_listener
         return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS, idle=self._shared_listener.idle)
 
     def _connect_first(self) -> None:

@@ -38,14 +38,17 @@ from __future__ import annotations
 import logging
 import secrets
 import select
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from ..dialects import look_interval, look_wakes, wakes
+from ..dialects import hello_host, look_interval, look_stamp, look_wakes, wakes
 
 log = logging.getLogger("django_sqlqueue.worker")
+#: This host's name as worker rows carry it (heartbeat.register): a hello naming it is for this worker.
+HOST = socket.gethostname()[:200]
 
 #: Seconds a listener waits for its own test notification before it decides LISTEN does not work
 #: here. A working connection gets it in milliseconds; only a broken setup waits this long (once).
@@ -122,6 +125,7 @@ class PgListener:
         self.slots = 1
         #: How many times :meth:`wait` connected and LISTENed again after a drop.
         self.relistened = 0
+        self.hellos = 0  # hellos heard from workers of this host (ListenerThread passes them on)
 
     @property
     def listening(self) -> bool:
@@ -256,6 +260,8 @@ class PgListener:
                 continue
             try:
                 for note in self._conn.notifies(timeout=min(left, 0.25), stop_after=1):
+                    if hello_host(note.payload) == HOST:
+                        self.hellos += 1
                     interval = look_interval(note.payload)
                     if interval is not None:
                         self.looked_at, self.look_every = time.monotonic(), interval
@@ -374,10 +380,21 @@ class SharedListener:
         self.disabled = False
         self._listening: Any = None  # the psycopg connection the LISTEN is on
         self._retry_at = 0.0
+        #: The last look heard with a stamp on this connection: (its stamp on the database's clock,
+        #: monotonic time it was heard). Read by the supervisor's beats (session liveness).
+        self.stamp: tuple[float, float] | None = None
+        #: Called when a worker of this host says hello, and after each LISTEN (hellos may have gone
+        #: unheard): the supervisor's sweep reads its host's rows again (heartbeat.HostSweep).
+        self.on_hello: Callable[[], None] = lambda: None
 
     @property
     def listening(self) -> bool:
         return self._listening is not None and not self.disabled
+
+    @property
+    def connection(self) -> Any:
+        """The psycopg connection the LISTEN is on (None: not listening)."""
+        return None if self.disabled else self._listening
 
     def idle(self, poke: int) -> None:
         conn = self._connection()
@@ -396,8 +413,15 @@ class SharedListener:
         for note in notes:
             if note.channel != self.channel:
                 continue
+            if hello_host(note.payload) is not None:
+                if hello_host(note.payload) == HOST:
+                    self.on_hello()
+                continue
             interval = look_interval(note.payload)
             if interval is not None:
+                stamp = look_stamp(note.payload)
+                if stamp is not None:
+                    self.stamp = (stamp, time.monotonic())
                 self.board.looked(interval)
                 self.board.wake_some(look_wakes(note.payload, self.queues, self.board.slots))
             elif wakes(note.payload, self.queues):
@@ -454,6 +478,7 @@ class SharedListener:
         # looks once now, and one wake-up is kept for the next slot to idle.
         self.board.wake_idle()
         self.board.wake_one()
+        self.on_hello()
 
     def _lost(self, exc: BaseException) -> None:
         from .support import close_connection
@@ -461,6 +486,7 @@ class SharedListener:
         log.info("listen_unavailable worker=%s error=%s (polling until it is back)", self.worker,
                  " ".join(str(exc).split())[:200])
         self._listening = None
+        self.stamp = None
         self.board.listening.value = 0
         self._retry_at = time.monotonic() + 5.0
         close_connection(self.using)
@@ -474,6 +500,8 @@ class ListenerThread:
         self.listener = listener
         self.board = board
         listener.slots = board.slots
+        #: As SharedListener.on_hello.
+        self.on_hello: Callable[[], None] = lambda: None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="sqlqueue-listen", daemon=True)
 
@@ -490,7 +518,7 @@ class ListenerThread:
 
     def _run(self) -> None:
         seen = 0.0
-        relistened = self.listener.relistened
+        relistened, hellos = self.listener.relistened, self.listener.hellos
         while not self._stop.is_set():
             # A second at most: a look that arrived is told to the board while it is fresh.
             self.listener.look_named = 0
@@ -500,6 +528,10 @@ class ListenerThread:
                 relistened = self.listener.relistened
                 self.board.wake_idle()
                 self.board.wake_one()
+                self.on_hello()
+            if self.listener.hellos != hellos:
+                hellos = self.listener.hellos
+                self.on_hello()
             if self.listener.looked_at > seen:
                 seen = self.listener.looked_at
                 self.board.looked(self.listener.look_every)

@@ -1,0 +1,134 @@
+"""Session liveness (issue 28): an idle PostgreSQL worker sends no heartbeat; the fleet's look stamps its rows.
+
+A supervisor that LISTENs on its own connection holds a session-level advisory lock on each of its slots'
+worker rows there; the maintenance holder's look stamps, in its one statement, every live row whose lock
+is held, and says in its header when it began. While its slots hold no job the worker answers them from
+that stamp instead of beating (worker/beats.py).
+
+Which statement wrote a worker row's heartbeat is read by a trigger the test installs on the worker
+table (``current_query()`` of each update that moved ``last_heartbeat``): the look's statement calls
+``pg_notify``, a beat's does not. Real worker processes, a real server; order and counts, no timings.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_sqlqueue.dialects import get_dialect, wake
+from django_sqlqueue.models import Job, JobType, Worker
+from django_sqlqueue.states import Status
+from tests import workerutil as wu
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
+worker_procs = wu.worker_procs
+
+# Beats every 2 s (HEARTBEAT_SECONDS), so that a window of a few looks would hold several beats.
+FAST_BEATS = {"SQLQUEUE_TEST_DEAD_AFTER": "60", "SQLQUEUE_TEST_HEARTBEAT": "2"}
+
+
+@pytest.fixture
+def stamp_log() -> Iterator[None]:
+    """A trigger that logs (row name, statement) for each update that moves a worker row's heartbeat."""
+    if connection.vendor != "postgresql":
+        pytest.skip("session liveness is PostgreSQL's (advisory locks, LISTEN)")
+    table = connection.ops.quote_name(Worker._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE sq_test_stamps (name text, query text, n bigserial)")
+        cursor.execute(
+            "CREATE FUNCTION sq_test_stamp() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF NEW.last_heartbeat IS DISTINCT FROM OLD.last_heartbeat THEN "
+            "INSERT INTO sq_test_stamps (name, query) VALUES (NEW.name, current_query()); END IF; "
+            "RETURN NEW; END $$")
+        cursor.execute(f"CREATE TRIGGER sq_test_stamp AFTER UPDATE ON {table} FOR EACH ROW "
+                       f"EXECUTE FUNCTION sq_test_stamp()")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TRIGGER IF EXISTS sq_test_stamp ON {table}")
+            cursor.execute("DROP FUNCTION IF EXISTS sq_test_stamp()")
+            cursor.execute("DROP TABLE IF EXISTS sq_test_stamps")
+
+
+def _stamps(name_prefix: str, after: int = 0) -> tuple[int, int, int]:
+    """(looks, beats, last log position) among the heartbeat updates of rows named ``name_prefix*``."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT query LIKE %s, count(*), max(n) FROM sq_test_stamps WHERE name LIKE %s AND n > %s "
+                       "GROUP BY 1", ["%pg_notify%", name_prefix + "%", after])
+        rows = cursor.fetchall()
+    looks = sum(n for by_look, n, _ in rows if by_look)
+    beats = sum(n for by_look, n, _ in rows if not by_look)
+    return looks, beats, max([after, *(last for *_, last in rows)])
+
+
+def _locks_held(name_prefix: str) -> int:
+    """How many rows named ``name_prefix*`` have their session lock held (by any session)."""
+    key = get_dialect(connection).liveness_key()
+    table = connection.ops.quote_name(Worker._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT count(*) FROM {table} w WHERE w.name LIKE %s AND w.id IN (SELECT l.objid::int8 "
+                       f"FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.classid::int8 = %s)",
+                       [name_prefix + "%", key])
+        return cursor.fetchone()[0]
+
+
+def test_an_idle_worker_sends_no_beat_while_the_look_stamps_its_rows(worker_procs, stamp_log: None,
+                                                                    listener: Any) -> None:
+    """Worker ``holder`` (1 slot) starts first and sends the looks; worker ``idle`` (2 slots) hears them.
+
+    1. Once a look has stamped ``idle``'s two rows, the next stretch of five looks holds no beat of
+       ``idle``'s (at a beat every 2 s, about five would have gone), and its rows are stamped by the
+       looks alone.
+    2. A job in its queue: its slot claims it, and real beats come again while it runs and after it
+       finishes (the finished job is counted on the row: ``jobs_done``).
+    3. ``kill -9`` of the idle worker: its session ends, its locks go with it, and the looks stamp its
+       rows no more (the sweep of a gone process stamps them stopped).
+    """
+    JobType.objects.get_or_create(name="test.Sleep")
+    holder = worker_procs("--worker-name", "holder", "--concurrency", "1", "--queue", "elsewhere", env=FAST_BEATS)
+    wu.wait_until(lambda: wake.look_stamp(next(iter(_payloads(listener)), "")) is not None, 120,
+                  what=f"the holder's first look\n{holder.output()}")
+    idle = worker_procs("--worker-name", "idle", "--concurrency", "2", "--queue", "idle", env=FAST_BEATS)
+    wu.wait_until(lambda: _locks_held("idle/") == 2, 120,
+                  what=f"the idle worker's two row locks\n{idle.output()}\n{holder.output()}")
+    wu.wait_until(lambda: _stamps("idle/")[0] >= 2, 120, what=f"a look stamping both rows\n{idle.output()}")
+
+    # 1. Five looks (about 10 s): the idle worker's rows are stamped by looks, not by its beats.
+    _, _, mark = _stamps("idle/")
+    for _ in range(5):
+        wu.wait_until(lambda: _payloads(listener), 60, what="a look")
+    time.sleep(0.5)  # a beat on its way as the last look arrived
+    looks, beats, mark = _stamps("idle/", mark)
+    assert beats == 0, (looks, beats, idle.output())
+    assert looks >= 2, (looks, beats)
+    fresh = Worker.objects.filter(name__startswith="idle/", stopped_at__isnull=True).count()
+    assert fresh == 2
+
+    # 2. Work: the slot that claims gets real beats (its lease), and the finish is counted on its row.
+    job = Job.objects.enqueue("test.Sleep", {"seconds": 5}, queue="idle")
+    wu.wait_until(lambda: Job.objects.get(pk=job.pk).state == Status.COMPLETED, 120,
+                  what=f"the job to complete\n{idle.output()}")
+    worker_name = Job.objects.get(pk=job.pk).worker
+    wu.wait_until(lambda: Worker.objects.get(name=worker_name).jobs_done == 1, 60,
+                  what=f"the finish counted on the row\n{idle.output()}")
+    assert _stamps("idle/", mark)[1] >= 2, idle.output()  # beats renewed the running job's lease
+
+    # 3. kill -9: the locks go with the session; no look stamps its rows after that.
+    idle.kill_group()
+    wu.wait_until(lambda: _locks_held("idle/") == 0, 60, what="the killed worker's locks released")
+    _, _, mark = _stamps("idle/")
+    for _ in range(4):
+        wu.wait_until(lambda: _payloads(listener), 60, what="a look")
+    assert _stamps("idle/", mark)[0] == 0
+    holder.signal(signal.SIGTERM)
+    assert holder.wait(60) == 0, holder.output()
+
+
+def _payloads(conn: Any) -> list[str]:
+    return [n.payload for n in conn.notifies(timeout=3.0, stop_after=1) if wake.is_look(n.payload)]
