@@ -12,6 +12,7 @@ table (``current_query()`` of each update that moved ``last_heartbeat``): the lo
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
 import time
 from collections.abc import Iterator
@@ -69,12 +70,12 @@ def _stamps(name_prefix: str, after: int = 0) -> tuple[int, int, int]:
 
 def _locks_held(name_prefix: str) -> int:
     """How many rows named ``name_prefix*`` have their session lock held (by any session)."""
-    key = get_dialect(connection).liveness_key()
     table = connection.ops.quote_name(Worker._meta.db_table)
+    key = get_dialect(connection).liveness_key_sql()  # from the worker table's oid (param: its name)
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT count(*) FROM {table} w WHERE w.name LIKE %s AND w.id IN (SELECT l.objid::int8 "
-                       f"FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.classid::int8 = %s)",
-                       [name_prefix + "%", key])
+                       f"FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted AND l.classid::int8 = {key})",
+                       [name_prefix + "%", table])
         return cursor.fetchone()[0]
 
 
@@ -132,3 +133,66 @@ def test_an_idle_worker_sends_no_beat_while_the_look_stamps_its_rows(worker_proc
 
 def _payloads(conn: Any) -> list[str]:
     return [n.payload for n in conn.notifies(timeout=3.0, stop_after=1) if wake.is_look(n.payload)]
+
+
+def test_the_supervisor_locks_each_slots_row_of_its_incarnation_and_lets_go_of_the_others(stamp_log: None) -> None:
+    """In process, on the test's own connection (standing in for the supervisor's, which LISTENs): a beat
+    locks the rows of the slots it beat, by incarnation; a row deleted and registered again (a new row)
+    has its lock moved to the new row at the next beat, and until then the slots are not answered from a
+    look; with no slot left to beat for, every lock goes. The look stamps locked rows whose heartbeat is
+    older than 5 s, and no other."""
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from django.utils import timezone
+
+    from django_sqlqueue.worker.beats import Beats, SlotBeat, _Member
+    from django_sqlqueue.worker.heartbeat import register
+    from django_sqlqueue.worker.maintenance import Maintenance
+
+    assert register("u/0", "default", incarnation="a") and register("u/1", "default", incarnation="b")
+    connection.ensure_connection()
+    session = SimpleNamespace(connection=connection.connection, stamp=None)
+    beats = Beats("default", "u", heartbeat_seconds=10.0, dead_after=60.0, cancel_check=1.0, session=session)
+    members = [_Member("u/0", "a", {}, 0, 0), _Member("u/1", "b", {}, 0, 0)]
+    outcome: dict[str, Any] = {}
+    beats._beat_now(members, outcome)
+    assert outcome["ok"] and _locks_held("u/") == 2
+    old_id = Worker.objects.get(name="u/0").pk
+
+    # The look stamps the locked rows older than 5 s, not a fresh one nor an unlocked one.
+    Worker.objects.create(name="v/0", incarnation="x", started_at=timezone.now(), last_heartbeat=timezone.now())
+    Worker.objects.update(last_heartbeat=timezone.now() - timedelta(seconds=30))
+    Worker.objects.filter(name="u/1").update(last_heartbeat=timezone.now())
+    _, _, mark = _stamps("")
+    holder = Maintenance("default", "u-holder")
+    holder._look()
+    assert _stamps("u/0", mark)[0] == 1 and _stamps("u/1", mark)[0] == 0 and _stamps("v/", mark)[0] == 0
+
+    # u/0's row deleted and registered again: a new row, a new incarnation.
+    Worker.objects.filter(name="u/0").delete()
+    assert register("u/0", "default", incarnation="c")
+    assert Worker.objects.get(name="u/0").pk != old_id
+    renewed = [_Member("u/0", "c", {}, 0, 0), members[1]]
+    beats._last_sent = time.monotonic()
+    session.stamp = (time.time() + beats._clock_offset + 1.0, time.monotonic())  # a look after the locks
+    pipes = [multiprocessing.Pipe() for _ in range(2)]
+    beats.slots = {i: SlotBeat(m.name, m.incarnation, pipes[i][0]) for i, m in enumerate(renewed)}
+    assert not beats._stamped(renewed, time.monotonic())  # the new row is not locked yet: a real beat
+    beats._beat_now(renewed, {})
+    assert set(beats._locks) == {("u/0", "c"), ("u/1", "b")} and _locks_held("u/") == 2
+    # Locked: a look that began after the locks stands for the beat, no statement; each slot is answered
+    # as of the look's start less the 5 s a row it leaves alone may be older.
+    session.stamp = (time.time() + beats._clock_offset, time.monotonic())
+    now = time.monotonic()
+    assert beats._stamped(renewed, now) and beats.stamped_beats == 1
+    answers = [child.recv() for _, child in pipes]
+    assert all(a.ok and now - 7.0 < a.sent <= now - 4.0 for a in answers), answers
+    assert not beats._stamped([_Member("u/0", "c", {5: 60.0}, 0, 0), renewed[1]], time.monotonic())  # holds a job
+    assert not beats._stamped([_Member("u/0", "c", {}, 1, 1), renewed[1]], time.monotonic())  # finished one
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid::int8 = %s", [old_id])
+        assert cursor.fetchone()[0] == 0  # the deleted row's lock let go
+
+    beats._unlock_all()  # no slot left to beat for
+    assert beats._locks == {} and _locks_held("u/") == 0

@@ -930,14 +930,20 @@ class Dialect:
     def lock_rows_sql(self, count: int) -> str:
         raise NotImplementedError(f"{self.vendor} has no session liveness")
 
+    def lock_rows_params(self, pairs: list[tuple[str, str]]) -> list[Any]:
+        raise NotImplementedError(f"{self.vendor} has no session liveness")
+
     def unlock_row_sql(self) -> str:
+        raise NotImplementedError(f"{self.vendor} has no session liveness")
+
+    def unlock_row_params(self, row_id: int) -> list[Any]:
         raise NotImplementedError(f"{self.vendor} has no session liveness")
 
     @staticmethod
     def keepalive_sql() -> str:
         raise NotImplementedError("no session liveness here")
 
-    def liveness_key(self) -> int:
+    def liveness_key_sql(self) -> str:
         raise NotImplementedError(f"{self.vendor} has no session liveness")
 
     def fleet_look_sql(self, channel: str, *, interval: float, since_seconds: float, default_max_attempts: int,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -22,14 +21,10 @@ if TYPE_CHECKING:
 
 
 #: Session liveness (docs/scaling.md, "An idle worker sends nothing"): the advisory lock a supervisor
-#: holds on each of its slots' worker rows is (LIVENESS_KEY of the table, the row's id modulo 2**31).
+#: holds on each of its slots' worker rows is (the worker table's oid, the row's id), each modulo 2**31
+#: (the two-int4 form: pg_locks shows them as classid, objid, objsubid 2). The table's oid, not its
+#: name: two installations in one database (schemas) never stamp each other's rows.
 LOCK_ID_MODULUS = 2**31
-
-
-def liveness_key(table: str) -> int:
-    """The first key of the session locks on rows of the worker table ``table`` (unquoted): one per
-    table, so two installations in one database never stamp each other's rows."""
-    return zlib.crc32(f"django_sqlqueue:{table}".encode()) & 0x7FFFFFFF
 
 
 def _as_is(text: str) -> str:
@@ -461,32 +456,44 @@ class PostgresDialect(Dialect):
     # ----- session liveness: an idle worker's rows stamped by the fleet's look -------------------------
     session_liveness = True
 
-    def liveness_key(self) -> int:
-        return liveness_key(queue_model("Worker")._meta.db_table)
+    def liveness_key_sql(self) -> str:
+        """The locks' first key, from the worker table's oid (param: the quoted table name)."""
+        return f"(%s::regclass::oid::int8 %% {LOCK_ID_MODULUS})::int4"
 
     def lock_rows_sql(self, count: int) -> str:
-        """Take the session lock of the live worker rows named (``count`` names; params: the key, then
-        the names): each row's id, name, whether the lock is held, and the clock AFTER it was taken (a
-        look whose transaction began later saw it: :meth:`fleet_look_sql`). A lock already held is taken
-        again (session locks count): the caller asks for each row once per connection."""
+        """Take the session lock of the live worker rows of ``count`` (name, incarnation) pairs (params:
+        :meth:`lock_rows_params`): each row's id, name, incarnation, whether the lock is held, and the
+        clock AFTER it was taken (a look that began later saw it: :meth:`fleet_look_sql`). A lock already
+        held is taken again (session locks count): the caller asks for each row once per connection."""
         n, w = self.n, self.n.w
-        marks = ", ".join(["%s"] * count)
+        pairs = ", ".join(["(%s, %s)"] * count)
         return (f"WITH l AS MATERIALIZED (SELECT w.{w['id']} AS id, w.{w['name']} AS name, "
-                f"pg_try_advisory_lock(%s, (w.{w["id"]} %% {LOCK_ID_MODULUS})::int4) AS ok "
-                f"FROM {n.worker_table} w WHERE w.{w['name']} IN ({marks}) AND w.{w['stopped_at']} IS NULL) "
-                f"SELECT l.id, l.name, l.ok, extract(epoch FROM clock_timestamp())::float8 FROM l")
+                f"w.{w['incarnation']} AS inc, pg_try_advisory_lock({self.liveness_key_sql()}, "
+                f"(w.{w['id']} %% {LOCK_ID_MODULUS})::int4) AS ok FROM {n.worker_table} w "
+                f"WHERE (w.{w['name']}, w.{w['incarnation']}) IN ({pairs}) AND w.{w['stopped_at']} IS NULL) "
+                f"SELECT l.id, l.name, l.inc, l.ok, extract(epoch FROM clock_timestamp())::float8 FROM l")
+
+    def lock_rows_params(self, pairs: list[tuple[str, str]]) -> list[Any]:
+        return [self.n.worker_table, *(value for pair in pairs for value in pair)]
 
     def unlock_row_sql(self) -> str:
-        """Release one row's session lock (params: the key, the row's id)."""
-        return f"SELECT pg_advisory_unlock(%s, (%s %% {LOCK_ID_MODULUS})::int4)"
+        """Release one row's session lock (params: :meth:`unlock_row_params`)."""
+        return f"SELECT pg_advisory_unlock({self.liveness_key_sql()}, (%s %% {LOCK_ID_MODULUS})::int4)"
+
+    def unlock_row_params(self, row_id: int) -> list[Any]:
+        return [self.n.worker_table, row_id]
 
     @staticmethod
     def keepalive_sql() -> str:
-        """Make the server notice a vanished client within about 25 s (TCP keepalives on this session):
-        its session locks, which keep its rows stamped, must not outlive a host that lost power by the
-        kernel's default two hours. Ignored on a Unix socket, where a dead client is seen at once."""
+        """Make the server drop a vanished client's session within about 25 s: its session locks, which
+        keep its rows stamped, must not outlive a host that lost power by the kernel's defaults (two
+        hours of silence before keepalives; some 15 minutes of retransmissions while the server has
+        notifications to send it, which ``tcp_user_timeout`` bounds). Ignored on a Unix socket, where a
+        dead client is seen at once. A proxy between (PgBouncer) keeps the server's session open: there
+        these bound nothing."""
         return ("SELECT set_config('tcp_keepalives_idle', '10', false), "
-                "set_config('tcp_keepalives_interval', '5', false), set_config('tcp_keepalives_count', '3', false)")
+                "set_config('tcp_keepalives_interval', '5', false), set_config('tcp_keepalives_count', '3', false), "
+                "set_config('tcp_user_timeout', '25000', false)")
 
     def fleet_look_sql(self, channel: str, *, interval: float, since_seconds: float, default_max_attempts: int,
                        worker_dead_after_seconds: float, rows: int,
@@ -509,7 +516,7 @@ class PostgresDialect(Dialect):
                            ``rows`` read))
             SELECT pg_notify(channel, LOOK_MARK interval/live slots/now LOOK_MARK queue:jobs,...)
 
-        The header's ``now`` (the transaction's start, seconds since 1970) tells a supervisor whose rows'
+        The header's ``now`` (the statement's start, seconds since 1970) tells a supervisor whose rows'
         locks were taken before it that its rows are stamped: it need not beat for idle slots
         (worker/beats.py). ``stamp_older_than`` 0 stamps nothing.
 
@@ -541,7 +548,7 @@ class PostgresDialect(Dialect):
                      f"AND j.{j['scheduled_for']} > {self.now_plus('%s')}")
         # Rows whose supervisor holds their session lock: pg_locks read once (an uncorrelated IN)
         locked = ("SELECT l.objid::int8 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
-                  "AND l.objsubid = 2 AND l.classid::int8 = %s "
+                  f"AND l.objsubid = 2 AND l.classid::int8 = {self.liveness_key_sql()} "
                   "AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())")
         sql = (
             f"WITH RECURSIVE stamped AS (UPDATE {n.worker_table} w SET {beat} = {self.now()} "
@@ -582,7 +589,7 @@ class PostgresDialect(Dialect):
             f"FROM (SELECT q, sum(n) AS n FROM named GROUP BY q) t) s), ''))"
         )
         back, dead = -float(since_seconds), -float(worker_dead_after_seconds)
-        params = [stamp_older_than, -float(stamp_older_than), self.liveness_key(),
+        params = [stamp_older_than, -float(stamp_older_than), n.worker_table,
                   back, *common_params, rows,
                   back, back, dead, dead + back, *common_params, rows,
                   *free_params, back, *limited_params, back, rows, *limited_params, rows,

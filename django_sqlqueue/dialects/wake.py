@@ -73,7 +73,8 @@ def _look_header(payload: str) -> tuple[float, int, float | None] | None:
     if not is_look(payload):
         return None
     interval, _, rest = payload[len(LOOK_MARK):].partition(LOOK_MARK)[0].partition("/")
-    slots, _, stamp = rest.partition("/")
+    slots, _, rest = rest.partition("/")
+    stamp = rest.partition("/")[0]  # fields a later version adds after it are passed over
     try:
         return float(interval), int(slots or 0), float(stamp) if stamp else None
     except ValueError:

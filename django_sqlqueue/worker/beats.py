@@ -26,11 +26,12 @@ statement every live row whose lock is held (``PostgresDialect.fleet_look_sql``)
 carries the database clock at which it began; once a look began after the locks were taken, the rows
 are known fresh, and while no slot holds a job or has finished one since the last beat the supervisor
 answers its slots from that look instead of beating (:meth:`Beats._stamped`). A slot that claims gets a
-real beat at once (its leases need one); so does a stale slot (its lock is released, its row goes
-stale); the connection's loss takes the locks with it (the supervisor beats again until it relocks);
+real beat at once (its leases need one); so does a stale, dead or restarted slot (its lock is
+released, its row goes stale: :meth:`Beats._unlock_all` when no slot is left to beat for; a lock is
+per incarnation's row); the connection's loss takes the locks with it (the supervisor beats again until it relocks);
 and a real beat goes at least every ``IDLE_BEAT_SECONDS`` (it is what learns that a row was replaced).
-The server drops a dead client's session, and its locks, within about 25 s (TCP keepalives, set on the
-session): a host that lost power stops being stamped.
+The server drops a dead client's session, and its locks, within about 25 s (TCP keepalives and
+``tcp_user_timeout``, set on the session): a host that lost power stops being stamped.
 
 Cancel requests of running attempts are looked for here too (every ``CANCEL_CHECK_SECONDS`` while a job
 runs longer than that), and sent to the slot running the attempt.
@@ -66,6 +67,8 @@ STAMP_FRESH_SECONDS = 10.0
 #: ... and one whose row stamp is older than this share of WORKER_DEAD_AFTER_SECONDS (the slots would
 #: soon stop claiming on it: heartbeat.CLAIM_SHARE is 0.5).
 STAMP_SHARE = 0.25
+#: How far the wall clock may seem off (the lock statement's round trip) before a stamp is not trusted.
+CLOCK_SLACK_SECONDS = 1.0
 
 
 @dataclass
@@ -117,7 +120,8 @@ class Beats:
     _fatal: str | None = None
     #: Session liveness: the supervisor's SharedListener (its looks' stamps), or None (module docstring).
     session: Any = None
-    _locks: dict[str, int] = field(default_factory=dict)  # slot name -> worker row id, locked on _lock_conn
+    #: (slot name, incarnation) -> worker row id, locked on _lock_conn
+    _locks: dict[tuple[str, str], int] = field(default_factory=dict)
     _lock_conn: Any = None
     _locked_at: float = 0.0  # the database's clock just after the last lock was taken
     _clock_offset: float = 0.0  # the database's clock minus this host's, as the lock statement saw it
@@ -164,9 +168,14 @@ class Beats:
     def tick(self, db: DatabaseThread, now: float, *, stopping: bool = False) -> None:
         self._collect(now)
         self._answer()
-        members = self._members(now) if self._call is None and now >= self._next_beat else []
+        due = self._call is None and now >= self._next_beat
+        members = self._members(now) if due else []
         if members and self._stamped(members, now):
             members = []
+        elif due and not members and self._locks:
+            # No slot to beat for (all stale or gone): their rows must go stale, so their locks go now.
+            self._beat, self._outcome = ([], []), {}
+            self._call = db.submit("unlock", self._unlock_all)
         if members:
             self._beat = (list(self.slots.values()), members)
             self._outcome = {}
@@ -224,14 +233,16 @@ class Beats:
             return False
         if now - self._last_sent >= IDLE_BEAT_SECONDS or stamp[0] <= self._locked_at:
             return False
-        if len(members) != len(self.slots) or set(self._locks) != {m.name for m in members}:
-            return False  # a slot stale, gone or not locked yet: its row must not be stamped for it
+        if len(members) != len(self.slots) or set(self._locks) != {(m.name, m.incarnation) for m in members}:
+            return False  # a slot stale, gone, restarted or not locked yet: a real beat (un)locks its row
         if any(m.held or m.done for m in members):
             return False  # leases to renew, finished jobs to count: a real beat
         # The look's start on this host's monotonic clock; the row was stamped then, or within the
         # LOOK_STAMPS_OLDER_THAN before (the look leaves a fresher row alone).
-        age = max(0.0, time.time() + self._clock_offset - stamp[0])
-        began = min(stamp[1], now - age)
+        age = time.time() + self._clock_offset - stamp[0]
+        if age < -CLOCK_SLACK_SECONDS or now - age > stamp[1] + CLOCK_SLACK_SECONDS:
+            return False  # begun after it was heard, or in the future: this host's clock moved, beat
+        began = min(stamp[1], now - max(0.0, age))
         sent = began - LOOK_STAMPS_OLDER_THAN
         if now - began > STAMP_FRESH_SECONDS or now - sent > self.dead_after * STAMP_SHARE:
             return False  # an old look, or a dead-after time too short for a look's stamp to stand for a beat
@@ -359,43 +370,63 @@ class Beats:
             replaced = {m.name for m in members if (m.name, m.incarnation) not in live}
         self._check_identity()
         if self.session is not None:
-            self._lock_rows(members)
+            self._lock_rows([m for m in members if m.name not in replaced])
         return {m.name: BeatResult(sent=sent, ok=True, renewed=tuple(sorted(renewed[m.name])),
                                    lost=tuple(sorted(lost[m.name])), replaced=m.name in replaced,
                                    fatal=self._fatal, done=m.done_total)
                 for m in members}
 
     def _lock_rows(self, members: list[_Member]) -> None:
-        """Session liveness: hold the session lock of exactly the beaten slots' rows, on the connection
-        that LISTENs (one statement when a slot is new to it; none in the steady state)."""
+        """Session liveness: hold the session lock of exactly these slots' rows (each slot's incarnation:
+        a row deleted and registered again, or taken by another process, is another row), on the
+        connection that LISTENs. One statement when a slot is new to it; none in the steady state."""
         wrapper = connections[self.using]
         raw = wrapper.connection
         if raw is None or raw is not self.session.connection:
             self._locks, self._lock_conn = {}, None  # not listening here: no looks to stand for beats
             return
         dialect = get_dialect(wrapper)
-        key = dialect.liveness_key()
         try:
             with wrapper.cursor() as cursor:
                 if self._lock_conn is not raw:  # a new connection: the old one's locks went with it
                     self._locks, self._lock_conn, self._locked_at = {}, None, 0.0
                     cursor.execute(dialect.keepalive_sql())
                     self._lock_conn = raw
-                names = {m.name for m in members}
-                for name in [n for n in self._locks if n not in names]:
-                    cursor.execute(dialect.unlock_row_sql(), [key, self._locks.pop(name)])
-                new = sorted(names - set(self._locks))
+                wanted = {(m.name, m.incarnation) for m in members}
+                self._unlock(cursor, [held for held in self._locks if held not in wanted])
+                new = sorted(wanted - set(self._locks))
                 if new:
-                    cursor.execute(dialect.lock_rows_sql(len(new)), [key, *new])
-                    for row_id, name, ok, clock in cursor.fetchall():
+                    cursor.execute(dialect.lock_rows_sql(len(new)), dialect.lock_rows_params(new))
+                    for row_id, name, incarnation, ok, clock in cursor.fetchall():
                         if ok:
-                            self._locks[name] = row_id
+                            self._locks[(name, incarnation)] = row_id
                         self._locked_at = max(self._locked_at, clock)
                         self._clock_offset = clock - time.time()
         except DatabaseError as exc:  # never the beat's failure: the slots are beaten, not stamped
-            log.info("session_lock_failed worker=%s error=%s", self.worker, one_line(exc))
-            self._locks, self._lock_conn = {}, None
-            close_connection(self.using)
+            self._lock_failed(exc)
+
+    def _unlock(self, cursor: Any, held: list[tuple[str, str]]) -> None:
+        dialect = get_dialect(connections[self.using])
+        for key in held:
+            cursor.execute(dialect.unlock_row_sql(), dialect.unlock_row_params(self._locks.pop(key)))
+
+    def _unlock_all(self) -> None:
+        """On the database thread: no slot is beaten any more, so no row of theirs may stay stamped."""
+        wrapper = connections[self.using]
+        if wrapper.connection is None or wrapper.connection is not self._lock_conn:
+            self._locks, self._lock_conn = {}, None  # the locks went with that connection
+            return
+        try:
+            with wrapper.cursor() as cursor:
+                self._unlock(cursor, list(self._locks))
+        except DatabaseError as exc:
+            self._lock_failed(exc)
+
+    def _lock_failed(self, exc: BaseException) -> None:
+        """Which locks are held is unknown now: close the connection, which releases them all."""
+        log.info("session_lock_failed worker=%s error=%s", self.worker, one_line(exc))
+        self._locks, self._lock_conn = {}, None
+        close_connection(self.using)
 
     def _find_taken(self, holders: list[tuple[str, str, list[int]]]) -> set[int]:
         """Of these held jobs, those lost: another worker or incarnation holds them now, or they are still
