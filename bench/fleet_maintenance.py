@@ -40,10 +40,12 @@ from tests.pgcluster import PgCluster  # noqa: E402
 #: (class, pattern on pg_stat_statements' normalised text: every literal is a $n there), first match wins.
 CLASSES: list[tuple[str, re.Pattern[str]]] = [
     ("maintenance:lease", re.compile(r"maintenancelease")),
+    # The fleet's look (PostgreSQL), which also stamps the rows of idle workers (session liveness)
+    ("maintenance:look", re.compile(r"^\s*WITH RECURSIVE")),
     ("maintenance:schedules", re.compile(r"django_sqlqueue_schedule")),
     ("slots:claim", re.compile(r"^\s*WITH due AS|^\s*DECLARE")),
     ("maintenance:heal", re.compile(r'SET "limited"|limitpermit.*DISTINCT|jobtype".*updated_at" >=', re.S)),
-    ("maintenance:reap", re.compile(r'"status_id" = \$\d+ AND "lease_expires_at" < now\(\) AND "attempt_num" >=')),
+    ("maintenance:reap", re.compile(r'"status_id" = \$\d+ AND "lease_expires_at" < (?:now|statement_timestamp)\(\) AND "attempt_num" >=')),
     ("maintenance:backstop", re.compile(r"jobdependency|django_sqlqueue_batch")),
     ("maintenance:retention", re.compile(r'ORDER BY "django_sqlqueue_job"."finished_at"|^\s*DELETE', re.S)),
     ("sweep", re.compile(r'django_sqlqueue_worker".*"host" =', re.S)),
