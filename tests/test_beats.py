@@ -130,3 +130,39 @@ def test_a_slot_that_reported_during_a_beat_gets_its_first_beat_at_once_not_an_i
     beats._outcome = {"ok": True, "sent": now, "results": {f"s/{i}": BeatResult(sent=now, ok=True) for i in (0, 1)}}
     beats._answer()
     assert beats._next_beat >= time.monotonic() + 5.0
+
+
+def test_a_renewal_whose_parameters_pass_the_vendors_limit_is_sent_in_parts(noop_type, monkeypatch) -> None:
+    """Each held id is sent twice and each holder's name and incarnation once: 150 slots holding 900 jobs
+    passed SQL Server's 2,100 parameters in one statement. The renewal is cut into statements within
+    the dialect's ``max_params`` (here lowered to 40, so 24 jobs of 6 holders take several), and every
+    lease is renewed, each once."""
+    from datetime import timedelta
+
+    from django.db.models import Max
+    from django.utils import timezone
+
+    from django_sqlqueue.dialects import get_dialect
+    from django_sqlqueue.queue import JobSpec
+    from django_sqlqueue.queue.housekeeping import held_parts
+    from django_sqlqueue.states import Status
+
+    jobs = Job.objects.enqueue_many(JobSpec("Noop") for _ in range(24))
+    holders = []
+    for h in range(6):
+        ids = [j.pk for j in jobs[h * 4:(h + 1) * 4]]
+        Job.objects.filter(pk__in=ids).update(status_id=Status.PROCESSING, worker=f"w/{h}", incarnation="i",
+                                              lease_expires_at=timezone.now() + timedelta(seconds=5))
+        holders.append((f"w/{h}", "i", ids))
+    dialect = get_dialect(connection)
+    monkeypatch.setattr(dialect, "max_params", 40)
+    budget = 40 - len(dialect.renewed_lease_params(300, False))
+    parts = held_parts([(n, i, list(ids)) for n, i, ids in holders], budget)
+    assert len(parts) > 1 and all(sum(2 * len(ids) + 2 for _n, _i, ids in part) <= budget for part in parts)
+    assert sorted(i for part in parts for _n, _i, ids in part for i in ids) == sorted(j.pk for j in jobs)
+    with CaptureQueriesContext(connection) as queries:
+        assert Job.objects.renew_held(holders, 300) == 24
+    assert len([q for q in queries if "UPDATE" in q["sql"].upper()]) == len(parts)
+    soonest = timezone.now() + timedelta(seconds=250)
+    assert Job.objects.filter(lease_expires_at__lt=soonest).count() == 0
+    assert Job.objects.aggregate(m=Max("lease_expires_at"))["m"] < timezone.now() + timedelta(seconds=310)
