@@ -57,6 +57,10 @@ MAX_LOOK_BACKOFF = 60.0
 #: A running worker syncs its settings again this often: it keeps its settings version marked live, and
 #: puts its schedules back if an older version's sync got in meanwhile.
 RESYNC_SECONDS = 60.0
+#: ... and a worker that does not hold the maintenance lease this often: the holder (at RESYNC_SECONDS)
+#: puts schedules back; the others only keep their version live, within LIVE_SECONDS with room for the
+#: turn they wait (an idle fleet's syncs were most of what each worker sent: issue 28).
+RESYNC_OTHERS_SECONDS = 150.0
 #: A settings version no sync has seen for this long is no longer live: an older one may apply again (a
 #: rollback), and the same version seen again later counts as new (a schedule removed and added back).
 LIVE_SECONDS = 300.0

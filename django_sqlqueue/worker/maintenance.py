@@ -273,10 +273,10 @@ class Maintenance:
     # ----- the passes ----------------------------------------------------------------------------------
     def _sync_schedules(self) -> None:
         """Write ``SQLQUEUE["SCHEDULES"]`` into the table at the worker's start, when it changes, and again
-        every ``schedules.RESYNC_SECONDS`` in every worker, holder or not: that keeps this deploy's
+        every ``schedules.RESYNC_SECONDS`` in the holder and ``RESYNC_OTHERS_SECONDS`` in the others: that keeps this deploy's
         settings version live, so an older deploy's worker (a crashed pod restarted mid-rollout) defers
         to it and anything it changed is put back (see ``schedules.sync_schedules``)."""
-        from ..schedules import RESYNC_SECONDS, sync_schedules
+        from ..schedules import RESYNC_OTHERS_SECONDS, RESYNC_SECONDS, sync_schedules
 
         key = json.dumps(get_settings().SCHEDULES, sort_keys=True, default=repr)
         if self._synced == key and time.monotonic() < self._resync_at:
@@ -287,7 +287,7 @@ class Maintenance:
             self._failed("schedule_sync_failed", exc)
             return
         self._synced = key
-        self._resync_at = time.monotonic() + RESYNC_SECONDS
+        self._resync_at = time.monotonic() + (RESYNC_SECONDS if self.holding else RESYNC_OTHERS_SECONDS)
 
     def _look(self) -> float:
         """The fleet's look: notify the queues holding due work (one statement, PostgreSQL with a
