@@ -444,3 +444,43 @@ def test_migrate_syncs_the_declared_schedules():
         emit_post_migrate_signal(verbosity=0, interactive=False, db="default")
     s = Schedule.objects.get(name="m")
     assert s.declared and s.every_seconds == 60 and s.next_run_at is not None
+
+
+@pytest.mark.django_db
+def test_a_worker_that_does_not_hold_the_lease_keeps_its_version_live_with_one_statement():
+    """A full sync is seven statements; an idle fleet's workers each sent one a minute (issue 28). A worker
+    that does not hold the maintenance lease, once synced, only marks its settings version seen, with
+    one UPDATE every RESYNC_OTHERS_SECONDS; the holder syncs in full (it puts schedules back). A version
+    not live any more (not seen for most of LIVE_SECONDS) is not kept alive that way: the worker syncs
+    in full, which decides whether it counts as new again."""
+    from django.test.utils import CaptureQueriesContext
+    from django.utils import timezone
+
+    from django_sqlqueue.conf import get_settings
+    from django_sqlqueue.models import ScheduleDeploy
+    from django_sqlqueue.worker.maintenance import Maintenance
+
+    fingerprint = schedules.settings_fingerprint(get_settings().SCHEDULES)
+    worker = Maintenance("default", "not-the-holder")
+    worker._sync_schedules()  # its start: a full sync records the version
+    seen = ScheduleDeploy.objects.get(fingerprint=fingerprint).seen_at
+    worker._resync_at = 0.0  # RESYNC_OTHERS_SECONDS later
+    with CaptureQueriesContext(connection) as queries:
+        worker._sync_schedules()
+    assert len(queries) == 1 and "UPDATE" in queries[0]["sql"].upper(), [q["sql"] for q in queries]
+    assert ScheduleDeploy.objects.get(fingerprint=fingerprint).seen_at >= seen
+    assert schedules.RESYNC_OTHERS_SECONDS + 60.0 < schedules.LIVE_SECONDS - 60.0  # (room for the turn's wait)
+
+    # Not seen for most of LIVE_SECONDS: one UPDATE that matches nothing, then the full sync.
+    ScheduleDeploy.objects.update(seen_at=timezone.now() - timedelta(seconds=schedules.LIVE_SECONDS - 30))
+    worker._resync_at = 0.0
+    with CaptureQueriesContext(connection) as queries:
+        worker._sync_schedules()
+    assert len(queries) > 3
+    assert ScheduleDeploy.objects.get(fingerprint=fingerprint).seen_at > timezone.now() - timedelta(seconds=60)
+
+    # The holder syncs in full every time.
+    worker.holding, worker._resync_at = True, 0.0
+    with CaptureQueriesContext(connection) as queries:
+        worker._sync_schedules()
+    assert len(queries) > 3

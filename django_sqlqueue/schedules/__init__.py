@@ -57,10 +57,10 @@ MAX_LOOK_BACKOFF = 60.0
 #: A running worker syncs its settings again this often: it keeps its settings version marked live, and
 #: puts its schedules back if an older version's sync got in meanwhile.
 RESYNC_SECONDS = 60.0
-#: ... and a worker that does not hold the maintenance lease this often: the holder (at RESYNC_SECONDS)
-#: puts schedules back; the others only keep their version live, within LIVE_SECONDS with room for the
-#: turn they wait (an idle fleet's syncs were most of what each worker sent: issue 28).
-RESYNC_OTHERS_SECONDS = 150.0
+#: A worker that does not hold the maintenance lease only keeps its version live, this often, with ONE
+#: statement (:func:`keep_version_live`): the holder (every RESYNC_SECONDS) puts schedules back. A full
+#: sync in every worker every minute was seven statements: most of what an idle worker still sent.
+RESYNC_OTHERS_SECONDS = 120.0
 #: A settings version no sync has seen for this long is no longer live: an older one may apply again (a
 #: rollback), and the same version seen again later counts as new (a schedule removed and added back).
 LIVE_SECONDS = 300.0
@@ -524,6 +524,24 @@ def sync_schedules(using: str | None = None, *, entries: Mapping[str, Any] | Non
             if attempt:
                 raise
     return result
+
+
+def keep_version_live(using: str | None = None) -> bool:
+    """Mark this worker's settings version seen now, in one UPDATE, if it is live (seen within
+    ``LIVE_SECONDS``, less a margin); False when it is not (never recorded, or not seen for that long):
+    the caller then syncs in full, which records it and decides whether it is new again."""
+    from django.db.models import DateTimeField
+    from django.db.models.expressions import RawSQL
+
+    from ..models import ScheduleDeploy
+
+    alias = using or get_settings().DATABASE
+    now_plus = get_dialect(connections[alias]).now_plus("%s")
+    live_after = RawSQL(now_plus, [-(LIVE_SECONDS - 60.0)], output_field=DateTimeField())
+    rows = ScheduleDeploy.objects.using(alias).filter(
+        fingerprint=settings_fingerprint(get_settings().SCHEDULES), seen_at__gte=live_after,
+        seen_at__lte=RawSQL(now_plus, [0.0], output_field=DateTimeField()))
+    return bool(rows.update(seen_at=db_now(alias)))
 
 
 def settings_fingerprint(entries: Mapping[str, Any]) -> str:

@@ -273,16 +273,19 @@ class Maintenance:
     # ----- the passes ----------------------------------------------------------------------------------
     def _sync_schedules(self) -> None:
         """Write ``SQLQUEUE["SCHEDULES"]`` into the table at the worker's start, when it changes, and again
-        every ``schedules.RESYNC_SECONDS`` in the holder and ``RESYNC_OTHERS_SECONDS`` in the others: that keeps this deploy's
+        every ``schedules.RESYNC_SECONDS`` in the holder, and keeps the version live with one statement
+        every ``RESYNC_OTHERS_SECONDS`` in the others (a full sync when it is not live): that keeps this deploy's
         settings version live, so an older deploy's worker (a crashed pod restarted mid-rollout) defers
         to it and anything it changed is put back (see ``schedules.sync_schedules``)."""
-        from ..schedules import RESYNC_OTHERS_SECONDS, RESYNC_SECONDS, sync_schedules
+        from ..schedules import RESYNC_OTHERS_SECONDS, RESYNC_SECONDS, keep_version_live, sync_schedules
 
         key = json.dumps(get_settings().SCHEDULES, sort_keys=True, default=repr)
         if self._synced == key and time.monotonic() < self._resync_at:
             return
         try:
-            sync_schedules(self.using)
+            # Not the holder, synced already: one UPDATE keeps the version live (a full sync when it is not)
+            if self.holding or self._synced != key or not keep_version_live(self.using):
+                sync_schedules(self.using)
         except Exception as exc:  # noqa: BLE001  (retried at the next turn)
             self._failed("schedule_sync_failed", exc)
             return
