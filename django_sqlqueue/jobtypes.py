@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,6 +203,28 @@ def get_type(name: str, *, using: str, create: bool = False, task: bool = False)
         except IntegrityError:  # another process created it first
             row = JobType.objects.using(using).get(name=name)
     return _remember(using, _info(row))
+
+
+def type_ids(names: Sequence[str], *, using: str) -> tuple[int, ...]:
+    """The ids of the types called ``names`` (a worker's served types, for its claim's filter), from the
+    cache, with ONE read for those not cached: a worker serving 30 types sent 30 reads before a claim
+    once the cache had expired (every claim of an idle slot). A name without a row raises
+    :class:`UnknownJobType`, as :func:`get_type` does."""
+    found: dict[str, int] = {}
+    missing = []
+    for name in names:
+        hit = _fresh(_by_name.get((using, name)))
+        if hit is None:
+            missing.append(name)
+        else:
+            found[name] = hit.id
+    if missing:
+        for row in _job_type_model().objects.using(using).filter(name__in=missing):
+            found[row.name] = _remember(using, _info(row)).id
+        for name in missing:
+            if name not in found:
+                get_type(name, using=using)  # raises, naming it
+    return tuple(found[name] for name in names)
 
 
 def get_type_by_id(type_id: int, *, using: str) -> TypeInfo:

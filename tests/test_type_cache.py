@@ -78,3 +78,26 @@ def test_a_committed_type_is_refreshed_at_once_inside_a_later_transaction(handle
         jobtypes.get_type(FIRST, using="default")
         jobtypes.get_type(FIRST, using="default")  # served from the cache refreshed by the first
     assert len([q for q in ctx.captured_queries if "jobtype" in q["sql"].lower()]) == 1
+
+
+@pytest.mark.django_db
+def test_a_claim_filtered_by_many_types_reads_the_uncached_ones_in_one_statement() -> None:
+    """A worker that serves a subset of the types (some type in the table has no handler in its code)
+    claims with a filter of the types it serves; once the cache expired, each of them was one read
+    before the claim (30 served types: 30 statements per claim of an idle slot). Now one read."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    names = [f"served.t{i}" for i in range(12)]
+    JobType.objects.bulk_create([JobType(name=n) for n in names])
+    job = Job.objects.enqueue("served.t7")
+    jobtypes.clear_cache()
+    table = JobType._meta.db_table
+    with CaptureQueriesContext(connection) as queries:
+        _completed, claimed = Job.objects.complete_and_claim([], "filtered", 1, types=names)
+    assert [j.pk for j in claimed] == [job.pk]
+    type_reads = [q["sql"] for q in queries if f'"{table}"."description"' in q["sql"]]  # whole rows read
+    assert len(type_reads) == 1, type_reads
+    assert jobtypes.type_ids(names, using="default") == tuple(JobType.objects.get(name=n).pk for n in names)
+    with pytest.raises(jobtypes.UnknownJobType):
+        jobtypes.type_ids(["served.t1", "served.nope"], using="default")

@@ -103,7 +103,7 @@ class ClaimMixin(RowsMixin):
         # rows in the order of its VALUES list).
         items.sort(key=lambda item: item[0])
         settings = get_settings()
-        type_ids = tuple(jobtypes.get_type(t, using=alias).id for t in types) if limit else ()
+        type_ids = jobtypes.type_ids(types, using=alias) if limit and types else ()
         limited = jobtypes.limited_type_ids(alias)
         # The permits of completed jobs of limited types are freed in the same transaction (one more
         # statement, only when such jobs finish; see docs/limits.md).
