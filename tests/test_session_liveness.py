@@ -37,7 +37,7 @@ FAST_BEATS = {"SQLQUEUE_TEST_DEAD_AFTER": "60", "SQLQUEUE_TEST_HEARTBEAT": "2"}
 def stamp_log() -> Iterator[None]:
     """A trigger that logs (row name, statement) for each update that moves a worker row's heartbeat."""
     if connection.vendor != "postgresql":
-        pytest.skip("session liveness is PostgreSQL's (advisory locks, LISTEN)")
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL only")  # and its advisory locks: session liveness
     table = connection.ops.quote_name(Worker._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE sq_test_stamps (name text, query text, n bigserial)")

@@ -92,11 +92,12 @@ def test_a_claim_filtered_by_many_types_reads_the_uncached_ones_in_one_statement
     JobType.objects.bulk_create([JobType(name=n) for n in names])
     job = Job.objects.enqueue("served.t7")
     jobtypes.clear_cache()
-    table = JobType._meta.db_table
+    qn = connection.ops.quote_name
+    column = f"{qn(JobType._meta.db_table)}.{qn('description')}"  # in whole rows' reads only
     with CaptureQueriesContext(connection) as queries:
         _completed, claimed = Job.objects.complete_and_claim([], "filtered", 1, types=names)
     assert [j.pk for j in claimed] == [job.pk]
-    type_reads = [q["sql"] for q in queries if f'"{table}"."description"' in q["sql"]]  # whole rows read
+    type_reads = [q["sql"] for q in queries if column in q["sql"]]
     assert len(type_reads) == 1, type_reads
     assert jobtypes.type_ids(names, using="default") == tuple(JobType.objects.get(name=n).pk for n in names)
     with pytest.raises(jobtypes.UnknownJobType):
