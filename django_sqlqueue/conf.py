@@ -52,6 +52,10 @@ class QueueSettings:
     #: workers' jobs, freed permits, resumed queues). While those looks arrive, a listening worker's idle
     #: slots stop polling (docs/scaling.md); 0 turns the look off and every worker polls again.
     FLEET_LOOK_SECONDS: float = 2.0
+    #: PostgreSQL, opt-in: an idle worker lets the fleet's look stamp its rows instead of beating (docs/
+    #: scaling.md, "An idle worker sends nothing"). Off by default: a frozen worker (SIGSTOP, a paused VM)
+    #: keeps its session, so its rows stay stamped and it is not judged gone at WORKER_DEAD_AFTER_SECONDS.
+    SESSION_LIVENESS: bool = False
     #: PostgreSQL only: the database alias idle workers LISTEN through ("": DATABASE's). Set it to an
     #: alias with a direct connection (or a session pool) when DATABASE goes through a transaction pooler.
     LISTEN_DATABASE: str = ""
@@ -162,6 +166,8 @@ def _build(user: Any) -> QueueSettings:
             problems.append(f"SQLQUEUE[{name!r}] must be a number >= {minimum}, got {value!r}")
         elif name in ("BACKOFF_BASE_SECONDS", "BACKOFF_MAX_SECONDS") and value > MAX_BACKOFF_SECONDS:
             problems.append(f"SQLQUEUE[{name!r}] must be at most {MAX_BACKOFF_SECONDS} seconds (a year), got {value!r}")
+    if not isinstance(result.SESSION_LIVENESS, bool):
+        problems.append(f"SQLQUEUE['SESSION_LIVENESS'] must be True or False, got {result.SESSION_LIVENESS!r}")
     for name in ("DATABASE", "LISTEN_DATABASE", "NOTIFY_CHANNEL"):
         if not isinstance(getattr(result, name), str):
             problems.append(f"SQLQUEUE[{name!r}] must be a string (a database alias, a channel name), "

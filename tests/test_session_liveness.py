@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 worker_procs = wu.worker_procs
 
 # Beats every 2 s (HEARTBEAT_SECONDS), so that a window of a few looks would hold several beats.
-FAST_BEATS = {"SQLQUEUE_TEST_DEAD_AFTER": "60", "SQLQUEUE_TEST_HEARTBEAT": "2"}
+FAST_BEATS = {"SQLQUEUE_TEST_DEAD_AFTER": "60", "SQLQUEUE_TEST_HEARTBEAT": "2", "SQLQUEUE_TEST_SESSION_LIVENESS": "1"}
 
 
 @pytest.fixture

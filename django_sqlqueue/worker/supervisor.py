@@ -303,7 +303,7 @@ class Supervisor:
             return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS)
         self._shared_listener = wakeup.SharedListener(self._using, settings.NOTIFY_CHANNEL, self.config.queues,
                                                       self._board, self.config.name)
-        if capabilities(vendor).session_liveness:  # the looks stamp idle slots' rows
+        if capabilities(vendor).session_liveness and settings.SESSION_LIVENESS:  # looks stamp idle slots' rows
             self._beats.session = self._shared_listener
         return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS, idle=self._shared_listener.idle)
 
