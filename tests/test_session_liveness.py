@@ -19,7 +19,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection
+from django.test import override_settings
 
 from django_sqlqueue.dialects import get_dialect, wake
 from django_sqlqueue.models import Job, JobType, Worker
@@ -166,7 +168,10 @@ def test_the_supervisor_locks_each_slots_row_of_its_incarnation_and_lets_go_of_t
     Worker.objects.filter(name="u/1").update(last_heartbeat=timezone.now())
     _, _, mark = _stamps("")
     holder = Maintenance("default", "u-holder")
-    holder._look()
+    holder._look()  # SESSION_LIVENESS off (the default): the look stamps nothing
+    assert _stamps("u/", mark)[0] == 0
+    with override_settings(SQLQUEUE={**django_settings.SQLQUEUE, "SESSION_LIVENESS": True}):
+        holder._look()
     assert _stamps("u/0", mark)[0] == 1 and _stamps("u/1", mark)[0] == 0 and _stamps("v/", mark)[0] == 0
 
     # u/0's row deleted and registered again: a new row, a new incarnation.

@@ -539,8 +539,7 @@ def keep_version_live(using: str | None = None) -> bool:
     now_plus = get_dialect(connections[alias]).now_plus("%s")
     live_after = RawSQL(now_plus, [-(LIVE_SECONDS - 60.0)], output_field=DateTimeField())
     rows = ScheduleDeploy.objects.using(alias).filter(
-        fingerprint=settings_fingerprint(get_settings().SCHEDULES), seen_at__gte=live_after,
-        seen_at__lte=RawSQL(now_plus, [0.0], output_field=DateTimeField()))
+        fingerprint=settings_fingerprint(get_settings().SCHEDULES), seen_at__gte=live_after, seen_at__lte=db_now(alias))
     return bool(rows.update(seen_at=db_now(alias)))
 
 

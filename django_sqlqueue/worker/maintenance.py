@@ -307,7 +307,8 @@ class Maintenance:
             settings.NOTIFY_CHANNEL, interval=interval, since_seconds=since,
             default_max_attempts=settings.MAX_ATTEMPTS,
             worker_dead_after_seconds=settings.WORKER_DEAD_AFTER_SECONDS, rows=LOOK_ROWS,
-            stamp_older_than=LOOK_STAMPS_OLDER_THAN,
+            # Stamps only where workers opted in: otherwise the look reads no pg_locks (a one-time filter)
+            stamp_older_than=LOOK_STAMPS_OLDER_THAN if settings.SESSION_LIVENESS else 0.0,
         ) if settings.NOTIFY_CHANNEL and interval > 0 else None
         if look is None:
             return LOOK_OFF_SECONDS
