@@ -52,10 +52,11 @@ class QueueSettings:
     #: workers' jobs, freed permits, resumed queues). While those looks arrive, a listening worker's idle
     #: slots stop polling (docs/scaling.md); 0 turns the look off and every worker polls again.
     FLEET_LOOK_SECONDS: float = 2.0
-    #: PostgreSQL, opt-in: an idle worker lets the fleet's look stamp its rows instead of beating (docs/
-    #: scaling.md, "An idle worker sends nothing"). Off by default: a frozen worker (SIGSTOP, a paused VM)
-    #: keeps its session, so its rows stay stamped and it is not judged gone at WORKER_DEAD_AFTER_SECONDS.
-    SESSION_LIVENESS: bool = False
+    #: PostgreSQL, with WORKER_DEAD_AFTER_SECONDS of 60 or more: an idle worker lets the fleet's look stamp
+    #: its rows instead of beating (docs/scaling.md, "An idle worker sends nothing"). A worker frozen with
+    #: its session alive (SIGSTOP, a paused VM) is judged gone at the dead-after time if it held a job,
+    #: and within 6 minutes more if it was idle. False: every worker beats every HEARTBEAT_SECONDS.
+    SESSION_LIVENESS: bool = True
     #: PostgreSQL only: the database alias idle workers LISTEN through ("": DATABASE's). Set it to an
     #: alias with a direct connection (or a session pool) when DATABASE goes through a transaction pooler.
     LISTEN_DATABASE: str = ""

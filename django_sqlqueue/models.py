@@ -379,6 +379,11 @@ class Worker(models.Model):
     #: Which process it is (support.process_key: boot, PID namespace, pid, start time): a worker of the
     #: same host sees at once that it is gone, instead of waiting for its heartbeat to go stale.
     process = models.CharField(max_length=120, blank=True, default="", db_default="", editable=False)
+    #: Session liveness (PostgreSQL, worker/beats.py): until when the fleet's look may stamp this row in
+    #: place of a heartbeat. Its supervisor's real beat sets it while none of its slots holds a job (and
+    #: clears it when one does), a few minutes ahead: a frozen process that kept its session is judged
+    #: gone at most that much later, and at once when it held a job.
+    stamp_until = models.DateTimeField(null=True, blank=True, editable=False)
 
     class Meta:
         verbose_name = _("worker")

@@ -150,8 +150,9 @@ SQLQUEUE = {
     # Maintenance tests: a short lease, so a dead holder's lease runs out within seconds.
     **({"MAINTENANCE_LEASE_SECONDS": float(os.environ["SQLQUEUE_TEST_MAINTENANCE_LEASE"])}
        if os.environ.get("SQLQUEUE_TEST_MAINTENANCE_LEASE") else {}),
-    # Session liveness (opt-in): tests/test_session_liveness.py's worker processes.
-    **({"SESSION_LIVENESS": True} if os.environ.get("SQLQUEUE_TEST_SESSION_LIVENESS") else {}),
+    # Session liveness (on by default): "0" turns it off for a test's worker processes.
+    **({"SESSION_LIVENESS": os.environ["SQLQUEUE_TEST_SESSION_LIVENESS"] != "0"}
+       if os.environ.get("SQLQUEUE_TEST_SESSION_LIVENESS") else {}),
     # Retention (JSON, e.g. {"Completed": "30s"}): bench/sustained.py runs its workers with it.
     **({"RETENTION": json.loads(os.environ["SQLQUEUE_TEST_RETENTION"])} if os.environ.get("SQLQUEUE_TEST_RETENTION")
        else {}),

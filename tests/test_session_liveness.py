@@ -82,14 +82,15 @@ def _locks_held(name_prefix: str) -> int:
 
 
 def test_an_idle_worker_sends_no_beat_while_the_look_stamps_its_rows(worker_procs, stamp_log: None,
-                                                                    listener: Any) -> None:
+                                                                    listener: Any, tmp_path) -> None:
     """Worker ``holder`` (1 slot) starts first and sends the looks; worker ``idle`` (2 slots) hears them.
 
     1. Once a look has stamped ``idle``'s two rows, the next stretch of five looks holds no beat of
        ``idle``'s (at a beat every 2 s, about five would have gone), and its rows are stamped by the
        looks alone.
-    2. A job in its queue: its slot claims it, and real beats come again while it runs and after it
-       finishes (the finished job is counted on the row: ``jobs_done``).
+    2. A job in its queue: its slot claims it, and real beats come again while it runs (they clear its
+       rows' ``stamp_until``: a process frozen now must be judged gone at the dead-after time) and after
+       it finishes (the finished job is counted on the row: ``jobs_done``; ``stamp_until`` set again).
     3. ``kill -9`` of the idle worker: its session ends, its locks go with it, and the looks stamp its
        rows no more (the sweep of a gone process stamps them stopped).
     """
@@ -114,13 +115,22 @@ def test_an_idle_worker_sends_no_beat_while_the_look_stamps_its_rows(worker_proc
     assert fresh == 2
 
     # 2. Work: the slot that claims gets real beats (its lease), and the finish is counted on its row.
-    job = Job.objects.enqueue("test.Sleep", {"seconds": 5}, queue="idle")
+    gate = tmp_path / "finish"
+    job = Job.objects.enqueue("test.Sleep", {"seconds": 240, "until": str(gate)}, queue="idle")
+    rows = Worker.objects.filter(name__startswith="idle/", stopped_at__isnull=True)
+    assert rows.filter(stamp_until__isnull=False).count() == 2  # idle: the looks may stamp them
+    wu.wait_until(lambda: rows.filter(stamp_until__isnull=True).count() == 2, 120,
+                  what=f"a beat for the running job clearing stamp_until\n{idle.output()}")
+    assert Job.objects.get(pk=job.pk).state == Status.PROCESSING
+    gate.touch()
     wu.wait_until(lambda: Job.objects.get(pk=job.pk).state == Status.COMPLETED, 120,
                   what=f"the job to complete\n{idle.output()}")
     worker_name = Job.objects.get(pk=job.pk).worker
     wu.wait_until(lambda: Worker.objects.get(name=worker_name).jobs_done == 1, 60,
                   what=f"the finish counted on the row\n{idle.output()}")
     assert _stamps("idle/", mark)[1] >= 2, idle.output()  # beats renewed the running job's lease
+    wu.wait_until(lambda: rows.filter(stamp_until__isnull=False).count() == 2, 60,
+                  what=f"the beat after the finish setting stamp_until again\n{idle.output()}")
 
     # 3. kill -9: the locks go with the session; no look stamps its rows after that.
     idle.kill_group()
@@ -137,12 +147,22 @@ def _payloads(conn: Any) -> list[str]:
     return [n.payload for n in conn.notifies(timeout=3.0, stop_after=1) if wake.is_look(n.payload)]
 
 
-def test_the_supervisor_locks_each_slots_row_of_its_incarnation_and_lets_go_of_the_others(stamp_log: None) -> None:
+def _next_look(conn: Any) -> str:
+    """The next look's payload (other notifications, the workers' hellos, passed over)."""
+    for n in conn.notifies(timeout=10.0):
+        if wake.is_look(n.payload):
+            return n.payload
+    raise AssertionError("no look within 10 s")
+
+
+def test_the_supervisor_locks_each_slots_row_of_its_incarnation_and_lets_go_of_the_others(stamp_log: None,
+                                                                                         listener: Any) -> None:
     """In process, on the test's own connection (standing in for the supervisor's, which LISTENs): a beat
     locks the rows of the slots it beat, by incarnation; a row deleted and registered again (a new row)
     has its lock moved to the new row at the next beat, and until then the slots are not answered from a
     look; with no slot left to beat for, every lock goes. The look stamps locked rows whose heartbeat is
-    older than 5 s, and no other."""
+    older than 5 s and whose ``stamp_until`` has not passed, and no other; a beat for a slot holding a
+    job clears ``stamp_until``, and then no look stands for a beat."""
     from datetime import timedelta
     from types import SimpleNamespace
 
@@ -168,11 +188,19 @@ def test_the_supervisor_locks_each_slots_row_of_its_incarnation_and_lets_go_of_t
     Worker.objects.filter(name="u/1").update(last_heartbeat=timezone.now())
     _, _, mark = _stamps("")
     holder = Maintenance("default", "u-holder")
-    holder._look()  # SESSION_LIVENESS off (the default): the look stamps nothing
+    with override_settings(SQLQUEUE={**django_settings.SQLQUEUE, "SESSION_LIVENESS": False}):
+        holder._look()  # SESSION_LIVENESS off: the look stamps nothing, and its header has no clock
     assert _stamps("u/", mark)[0] == 0
-    with override_settings(SQLQUEUE={**django_settings.SQLQUEUE, "SESSION_LIVENESS": True}):
-        holder._look()
+    assert wake.look_stamp(_next_look(listener)) is None
+    holder._look()
+    assert wake.look_stamp(_next_look(listener)) is not None
     assert _stamps("u/0", mark)[0] == 1 and _stamps("u/1", mark)[0] == 0 and _stamps("v/", mark)[0] == 0
+    # A locked row whose stamp_until has passed (its process frozen, idle, for minutes) is not stamped.
+    Worker.objects.filter(name="u/0").update(last_heartbeat=timezone.now() - timedelta(seconds=30),
+                                             stamp_until=timezone.now() - timedelta(seconds=1))
+    _, _, mark = _stamps("")
+    holder._look()
+    assert _stamps("u/", mark)[0] == 0
 
     # u/0's row deleted and registered again: a new row, a new incarnation.
     Worker.objects.filter(name="u/0").delete()
@@ -184,7 +212,9 @@ def test_the_supervisor_locks_each_slots_row_of_its_incarnation_and_lets_go_of_t
     pipes = [multiprocessing.Pipe() for _ in range(2)]
     beats.slots = {i: SlotBeat(m.name, m.incarnation, pipes[i][0]) for i, m in enumerate(renewed)}
     assert not beats._stamped(renewed, time.monotonic())  # the new row is not locked yet: a real beat
-    beats._beat_now(renewed, {})
+    outcome = {}
+    beats._beat_now(renewed, outcome)
+    beats._stamping = outcome["stamping"]  # as _answer takes a beat's outcome
     assert set(beats._locks) == {("u/0", "c"), ("u/1", "b")} and _locks_held("u/") == 2
     # Locked: a look that began after the locks stands for the beat, no statement; each slot is answered
     # as of the look's start less the 5 s a row it leaves alone may be older.
@@ -199,5 +229,36 @@ def test_the_supervisor_locks_each_slots_row_of_its_incarnation_and_lets_go_of_t
         cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND objid::int8 = %s", [old_id])
         assert cursor.fetchone()[0] == 0  # the deleted row's lock let go
 
+    # A beat for a slot that holds a job clears both rows' stamp_until: no look stamps them, and no look
+    # stands for the next beat, even once the slot holds nothing (its process may have frozen meanwhile).
+    busy = [_Member("u/0", "c", {2**40: 60.0}, 0, 0), renewed[1]]
+    outcome = {}
+    beats._beat_now(busy, outcome)
+    assert outcome["ok"] and outcome["stamping"] is False
+    beats._stamping = outcome["stamping"]
+    assert Worker.objects.filter(name__startswith="u/", stamp_until__isnull=True).count() == 2
+    Worker.objects.filter(name__startswith="u/").update(last_heartbeat=timezone.now() - timedelta(seconds=30))
+    _, _, mark = _stamps("")
+    holder._look()
+    assert _stamps("u/", mark)[0] == 0
+    session.stamp = (time.time() + beats._clock_offset, time.monotonic())
+    assert not beats._stamped(renewed, time.monotonic())
+
     beats._unlock_all()  # no slot left to beat for
     assert beats._locks == {} and _locks_held("u/") == 0
+
+
+def test_a_dead_after_too_short_for_a_stamp_takes_no_locks_and_sets_no_stamp_until(worker_procs,
+                                                                                  stamp_log: None) -> None:
+    """WORKER_DEAD_AFTER_SECONDS 30: a look's stamp, 5 to 15 s old when trusted, would be more than the
+    quarter of it a stamp may stand for, so the worker beats as without session liveness: after three of
+    its beats it holds no lock and its rows carry no ``stamp_until`` (a frozen process is judged gone at
+    the dead-after time)."""
+    short = {**FAST_BEATS, "SQLQUEUE_TEST_DEAD_AFTER": "30"}
+    w = worker_procs("--worker-name", "short", "--concurrency", "2", "--queue", "short", env=short)
+    wu.wait_until(lambda: _stamps("short/")[1] >= 6, 120, what=f"three beats of both rows\n{w.output()}")
+    assert _locks_held("short/") == 0
+    rows = Worker.objects.filter(name__startswith="short/", stopped_at__isnull=True)
+    assert rows.count() == 2 and rows.filter(stamp_until__isnull=True).count() == 2
+    w.signal(signal.SIGTERM)
+    assert w.wait(60) == 0, w.output()

@@ -501,8 +501,9 @@ class PostgresDialect(Dialect):
         """The fleet's look, ONE statement of index seeks (docs/scaling.md, "The fleet's look")::
 
             WITH RECURSIVE stamped AS (the live worker rows whose session lock is held (their
-                                       supervisor's connection is alive) and whose heartbeat is older
-                                       than ``stamp_older_than``: heartbeat now),
+                                       supervisor's connection is alive), whose ``stamp_until`` has not
+                                       passed (their supervisor beat lately, for idle slots) and whose
+                                       heartbeat is older than ``stamp_older_than``: heartbeat now),
                  pr AS (the claimable priorities, one claim-index seek each),
                  came_due AS (per priority, the queues of the jobs that came due in the last
                               ``since_seconds``: a range of the claim index, at most ``rows`` per priority),
@@ -517,8 +518,9 @@ class PostgresDialect(Dialect):
             SELECT pg_notify(channel, LOOK_MARK interval/live slots/now LOOK_MARK queue:jobs,...)
 
         The header's ``now`` (the statement's start, seconds since 1970) tells a supervisor whose rows'
-        locks were taken before it that its rows are stamped: it need not beat for idle slots
-        (worker/beats.py). ``stamp_older_than`` 0 stamps nothing.
+        locks were taken before it, and whose last beat set their ``stamp_until``, that its rows are
+        stamped: it need not beat for idle slots (worker/beats.py). ``stamp_older_than`` 0 stamps nothing
+        and leaves ``now`` empty (no worker takes a look that stamped nothing for a beat).
 
         Each queue is named with the number of its jobs found (a worker wakes as many idle slots), or
         the names are ``*`` (every queue, every idle slot) when a part read as many rows as it may
@@ -550,9 +552,12 @@ class PostgresDialect(Dialect):
         locked = ("SELECT l.objid::int8 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted "
                   f"AND l.objsubid = 2 AND l.classid::int8 = {self.liveness_key_sql()} "
                   "AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())")
+        # The look's clock only when it stamps: a worker answers its slots from a stamp only if there is one
+        stamp_clock = f"extract(epoch FROM {self.now()})::float8" if stamp_older_than > 0 else "''"
         sql = (
             f"WITH RECURSIVE stamped AS (UPDATE {n.worker_table} w SET {beat} = {self.now()} "
             f"WHERE %s > 0 AND w.{stopped} IS NULL AND w.{beat} < {self.now_plus('%s')} "
+            f"AND w.{w['stamp_until']} > {self.now()} "
             f"AND w.{w["id"]} %% {LOCK_ID_MODULUS} IN ({locked}) RETURNING 1), "
             f"pr(p) AS ("
             f"(SELECT j.{prio} FROM {n.job} j WHERE {in_index} ORDER BY j.{prio} DESC LIMIT 1) "
@@ -582,7 +587,7 @@ class PostgresDialect(Dialect):
             f"CROSS JOIN LATERAL (SELECT DISTINCT x.q FROM (SELECT j.{queue} AS q FROM {n.job} j WHERE "
             f"{self.limited_job_predicate('fp.ptype', 'fp.pkey')} AND {limited_common} LIMIT %s) x) l) "
             # Every queue (*) when a part found as many rows as it reads: more may lie beyond
-            f"SELECT pg_notify(%s, %s || ({live}) || %s || extract(epoch FROM {self.now()})::float8 || %s || COALESCE((SELECT CASE WHEN "
+            f"SELECT pg_notify(%s, %s || ({live}) || %s || {stamp_clock} || %s || COALESCE((SELECT CASE WHEN "
             f"(SELECT count(*) FROM came_due) >= %s OR (SELECT count(*) FROM back) >= %s "
             f"OR (SELECT count(*) FROM scopes) >= %s OR octet_length(x) > %s THEN %s ELSE x END "
             f"FROM (SELECT string_agg(q || ':' || n, %s ORDER BY q) AS x "

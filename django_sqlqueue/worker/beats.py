@@ -46,6 +46,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections
 from django.db.models import Case, F, IntegerField, Q, Value, When
+from django.db.models.expressions import RawSQL
 
 from ..dialects import get_dialect
 from ..dialects.wake import LOOK_STAMPS_OLDER_THAN
@@ -62,6 +63,9 @@ STALE_SECONDS = 5 * REPORT_SECONDS
 MAX_IDS = 900
 #: Under session liveness, an idle worker still beats this often (it learns there that a row was replaced).
 IDLE_BEAT_SECONDS = 300.0
+#: ... and each of those beats lets the looks stamp its rows for this long (``Worker.stamp_until``): a
+#: process frozen with its session alive (SIGSTOP, a paused VM) stops being stamped by then.
+STAMP_WINDOW_SECONDS = IDLE_BEAT_SECONDS + 60.0
 #: A look's stamp older than this (on the database's clock, as this host sees it) stands for no beat.
 STAMP_FRESH_SECONDS = 10.0
 #: ... and one whose row stamp is older than this share of WORKER_DEAD_AFTER_SECONDS (the slots would
@@ -69,6 +73,13 @@ STAMP_FRESH_SECONDS = 10.0
 STAMP_SHARE = 0.25
 #: How far the wall clock may seem off (the lock statement's round trip) before a stamp is not trusted.
 CLOCK_SLACK_SECONDS = 1.0
+
+
+def stamps_can_stand(dead_after: float) -> bool:
+    """Whether a look's stamp, fresh enough to be trusted, may stand for a beat under this
+    WORKER_DEAD_AFTER_SECONDS (60 s and more): below it a worker beats as without session liveness, and
+    takes no locks (a look would never spare it a beat, and a frozen process would stay stamped)."""
+    return dead_after * STAMP_SHARE >= LOOK_STAMPS_OLDER_THAN + STAMP_FRESH_SECONDS
 
 
 @dataclass
@@ -125,6 +136,8 @@ class Beats:
     _lock_conn: Any = None
     _locked_at: float = 0.0  # the database's clock just after the last lock was taken
     _clock_offset: float = 0.0  # the database's clock minus this host's, as the lock statement saw it
+    #: The last good beat set its rows' ``stamp_until`` (no slot held a job): looks stamp them.
+    _stamping: bool = False
     #: Beats answered from a look's stamp, without a statement (for the tests and the benchmark).
     stamped_beats: int = 0
 
@@ -231,6 +244,8 @@ class Beats:
         stamp = session.stamp if session is not None else None
         if stamp is None or conn is None or session.connection is not conn or self._last_sent is None:
             return False
+        if not self._stamping:
+            return False  # the last beat was for a slot holding a job: the looks leave its rows alone
         if now - self._last_sent >= IDLE_BEAT_SECONDS or stamp[0] <= self._locked_at:
             return False
         if len(members) != len(self.slots) or set(self._locks) != {(m.name, m.incarnation) for m in members}:
@@ -268,7 +283,7 @@ class Beats:
                 slot.answered = True
                 self._send(slot, result)
             if self._outcome.get("ok"):
-                self._last_sent = sent
+                self._last_sent, self._stamping = sent, self._outcome.get("stamping", False)
             self._call, self._beat = None, None
             now = time.monotonic()
             # A slot whose first report came while this beat was on its way was not in it: it claims
@@ -307,7 +322,10 @@ class Beats:
         try:
             connections[self.using].ensure_connection()  # connecting is not part of the beat
             sent = time.monotonic()
-            results = self._statements(members, sent)
+            # Looks may stamp the rows until the next real beat (and a margin) only while no slot holds a
+            # job: a process frozen while it held one must be judged gone at the dead-after time.
+            stamping = self.session is not None and not any(m.held for m in members)
+            results = self._statements(members, sent, stamping)
         except DB_DOWN_ERRORS as exc:
             self._failed(exc)
             outcome["results"] = {m.name: BeatResult() for m in members}
@@ -321,7 +339,7 @@ class Beats:
         if self._failing_since is not None:
             log.warning("heartbeat_back worker=%s after=%.1fs", self.worker, sent - self._failing_since)
         self._failing_since, self._said_failing = None, False
-        outcome.update(ok=True, sent=sent, results=results)
+        outcome.update(ok=True, sent=sent, results=results, stamping=stamping)
 
     def _failed(self, exc: BaseException) -> None:
         """WARNING once per outage (the slots' jobs are at risk), INFO for the retries."""
@@ -335,7 +353,7 @@ class Beats:
         self._said_failing = True
         close_connection(self.using)
 
-    def _statements(self, members: list[_Member], sent: float) -> dict[str, BeatResult]:
+    def _statements(self, members: list[_Member], sent: float, stamping: bool = False) -> dict[str, BeatResult]:
         from ..models import Job, Worker
 
         renewed: dict[str, set[int]] = {m.name: set() for m in members}
@@ -362,7 +380,10 @@ class Beats:
                 _any(Q(name=m.name, incarnation=m.incarnation) for m in members), stopped_at__isnull=True)
             done = [When(name=m.name, then=Value(m.done)) for m in members if m.done]
             extra = Case(*done, default=Value(0), output_field=IntegerField()) if done else Value(0)
-            stamped = rows.update(last_heartbeat=db_now(self.using), jobs_done=F("jobs_done") + extra)
+            until = (RawSQL(get_dialect(connections[self.using]).now_plus("%s"), [STAMP_WINDOW_SECONDS])
+                     if stamping else None)
+            stamped = rows.update(last_heartbeat=db_now(self.using), jobs_done=F("jobs_done") + extra,
+                                  stamp_until=until)
         replaced: set[str] = set()
         if stamped < len(members):
             live = set(Worker.objects.using(self.using).filter(

@@ -88,7 +88,8 @@ def register(name: str, using: str, incarnation: str = "", queues: Sequence[str]
     host, pid = socket.gethostname()[:200], os.getpid()
     now = db_now(using)
     values = {"host": host, "pid": pid, "started_at": now, "last_heartbeat": now, "stopped_at": None,
-              "incarnation": incarnation, "queues": list(queues), "types": list(types), "process": process_key()}
+              "incarnation": incarnation, "queues": list(queues), "types": list(types), "process": process_key(),
+              "stamp_until": None}
     rows = Worker.objects.using(using)
     dead_after = get_settings().WORKER_DEAD_AFTER_SECONDS
     stale = RawSQL(get_dialect(connections[using]).now_plus("%s"), [-float(dead_after)],

@@ -59,7 +59,7 @@ from ..exceptions import IllegalTransition, JobNotFound, StaleJob
 from ..ops import tracing
 from ..queue.wakeups import wake_on_commit
 from ..states import Status
-from .beats import Beats
+from .beats import Beats, stamps_can_stand
 from .contract import (
     CANCELLED,
     EXIT_DB_GONE,
@@ -303,7 +303,8 @@ class Supervisor:
             return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS)
         self._shared_listener = wakeup.SharedListener(self._using, settings.NOTIFY_CHANNEL, self.config.queues,
                                                       self._board, self.config.name)
-        if capabilities(vendor).session_liveness and settings.SESSION_LIVENESS:  # looks stamp idle slots' rows
+        if (capabilities(vendor).session_liveness and settings.SESSION_LIVENESS
+                and stamps_can_stand(settings.WORKER_DEAD_AFTER_SECONDS)):  # looks stamp idle slots' rows
             self._beats.session = self._shared_listener
         return DatabaseThread(self._using, CONNECT_TIMEOUT_SECONDS, idle=self._shared_listener.idle)
 
