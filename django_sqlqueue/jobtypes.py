@@ -227,6 +227,20 @@ def type_ids(names: Sequence[str], *, using: str) -> tuple[int, ...]:
     return tuple(found[name] for name in names)
 
 
+def read_all(using: str, *, limit: int) -> list[str]:
+    """Every type's row in ONE read (at most ``limit``, by name): their names, for the types a worker
+    serves (worker/serving.py). The rows are cached as :func:`get_type` caches them, and, when every row
+    was read, the limited ids as :func:`limited_type_ids` caches them: the claim that follows reads no
+    type. (It read the names, the limited ids and its served types' rows, three statements before each
+    claim of an idle slot, in a worker that serves a subset of the types.)"""
+    rows = list(_job_type_model().objects.using(using).order_by("name")[:limit])
+    infos = [_remember(using, _info(row)) for row in rows]
+    if len(rows) < limit:
+        with _lock:
+            _limited[using] = (time.monotonic(), frozenset(info.id for info in infos if info.limited))
+    return [info.name for info in infos]
+
+
 def get_type_by_id(type_id: int, *, using: str) -> TypeInfo:
     hit = _fresh(_by_id.get((using, type_id)))
     if hit is not None:

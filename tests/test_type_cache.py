@@ -102,3 +102,38 @@ def test_a_claim_filtered_by_many_types_reads_the_uncached_ones_in_one_statement
     assert jobtypes.type_ids(names, using="default") == tuple(JobType.objects.get(name=n).pk for n in names)
     with pytest.raises(jobtypes.UnknownJobType):
         jobtypes.type_ids(["served.t1", "served.nope"], using="default")
+
+
+@pytest.mark.django_db(transaction=True)  # a worker reads outside a transaction (the cache keeps committed rows)
+def test_a_filtered_workers_type_refresh_is_one_read_and_its_claim_then_reads_no_type() -> None:
+    """The served types' refresh (every 10 s in a worker that serves a subset of the types) read the
+    names, then the claim read the limited ids and the served rows: three statements before each claim
+    of an idle slot. The refresh now reads whole rows once and fills the cache (a limit included)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_sqlqueue.worker import serving
+
+    names = [f"refresh.t{i}" for i in range(6)]
+    JobType.objects.bulk_create([JobType(name=n) for n in names])
+    JobType.objects.filter(name="refresh.t3").update(concurrency_limit=2)
+    job = Job.objects.enqueue("refresh.t1")
+    for name in names[:3]:
+        registry.register(name, lambda job: None)
+    try:
+        serving.resolve("default")  # the first refresh (it also learns which names are no task here)
+        jobtypes.clear_cache()  # the cache expired, as it has before each claim of an idle slot
+        table = connection.ops.quote_name(JobType._meta.db_table)
+        with CaptureQueriesContext(connection) as queries:
+            found = serving.resolve("default")
+            assert found.filtered and set(found.handled) >= set(names[:3]) and "refresh.t3" in found.unhandled
+            _completed, claimed = Job.objects.complete_and_claim([], "filtered", 1, types=list(found.claim_types))
+        assert [j.pk for j in claimed] == [job.pk]
+        # reads whose first FROM is the type table (the claim's own statement reads it in a subquery)
+        type_reads = [q["sql"] for q in queries
+                      if q["sql"].startswith("SELECT") and q["sql"].partition(" FROM ")[2].startswith(table)]
+        assert len(type_reads) == 1, "\n".join(sql[:160] for sql in type_reads)
+        assert jobtypes.limited_type_ids("default") == {JobType.objects.get(name="refresh.t3").pk}
+    finally:
+        for name in names[:3]:
+            registry.unregister(name)

@@ -68,16 +68,14 @@ class Serving:
 def resolve(using: str, requested: tuple[str, ...] = ()) -> Serving:
     """Split the requested types (or every type the database knows) by whether this code runs them.
 
-    Reads the names of the ``JobType`` rows (unless ``--type`` named them); asking the registry about a
+    Reads the ``JobType`` rows (unless ``--type`` named them); asking the registry about a
     dotted name may import that task's module (only where tasks may be: tasks/runner.py ``may_import``).
     """
+    from .. import jobtypes
     from ..handlers import registry
-    from ..models import JobType
 
-    if requested:
-        names = list(requested)
-    else:
-        names = list(JobType.objects.using(using).order_by("name").values_list("name", flat=True)[:MAX_TYPES])
+    # Whole rows, not just names: they fill the type cache, so the claim that follows reads no type.
+    names = list(requested) if requested else jobtypes.read_all(using, limit=MAX_TYPES)
     handled, unhandled = [], []
     for name in names:
         try:
