@@ -104,6 +104,11 @@ def limited_type_ids(using: str) -> frozenset[int]:
     return ids
 
 
+#: The row's fields a TypeInfo is made of (:func:`read_all` reads no other column).
+_INFO_FIELDS = ("id", "name", "max_attempts", "backoff_base_seconds", "backoff_max_seconds", "timeout_seconds",
+                "lease_seconds", "paused", "is_task", "concurrency_limit", "rate_limit")
+
+
 def _info(row: object) -> TypeInfo:
     s = get_settings()
 
@@ -233,7 +238,7 @@ def read_all(using: str, *, limit: int) -> list[str]:
     was read, the limited ids as :func:`limited_type_ids` caches them: the claim that follows reads no
     type. (It read the names, the limited ids and its served types' rows, three statements before each
     claim of an idle slot, in a worker that serves a subset of the types.)"""
-    rows = list(_job_type_model().objects.using(using).order_by("name")[:limit])
+    rows = list(_job_type_model().objects.using(using).order_by("name").only(*_INFO_FIELDS)[:limit])
     infos = [_remember(using, _info(row)) for row in rows]
     if len(rows) < limit:
         with _lock:

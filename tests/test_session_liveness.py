@@ -116,9 +116,9 @@ def test_an_idle_worker_sends_no_beat_while_the_look_stamps_its_rows(worker_proc
 
     # 2. Work: the slot that claims gets real beats (its lease), and the finish is counted on its row.
     gate = tmp_path / "finish"
-    job = Job.objects.enqueue("test.Sleep", {"seconds": 240, "until": str(gate)}, queue="idle")
     rows = Worker.objects.filter(name__startswith="idle/", stopped_at__isnull=True)
     assert rows.filter(stamp_until__isnull=False).count() == 2  # idle: the looks may stamp them
+    job = Job.objects.enqueue("test.Sleep", {"seconds": 240, "until": str(gate)}, queue="idle")
     wu.wait_until(lambda: rows.filter(stamp_until__isnull=True).count() == 2, 120,
                   what=f"a beat for the running job clearing stamp_until\n{idle.output()}")
     assert Job.objects.get(pk=job.pk).state == Status.PROCESSING
@@ -145,6 +145,22 @@ def test_an_idle_worker_sends_no_beat_while_the_look_stamps_its_rows(worker_proc
 
 def _payloads(conn: Any) -> list[str]:
     return [n.payload for n in conn.notifies(timeout=3.0, stop_after=1) if wake.is_look(n.payload)]
+
+
+def _beat_and_answer(beats: Any, members: list[Any], slot_ends: list[Any]) -> None:
+    """One beat on this thread, its result taken in by ``Beats._answer`` as the supervisor's loop does
+    (the answers it sends the slots are read from ``slot_ends``)."""
+    from types import SimpleNamespace
+
+    outcome: dict[str, Any] = {}
+    beats._beat_now(members, outcome)
+    assert outcome.get("ok"), outcome
+    beats._beat, beats._outcome = (list(beats.slots.values()), members), outcome
+    beats._call = SimpleNamespace(finished=True)
+    beats._answer()
+    assert beats._call is None
+    for end in slot_ends:
+        assert end.recv().ok
 
 
 def _next_look(conn: Any) -> str:
@@ -212,9 +228,8 @@ def test_the_supervisor_locks_each_slots_row_of_its_incarnation_and_lets_go_of_t
     pipes = [multiprocessing.Pipe() for _ in range(2)]
     beats.slots = {i: SlotBeat(m.name, m.incarnation, pipes[i][0]) for i, m in enumerate(renewed)}
     assert not beats._stamped(renewed, time.monotonic())  # the new row is not locked yet: a real beat
-    outcome = {}
-    beats._beat_now(renewed, outcome)
-    beats._stamping = outcome["stamping"]  # as _answer takes a beat's outcome
+    _beat_and_answer(beats, renewed, [child for _, child in pipes])
+    assert beats._stamping
     assert set(beats._locks) == {("u/0", "c"), ("u/1", "b")} and _locks_held("u/") == 2
     # Locked: a look that began after the locks stands for the beat, no statement; each slot is answered
     # as of the look's start less the 5 s a row it leaves alone may be older.
@@ -232,10 +247,8 @@ def test_the_supervisor_locks_each_slots_row_of_its_incarnation_and_lets_go_of_t
     # A beat for a slot that holds a job clears both rows' stamp_until: no look stamps them, and no look
     # stands for the next beat, even once the slot holds nothing (its process may have frozen meanwhile).
     busy = [_Member("u/0", "c", {2**40: 60.0}, 0, 0), renewed[1]]
-    outcome = {}
-    beats._beat_now(busy, outcome)
-    assert outcome["ok"] and outcome["stamping"] is False
-    beats._stamping = outcome["stamping"]
+    _beat_and_answer(beats, busy, [child for _, child in pipes])
+    assert beats._last_sent is not None and not beats._stamping
     assert Worker.objects.filter(name__startswith="u/", stamp_until__isnull=True).count() == 2
     Worker.objects.filter(name__startswith="u/").update(last_heartbeat=timezone.now() - timedelta(seconds=30))
     _, _, mark = _stamps("")
@@ -243,6 +256,21 @@ def test_the_supervisor_locks_each_slots_row_of_its_incarnation_and_lets_go_of_t
     assert _stamps("u/", mark)[0] == 0
     session.stamp = (time.time() + beats._clock_offset, time.monotonic())
     assert not beats._stamped(renewed, time.monotonic())
+
+    # Idle again (stamp_until set), then a slot reports a job it claimed: the loop's next turn beats at
+    # once (the beat that clears stamp_until), not a heartbeat interval later.
+    from django_sqlqueue.worker.contract import SlotReport
+
+    _beat_and_answer(beats, renewed, [child for _, child in pipes])
+    assert beats._stamping and Worker.objects.filter(name__startswith="u/", stamp_until__isnull=False).count() == 2
+    now = time.monotonic()
+    for slot in beats.slots.values():
+        slot.report, slot.reported_at = SlotReport(held={}, done=0), now
+    beats.slots[0].report = SlotReport(held={2**40: 60.0}, done=0)
+    beats._next_beat = now + 60.0
+    submitted: list[str] = []
+    beats.tick(SimpleNamespace(submit=lambda what, *args: submitted.append(what)), now, stopping=True)
+    assert submitted == ["heartbeat"]
 
     beats._unlock_all()  # no slot left to beat for
     assert beats._locks == {} and _locks_held("u/") == 0

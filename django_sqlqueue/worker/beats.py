@@ -181,6 +181,10 @@ class Beats:
     def tick(self, db: DatabaseThread, now: float, *, stopping: bool = False) -> None:
         self._collect(now)
         self._answer()
+        if self._stamping and self._holding():
+            # The rows' stamp_until is set and a slot holds a job: a real beat at once clears it (a process
+            # frozen from now on must be judged gone at the dead-after time, not minutes later).
+            self._next_beat = min(self._next_beat, now)
         due = self._call is None and now >= self._next_beat
         members = self._members(now) if due else []
         if members and self._stamped(members, now):
@@ -198,6 +202,9 @@ class Beats:
             if running:
                 self._cancels = {}
                 self._cancel_call = db.submit("cancel_check", self._cancels_now, running, self._cancels)
+
+    def _holding(self) -> bool:
+        return any(slot.report is not None and slot.report.held and not slot.gone for slot in self.slots.values())
 
     def _collect(self, now: float) -> None:
         for slot in self.slots.values():

@@ -55,6 +55,7 @@ from ..dialects.wake import LOOK_STAMPS_OLDER_THAN
 from ..ops.rollup import Rollup
 from ..queue.wakeups import wake_on_commit
 from ..states import Status
+from .beats import stamps_can_stand
 from .support import DB_DOWN_ERRORS, close_connection, one_line
 
 log = logging.getLogger("django_sqlqueue.maintenance")
@@ -308,7 +309,8 @@ class Maintenance:
             default_max_attempts=settings.MAX_ATTEMPTS,
             worker_dead_after_seconds=settings.WORKER_DEAD_AFTER_SECONDS, rows=LOOK_ROWS,
             # Stamps only where workers opted in: otherwise the look reads no pg_locks (a one-time filter)
-            stamp_older_than=LOOK_STAMPS_OLDER_THAN if settings.SESSION_LIVENESS else 0.0,
+            stamp_older_than=(LOOK_STAMPS_OLDER_THAN if settings.SESSION_LIVENESS
+                              and stamps_can_stand(settings.WORKER_DEAD_AFTER_SECONDS) else 0.0),
         ) if settings.NOTIFY_CHANNEL and interval > 0 else None
         if look is None:
             return LOOK_OFF_SECONDS
