@@ -22,7 +22,10 @@ Safety, with the beats out of the slot process:
 Session liveness (PostgreSQL, LISTEN on the supervisor's own connection): an idle fleet must not send
 one heartbeat per worker (issue 28). The supervisor takes a session-level advisory lock on each of its
 slots' worker rows, on the connection that LISTENs, and the maintenance holder's look stamps in the same
-statement every live row whose lock is held (``PostgresDialect.fleet_look_sql``). A look's header
+statement every live row whose lock is held and whose ``stamp_until`` has not passed
+(``PostgresDialect.fleet_look_sql``). A real beat sets ``stamp_until`` ``STAMP_WINDOW_SECONDS`` ahead
+while no slot holds a job, and clears it while one does (a claim brings that beat at once): a process
+frozen with its session alive stops being stamped at once if it held a job, within minutes if not. A look's header
 carries the database clock at which it began; once a look began after the locks were taken, the rows
 are known fresh, and while no slot holds a job or has finished one since the last beat the supervisor
 answers its slots from that look instead of beating (:meth:`Beats._stamped`). A slot that claims gets a
