@@ -7,7 +7,8 @@
   name ``sys.default_constraints`` reports, which Babelfish then cannot find: the statement is skipped
   and the database default kept.
 - The test database is dropped without ``ALTER DATABASE ... SET SINGLE_USER``, which Babelfish refuses,
-  and created without the inspectdb test schemas, which confuse its name resolution.
+  and created without the inspectdb test schemas, which confuse its name resolution; its creation is
+  tried again when two sessions' ``CREATE DATABASE`` collide ("tuple concurrently updated").
 - ``flush`` (between transactional tests) deletes child tables before their parents instead of
   switching foreign keys off with ``ALTER TABLE ... NOCHECK CONSTRAINT``, which Babelfish refuses, and
   keeps content types and permissions (see :data:`KEPT`).
@@ -25,6 +26,7 @@
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 from django.apps import apps
@@ -141,6 +143,20 @@ class DatabaseOperations(MssqlDatabaseOperations):
 
 
 class DatabaseCreation(MssqlDatabaseCreation):
+    def _execute_create_test_db(self, cursor: Any, parameters: Any, keepdb: bool = False) -> None:
+        """``CREATE DATABASE`` again when Babelfish fails it with PostgreSQL's "tuple concurrently
+        updated": the CI's two tds shards create their test databases at the same moment, and Babelfish
+        updates one catalog row for both (seen once: every test of that shard errored at setup). The
+        failed statement created nothing (the DROP that Django then tried found no database)."""
+        for attempt in range(5):
+            try:
+                super()._execute_create_test_db(cursor, parameters, keepdb)
+                return
+            except Exception as exc:  # the driver's ProgrammingError; anything else is raised as it was
+                if "tuple concurrently updated" not in str(exc) or attempt == 4:
+                    raise
+                time.sleep(0.5 + attempt)
+
     def _create_test_schemas(self, test_database_name: str, verbosity: int) -> None:
         """Skipped: the extra schemas mssql-django makes for Django's own inspectdb tests confuse
         Babelfish's name resolution (a foreign key check then looks for ``<db>_<db>_dbo.<table>``)."""
