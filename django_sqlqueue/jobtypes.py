@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from django.apps import apps
@@ -104,9 +104,8 @@ def limited_type_ids(using: str) -> frozenset[int]:
     return ids
 
 
-#: The row's fields a TypeInfo is made of (:func:`read_all` reads no other column).
-_INFO_FIELDS = ("id", "name", "max_attempts", "backoff_base_seconds", "backoff_max_seconds", "timeout_seconds",
-                "lease_seconds", "paused", "is_task", "concurrency_limit", "rate_limit")
+#: The row's fields a TypeInfo is made of, named alike (:func:`read_all` reads no other column).
+_INFO_FIELDS = tuple(f.name for f in fields(TypeInfo))
 
 
 def _info(row: object) -> TypeInfo:

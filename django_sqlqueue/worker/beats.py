@@ -252,10 +252,10 @@ class Beats:
         module docstring says when); True if it did."""
         session, conn = self.session, self._lock_conn
         stamp = session.stamp if session is not None else None
-        if stamp is None or conn is None or session.connection is not conn or self._last_sent is None:
+        # (not _stamping: the last beat was for a slot holding a job, so the looks leave its rows alone)
+        if (stamp is None or conn is None or session.connection is not conn or self._last_sent is None
+                or not self._stamping):
             return False
-        if not self._stamping:
-            return False  # the last beat was for a slot holding a job: the looks leave its rows alone
         if now - self._last_sent >= IDLE_BEAT_SECONDS or stamp[0] <= self._locked_at:
             return False
         if len(members) != len(self.slots) or set(self._locks) != {(m.name, m.incarnation) for m in members}:
