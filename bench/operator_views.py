@@ -20,7 +20,7 @@ some queues), then requests each page in-process through Django's test client (q
 rendering, no network) and prints the median and worst of ``--repeat`` runs and the query count.
 Pages: the dashboard, the job list filtered to orphans and sorted three ways, the failure triage page,
 the throughput page (1 h, 7 d and 30 d, after the throughput rollup has caught up, as a worker would
-have done) and the Prometheus endpoint. Not run in CI.
+have done), the job types' and the workers' lists and the Prometheus endpoint. Not run in CI.
 """
 
 from __future__ import annotations
@@ -181,6 +181,8 @@ def pages() -> list[tuple[str, str]]:
         ("throughput 1 h", reverse("admin:django_sqlqueue_throughput")),
         ("throughput 7 d", reverse("admin:django_sqlqueue_throughput") + "?window=7d"),
         ("throughput 30 d", reverse("admin:django_sqlqueue_throughput") + "?window=30d"),
+        ("job types", reverse("admin:django_sqlqueue_jobtype_changelist")),
+        ("workers", reverse("admin:django_sqlqueue_worker_changelist")),
         ("metrics endpoint", reverse("sqlqueue-metrics")),
     ]
 

@@ -341,6 +341,75 @@ def test_the_oldest_due_job_is_found_in_the_claim_index_and_among_limited_jobs()
     assert oldest_due(Job, now) == now - timedelta(minutes=5)
 
 
+def _column(term: str, selected: list[str]) -> str:
+    """A GROUP BY / ORDER BY term's column: named, or a position in the select list (Django's choice)."""
+    name = re.sub(r"\W", "", term.split(".")[-1].replace(" ASC", ""))
+    return selected[int(name) - 1] if name.isdigit() else name
+
+
+def test_the_status_counts_group_and_order_by_the_status_index_in_its_order() -> None:
+    """The dashboard's, the job types' and the metrics' status counts list the (status, type, queue)
+    index's columns in its order in both GROUP BY and ORDER BY, so a planner streams the groups off the
+    index. Without the ORDER BY PostgreSQL under Babelfish hashed every row's case-insensitive queue
+    (0.9 s at 1M jobs, 0.26 s streamed). On SQLite the plan is the covering index with no sort."""
+    from django_sqlqueue.admin.types import counts_by_status
+    from django_sqlqueue.admin.views import status_tables
+    from django_sqlqueue.ops.health import status_counts
+
+    make_job(queue="b")
+    make_job(Status.FAILED, queue="a")
+    make_job(Status.FAILED, queue="a")
+    with CaptureQueriesContext(connection) as ctx:
+        tables = status_tables(Job)
+        by_type = counts_by_status([JobType.objects.get(name="AdminTest").pk])
+    assert {r["label"]: r["total"] for r in tables["queue_rows"]} == {"a": 2, "b": 1}
+    assert list(by_type.values()) == [{int(Status.PENDING): 1, int(Status.FAILED): 2}]
+    grouped = [q["sql"] for q in ctx.captured_queries if "GROUP BY" in q["sql"]]
+    assert len(grouped) == 2, grouped
+    for sql in grouped:
+        select, group_by, order_by = re.search(r"SELECT (.*) FROM .* GROUP BY (.*) ORDER BY (.*?)( OFFSET.*)?$",
+                                               sql).group(1, 2, 3)
+        selected = re.findall(r"\.\W?(\w+)\W? AS", select)
+
+        columns = [_column(c, selected) for c in order_by.split(",")]
+        assert columns == ["status_id", "type_id", "queue"][:len(columns)], (sql, columns)
+        assert [_column(c, selected) for c in group_by.split(",")] == columns, sql
+        if connection.vendor == "sqlite":
+            plan = sqlite_plan(sql)
+            assert "COVERING INDEX sqlqueue_job_status_type" in plan and "TEMP B-TREE" not in plan, plan
+    with pytest.raises(ValueError, match="lead the"):
+        status_counts(Job.objects.all(), "queue", "status_id")
+
+
+def test_the_overdue_count_reads_the_claim_index_and_the_limited_jobs() -> None:
+    """Overdue = claimable and due: the claim index's rows (types without a limit) plus the limited
+    types' (sqlqueue_job_limited), each counted through its own index. With the status list alone no
+    partial index matched and the planner walked the table until it had 10,001 due rows (60-130 ms at
+    1M jobs over TDS on Babelfish, against 3 ms through the claim index)."""
+    from django_sqlqueue.admin.views import backlog
+
+    now = timezone.now()
+    for minutes in (5, 10):
+        job = make_job()
+        Job.objects.filter(pk=job.pk).update(scheduled_for=now - timedelta(minutes=minutes))
+    make_job(scheduled_for=now + timedelta(hours=1))  # not due
+    make_job(Status.PROCESSING)
+    make_job(Status.ERROR, scheduled_for=now - timedelta(minutes=1))
+    JobType.objects.get_or_create(name="LimitedDue", defaults={"concurrency_limit": 1})
+    limited = Job.objects.enqueue("LimitedDue", {"n": 1})
+    Job.objects.filter(pk=limited.pk).update(scheduled_for=now - timedelta(minutes=2))
+    with CaptureQueriesContext(connection) as ctx:
+        found = backlog(Job, now)
+    assert (found["overdue"], found["overdue_capped"]) == (4, False)
+    counts = [q["sql"] for q in ctx.captured_queries if re.search(r"scheduled_for\W? <=", q["sql"])
+              and "COUNT" in q["sql"].upper()]
+    assert len(counts) == 2, counts
+    assert re.search(r"\.\W?limited\W? = (FALSE|0)", counts[0]) and re.search(r"\.\W?limited\W? = (TRUE|1)", counts[1])
+    if connection.vendor == "sqlite":
+        assert_read_through(counts[0], "sqlqueue_job_claim", never="sqlqueue_job_status_type")
+        assert_read_through(counts[1], "sqlqueue_job_limited", never="sqlqueue_job_status_type")
+
+
 @pytest.mark.parametrize("walk", [(250, 2_000), (2, 4)], ids=["default-walk", "short-walk"])
 def test_each_queues_oldest_due_job_walked_from_the_claim_index_matches_the_group_by(monkeypatch, walk) -> None:
     """The dashboard's per-queue oldest due job, found by walking the claim index per priority, equals

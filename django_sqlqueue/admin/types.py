@@ -20,6 +20,7 @@ from django.utils.translation import ngettext
 
 from ..conf import get_settings
 from ..models import Job, JobType, Worker
+from ..ops.health import status_counts
 from ..states import Status, human_label  # noqa: F401 (human_label: also imported from here)
 from .filters import CheckedFilter, refuse
 from .guard import GuardedChangelist
@@ -38,9 +39,8 @@ def status_badge(status_id: int | None) -> SafeString:
 def counts_by_status(type_ids: list[int]) -> dict[int, dict[int, int]]:
     """{type id: {status id: jobs}} in one GROUP BY over the (status, type, queue) index."""
     counts: dict[int, dict[int, int]] = defaultdict(dict)
-    rows = (Job.objects.filter(job_type_id__in=type_ids).order_by().values("job_type_id", "status_id")
-            .annotate(n=Count("*")).values_list("job_type_id", "status_id", "n"))
-    for type_id, status_id, n in rows:
+    for status_id, type_id, n in status_counts(Job.objects.filter(job_type_id__in=type_ids), "status_id",
+                                               "job_type_id"):
         counts[type_id][status_id] = n
     return counts
 

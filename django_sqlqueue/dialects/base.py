@@ -54,6 +54,10 @@ JOB_COLUMNS: tuple[str, ...] = (
 #: The partial indexes the claim's two branches walk (names from Job.Meta.indexes).
 CLAIM_INDEX = "sqlqueue_job_claim"
 PROCESSING_INDEX = "sqlqueue_job_processing"
+#: Every job by (status, type, queue): the operator's counts read it index-only.
+STATUS_INDEX = "sqlqueue_job_status_type"
+#: The jobs of limited types that wait or run (they are not in the claim index).
+LIMITED_INDEX = "sqlqueue_job_limited"
 #: Position of each of JOB_COLUMNS in a returned row.
 COL: dict[str, int] = {c: i for i, c in enumerate(JOB_COLUMNS)}
 
@@ -375,7 +379,7 @@ class Dialect:
         statuses = sql_list(CLAIMABLE) if by_queue else str(int(Status.PENDING))
         select, group = (f"j.{j['queue']}, ", f" GROUP BY j.{j['queue']}") if by_queue else ("", "")
         return (f"SELECT {select}MIN(j.{j['scheduled_for']}) FROM {self.n.job} j"
-                f"{self.index_hint('sqlqueue_job_limited')} "
+                f"{self.index_hint(LIMITED_INDEX)} "
                 f"WHERE j.{j['status_id']} IN ({sql_list(CLAIMABLE | {Status.PROCESSING})}) "
                 f"AND j.{j['limited']} = {self.true_literal} AND j.{j['status_id']} IN ({statuses}) "
                 f"AND j.{j['scheduled_for']} <= {'%s' if by_queue else self.now()}{group}")

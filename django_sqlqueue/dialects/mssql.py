@@ -33,7 +33,16 @@ from django.db import DatabaseError, transaction
 
 from ..exceptions import InvalidArgument
 from ..states import DEDUPE_SCOPE, Status, sql_list
-from .base import CLAIM_INDEX, COL, JOB_COLUMNS, PROCESSING_INDEX, ClaimRequest, Dialect, queue_model
+from .base import (
+    CLAIM_INDEX,
+    COL,
+    JOB_COLUMNS,
+    LIMITED_INDEX,
+    PROCESSING_INDEX,
+    ClaimRequest,
+    Dialect,
+    queue_model,
+)
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
@@ -59,8 +68,7 @@ PROCESSING_WORKER_INDEX = "sqlqueue_job_processing_worker"
 #: The due branch of a worker that names its queues: (queue, claim order), filtered as the claim index
 #: (migration 0014, SQL Server only).
 CLAIM_QUEUE_INDEX = "sqlqueue_job_claim_queue"
-#: The limited branch's job index (models) and the permit table's free-permit index (migration 0014).
-LIMITED_INDEX = "sqlqueue_job_limited"
+#: The permit table's free-permit index (migration 0014); the limited branch reads LIMITED_INDEX (models).
 PERMIT_FREE_INDEX = "sqlqueue_permit_free"
 #: Every branch of the claim reads the index it was written for, named in a table hint: a filtered
 #: index's statistics can go stale (a backlog drained since the last update), and a plan compiled then

@@ -45,6 +45,15 @@ def claim_index_rows(using: str) -> Q:
     return index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})") & index_predicate(using, "limited", f"= {false}")
 
 
+def limited_index_rows(using: str) -> Q:
+    """Jobs of limited types that wait or run: sqlqueue_job_limited's whole predicate, as literals."""
+    from . import get_dialect
+
+    true = get_dialect(connections[using]).true_literal
+    return (index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE | {Status.PROCESSING})})")
+            & index_predicate(using, "limited", f"= {true}"))
+
+
 def lease_expired(using: str, now: datetime.datetime) -> Q:
     """Processing with an expired lease: sqlqueue_job_processing's own predicate, as a literal."""
     return index_predicate(using, "status", f"= {int(Status.PROCESSING)}") & Q(lease_expires_at__lt=now)

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from ..states import Status
-from .base import COL, ClaimRequest, Dialect
+from .base import COL, LIMITED_INDEX, ClaimRequest, Dialect
 
 if TYPE_CHECKING:
     from django.db.backends.utils import CursorWrapper
@@ -103,7 +103,7 @@ class SqliteDialect(Dialect):
         common, common_params = self.common_filters(req, limited=True)
         free, free_params = self.permit_filters(req)
         first_job = (
-            f"SELECT j.{j['id']} FROM {n.job} j{self.index_hint('sqlqueue_job_limited')} "
+            f"SELECT j.{j['id']} FROM {n.job} j{self.index_hint(LIMITED_INDEX)} "
             f"WHERE {self.limited_job_predicate('p.' + p['job_type_id'], 'p.' + p['key'])} AND {common} "
             f"ORDER BY {self.candidate_order()} LIMIT 1"
         )

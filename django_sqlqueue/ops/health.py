@@ -19,12 +19,12 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
-from django.db.models import Min, Q, QuerySet, Subquery
+from django.db.models import Count, Min, Q, QuerySet, Subquery
 from django.db.models.expressions import Col
 
 from ..conf import get_settings
 from ..dialects import get_dialect
-from ..dialects.base import CLAIM_INDEX
+from ..dialects.base import CLAIM_INDEX, STATUS_INDEX
 from ..dialects.predicates import claim_index_rows, index_predicate
 from ..states import CLAIMABLE, Status, sql_list
 
@@ -104,6 +104,29 @@ def is_orphan(job: Job, now: datetime, holder: Holder | None = None) -> bool:
 
 def orphans(job_model: type[Job], now: datetime) -> QuerySet:
     return job_model.objects.filter(orphaned_q(now, job_model.objects.db))
+
+
+# ----- counts by status (the dashboard, the job types' list, the metrics) ------------------------------
+#: The (status, type, queue) index's columns, in its order (``Job.Meta.indexes``: sqlqueue_job_status_type).
+STATUS_INDEX_KEYS = ("status_id", "job_type_id", "queue")
+
+
+def status_counts(qs: QuerySet, *keys: str) -> list[tuple[Any, ...]]:
+    """``(key..., jobs)`` rows of ``qs`` (the job table) counted by ``keys``, a leading part of the
+    (status, type, queue) index, in that order: read index-only, grouped as the rows stream.
+
+    Both the GROUP BY and an ORDER BY list the keys in the index's order. Without the ORDER BY a
+    planner may hash every row instead: PostgreSQL's does under Babelfish's case-insensitive
+    collation of the queue column (0.9 s for the whole table at 1M jobs, where the streamed groups
+    took 0.26 s), and before version 17 it never reorders GROUP BY keys itself. The index gives the
+    order for free, so the ORDER BY costs no sort on any vendor. SQLite is told the index: with no
+    statistics it counted the job types' list through the type foreign key's index instead, each job's
+    table row read and the groups sorted.
+    """
+    if keys != STATUS_INDEX_KEYS[:len(keys)]:
+        raise ValueError(f"the keys must lead the (status, type, queue) index in its order, not {keys}")
+    return rows_through(qs.order_by(*keys).values(*keys).annotate(n=Count("*")).values_list(*keys, "n"),
+                        STATUS_INDEX)
 
 
 # ----- the backlog's oldest due job (the admin's dashboard and the metrics) ----------------------------

@@ -95,12 +95,14 @@ class QueueCollector:
         from ..models import Job, JobType, Worker
         from .diagnose import unserved_due_work
         from .health import (
+            STATUS_INDEX_KEYS,
             count_through,
             dead_q,
             live_q,
             oldest_due,
             oldest_due_by_queue,
             orphaned_q,
+            status_counts,
             waits_by_queue,
         )
 
@@ -112,11 +114,10 @@ class QueueCollector:
 
         depth = GaugeMetricFamily("sqlqueue_jobs", "Unfinished jobs by queue, type and status",
                                   labels=["queue", "type", "status"])
-        rows = (jobs.filter(index_predicate(db, "status", f"IN ({sql_list(UNFINISHED)})")).order_by()
-                .values("queue", "job_type_id", "status_id").annotate(n=Count("*"))
-                .values_list("queue", "job_type_id", "status_id", "n"))
+        rows = status_counts(jobs.filter(index_predicate(db, "status", f"IN ({sql_list(UNFINISHED)})")),
+                                *STATUS_INDEX_KEYS)
         waiting, claimable_queues = set(), set()
-        for queue, type_id, status_id, n in rows:
+        for status_id, type_id, queue, n in rows:
             depth.add_metric([queue, names.get(type_id, str(type_id)), Status(status_id).label], n)
             if status_id in (Status.PENDING, Status.ERROR, Status.PROCESSING):
                 waiting.add((queue, type_id))
