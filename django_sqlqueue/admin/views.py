@@ -71,7 +71,8 @@ def dashboard_context(request: HttpRequest, modeladmin: Any) -> dict[str, Any]:
         **workers(now),
         "media": modeladmin.media,
     }
-    context.update(stuck_work(modeladmin.model, now, pairs=context.pop("waiting_pairs")))
+    context.update(stuck_work(modeladmin.model, now, pairs=context.pop("waiting_pairs"),
+                              types=context.pop("unpaused_types"), paused_queues=context.pop("paused_queues")))
     queue_latency(modeladmin.model, now, context["queue_rows"], context.pop("claimable_queues"))
     context["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 1)
     context["values_shape"] = values_shape(context)
@@ -174,8 +175,9 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
         by_queue[queue][status_id] += n
         by_type[type_id][status_id] += n
         totals[status_id] += n
-    types = dict(JobType.objects.values_list("pk", "name"))
-    paused = set(JobType.objects.filter(paused=True).values_list("pk", flat=True))
+    type_rows = list(JobType.objects.values_list("pk", "name", "paused"))
+    types = {pk: name for pk, name, _paused in type_rows}
+    paused = {pk for pk, _name, is_paused in type_rows if is_paused}
     paused_queues = set(job_model.objects.paused_queues())
     statuses = list(Status)
     base = changelist_url()  # once: a reverse() per cell was a tenth of the page's Python time
@@ -206,6 +208,9 @@ def status_tables(job_model: type[Job]) -> dict[str, Any]:
         "type_rows": table(by_type, "type", lambda pk: types.get(pk, f"#{pk}")),
         "unfinished": sum(n for s, n in totals.items() if Status(s) not in FINISHED),
         "waiting_pairs": waiting,
+        # for stuck_work: what it would read again
+        "unpaused_types": {pk: name for pk, name in types.items() if pk not in paused},
+        "paused_queues": paused_queues,
         "claimable_queues": claimable_queues,
     }
 
@@ -251,17 +256,20 @@ def backlog(job_model: type[Job], now: datetime) -> dict[str, Any]:
     }
 
 
-def stuck_work(job_model: type[Job], now: datetime, pairs: Any = None) -> dict[str, Any]:
+def stuck_work(job_model: type[Job], now: datetime, pairs: Any = None, types: dict[int, str] | None = None,
+               paused_queues: set[str] | None = None) -> dict[str, Any]:
     """Orphaned jobs (the claim would take them over) and due work no live worker serves.
 
-    ``pairs``: the (queue, type) pairs holding waiting jobs, when the caller already counted them.
+    ``pairs``: the (queue, type) pairs holding waiting jobs, when the caller already counted them;
+    ``types`` (the unpaused ones' names) and ``paused_queues``: when the caller already read them.
     """
     from ..ops.diagnose import unserved_due_work
     from ..ops.health import orphaned_q
 
     orphaned, orphaned_capped = _capped_count(job_model.objects.filter(orphaned_q(now, job_model.objects.db)),
                                               PROCESSING_INDEX)
-    unserved = unserved_due_work(job_model, now, pairs=pairs, cap=UNSERVED_CAP)
+    unserved = unserved_due_work(job_model, now, pairs=pairs, cap=UNSERVED_CAP, types=types,
+                                 paused_queues=paused_queues)
     return {
         "orphaned": orphaned, "orphaned_capped": orphaned_capped, "orphaned_url": changelist_url(orphaned=1),
         "unserved": [{"queue": u.queue, "type": u.type_name, "jobs": u.jobs, "capped": u.capped,

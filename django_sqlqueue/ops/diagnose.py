@@ -317,7 +317,8 @@ def waiting_pairs(job_model: type[Job]) -> set[tuple[str, int]]:
 
 def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Worker] | None = None,
                       *, pairs: Iterable[tuple[str, int]] | None = None,
-                      limit: int = UNSERVED_PAIRS_LIMIT, cap: int | None = None) -> list[Unserved]:
+                      limit: int = UNSERVED_PAIRS_LIMIT, cap: int | None = None,
+                      types: dict[int, str] | None = None, paused_queues: set[str] | None = None) -> list[Unserved]:
     """(queue, type) pairs with due Pending/Error jobs or orphaned Processing jobs, no live worker serving:
     the jobs :func:`diagnose` says "none of the live workers serves" (or "no worker is alive") about.
 
@@ -332,7 +333,8 @@ def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Wor
     ``cap``: count each pair's due jobs up to ``cap`` only (``Unserved.capped`` says there are more). Its
     due rows' table rows are read for their due time, and a large unserved backlog is mostly that read
     (about 10 ms per 3,500 rows over TDS on Babelfish); a page that only warns needs no more. The
-    metrics count them all.
+    metrics count them all. ``types`` (the names of the types not paused, by id) and ``paused_queues``:
+    when the caller has read them already.
     """
     from ..models import JobType
 
@@ -340,8 +342,9 @@ def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Wor
     workers = list(workers) if workers is not None else health.live_workers(now, using)
     if any(not (w.queues or []) and not (w.types or []) for w in workers):
         return []
-    types = dict(JobType.objects.using(using).filter(paused=False).values_list("pk", "name"))
-    paused = set(job_model.objects.paused_queues(using=using))
+    if types is None:
+        types = dict(JobType.objects.using(using).filter(paused=False).values_list("pk", "name"))
+    paused = paused_queues if paused_queues is not None else set(job_model.objects.paused_queues(using=using))
     candidates = sorted(p for p in (pairs if pairs is not None else waiting_pairs(job_model))
                         if p[1] in types and p[0] not in paused
                         and not any(health.serves(w, p[0], types[p[1]]) for w in workers))
