@@ -352,11 +352,7 @@ def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Wor
     if not candidates:
         return []
     claimable = index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})") & Q(scheduled_for__lte=now)
-    # The unserved pairs' due jobs in one statement: a UNION ALL of one count per pair, each a seek of
-    # the (status, type, queue) index (one statement per pair was 30 statements for 30 pairs). A filter
-    # on their queues and their types apart would also read every served pair those two lists cross;
-    # an OR of the pairs is planned as that same wide range by SQLite on a database with no statistics.
-    counts = _due_counts(job_model, claimable, candidates, cap)
+    counts = _due_counts(job_model, claimable, candidates, cap)  # one statement, a seek per pair
     # Their orphaned jobs: one GROUP BY over the Processing index's rows (a few per worker slot), the
     # pairs picked in Python. A UNION branch per pair cost a statement as long again to parse and plan.
     wanted = set(candidates)
