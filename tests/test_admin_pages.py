@@ -377,11 +377,30 @@ def test_the_status_counts_group_and_order_by_the_status_index_in_its_order() ->
         if connection.vendor == "sqlite":
             plan = sqlite_plan(sql)
             assert "COVERING INDEX sqlqueue_job_status_type" in plan and "TEMP B-TREE" not in plan, plan
+            if " WHERE " in sql:  # the job types' counts: a seek per (status, type), not the whole index
+                assert "status_id=? AND type_id=?" in plan, plan
     with pytest.raises(ValueError, match="lead the"):
         status_counts(Job.objects.all(), "queue", "status_id")
 
 
-def test_the_overdue_count_reads_the_claim_index_and_the_limited_jobs() -> None:
+@pytest.mark.parametrize("page", ["admin:django_sqlqueue_dashboard", "sqlqueue-metrics"])
+def test_the_claim_priorities_are_listed_once_per_page(admin_client, page) -> None:
+    """The oldest due job and each queue's are both found per priority of the claim index: the dashboard
+    and the metrics list those priorities once (one seek per priority, and one to find there is no
+    other), not once for each."""
+    from django.urls import reverse
+
+    pytest.importorskip("prometheus_client")
+    for priority in (0, 0, 5):
+        make_job(priority=priority, queue=f"q{priority}")
+    with CaptureQueriesContext(connection) as ctx:
+        assert admin_client.get(reverse(page)).status_code == 200
+    walks = [q["sql"] for q in ctx.captured_queries
+             if re.match(r"SELECT (TOP 1 )?\W?django_sqlqueue_job\W?\.\W?priority\W? AS \W?priority\W? FROM", q["sql"])]
+    assert len(walks) == 3, walks  # 5, 0, then none below 0
+
+
+def test_the_overdue_count_reads_the_claim_index_and_the_limited_jobs(monkeypatch) -> None:
     """Overdue = claimable and due: the claim index's rows (types without a limit) plus the limited
     types' (sqlqueue_job_limited), each counted through its own index. With the status list alone no
     partial index matched and the planner walked the table until it had 10,001 due rows (60-130 ms at
@@ -398,6 +417,9 @@ def test_the_overdue_count_reads_the_claim_index_and_the_limited_jobs() -> None:
     JobType.objects.get_or_create(name="LimitedDue", defaults={"concurrency_limit": 1})
     limited = Job.objects.enqueue("LimitedDue", {"n": 1})
     Job.objects.filter(pk=limited.pk).update(scheduled_for=now - timedelta(minutes=2))
+    running = Job.objects.enqueue("LimitedDue", {"n": 2})  # in the limited index too, but not waiting
+    Job.objects.filter(pk=running.pk).update(status_id=Status.PROCESSING, worker="w-1",
+                                             scheduled_for=now - timedelta(minutes=3))
     with CaptureQueriesContext(connection) as ctx:
         found = backlog(Job, now)
     assert (found["overdue"], found["overdue_capped"]) == (4, False)
@@ -408,6 +430,10 @@ def test_the_overdue_count_reads_the_claim_index_and_the_limited_jobs() -> None:
     if connection.vendor == "sqlite":
         assert_read_through(counts[0], "sqlqueue_job_claim", never="sqlqueue_job_status_type")
         assert_read_through(counts[1], "sqlqueue_job_limited", never="sqlqueue_job_status_type")
+    from django_sqlqueue.admin import views
+
+    monkeypatch.setattr(views, "COUNT_CAP", 3)  # each count stops past the cap; their sum is capped too
+    assert (backlog(Job, now)["overdue"], backlog(Job, now)["overdue_capped"]) == (3, True)
 
 
 @pytest.mark.parametrize("walk", [(250, 2_000), (2, 4)], ids=["default-walk", "short-walk"])

@@ -27,6 +27,7 @@ from django.utils.translation import gettext as _
 from ..dialects.base import CLAIM_INDEX, LIMITED_INDEX, PROCESSING_INDEX
 from ..ops.health import (
     STATUS_INDEX_KEYS,
+    claim_priorities,
     count_through,
     oldest_due,  # noqa: F401 (moved to ops.health, beside the metrics that read it too)
     oldest_due_by_queue,
@@ -36,7 +37,7 @@ from ..ops.health import (
     waits_by_queue,
 )
 from ..ops.rollup import DONE, FAILED, bucket_counts
-from ..states import CLAIMABLE, FINISHED, Status
+from ..states import CLAIMABLE, FINISHED, Status, sql_list
 from .stamps import ago
 
 if TYPE_CHECKING:
@@ -60,20 +61,21 @@ def dashboard_context(request: HttpRequest, modeladmin: Any) -> dict[str, Any]:
         raise PermissionDenied
     started = time.perf_counter()
     now = timezone.now()
+    priorities = claim_priorities(modeladmin.model.objects.all())  # the oldest due job's walk, and each queue's
     context = {
         **modeladmin.admin_site.each_context(request),
         "title": _("Queue dashboard"),
         "opts": modeladmin.model._meta,
         "now": now,
         **status_tables(modeladmin.model),
-        **backlog(modeladmin.model, now),
+        **backlog(modeladmin.model, now, priorities),
         "chart": throughput_chart(modeladmin.model, now),
         **workers(now),
         "media": modeladmin.media,
     }
     context.update(stuck_work(modeladmin.model, now, pairs=context.pop("waiting_pairs"),
                               types=context.pop("unpaused_types"), paused_queues=context.pop("paused_queues")))
-    queue_latency(modeladmin.model, now, context["queue_rows"], context.pop("claimable_queues"))
+    queue_latency(modeladmin.model, now, context["queue_rows"], context.pop("claimable_queues"), priorities)
     context["elapsed_ms"] = round((time.perf_counter() - started) * 1000, 1)
     context["values_shape"] = values_shape(context)
     return context
@@ -133,10 +135,10 @@ LATENCY_WINDOW_SECONDS = 300
 
 
 def queue_latency(job_model: type[Job], now: datetime, queue_rows: list[dict[str, Any]],
-                  claimable_queues: set[str] | None = None) -> None:
+                  claimable_queues: set[str] | None = None, priorities: list[int] | None = None) -> None:
     """Each queue row gets the age of its oldest due job and its wait p50 / p95 over the last 5 minutes."""
     jobs = job_model.objects.all()
-    oldest = oldest_due_by_queue(jobs, now, claimable_queues)
+    oldest = oldest_due_by_queue(jobs, now, claimable_queues, priorities)
     waits = waits_by_queue(jobs, now - timedelta(seconds=LATENCY_WINDOW_SECONDS), now)
     for row in queue_rows:
         queue = row["label"]
@@ -225,24 +227,29 @@ def _capped_count(qs: QuerySet, index: str | None = None) -> tuple[int, bool]:
     return min(n, COUNT_CAP), n > COUNT_CAP
 
 
-def backlog(job_model: type[Job], now: datetime) -> dict[str, Any]:
-    """The oldest due Pending job's age, and how many jobs are overdue or hold an expired lease."""
+def backlog(job_model: type[Job], now: datetime, priorities: list[int] | None = None) -> dict[str, Any]:
+    """The oldest due Pending job's age, and how many jobs are overdue or hold an expired lease
+    (``priorities``: the claim index's, when the caller has listed them)."""
     from ..dialects.predicates import (  # the partial indexes' own predicates, as literals
         claim_index_rows,
+        index_predicate,
         lease_expired,
         limited_index_rows,
-        overdue,
     )
 
-    oldest = oldest_due(job_model, now)
+    def claimable(using: str) -> Q:  # the limited index also holds Processing jobs
+        return index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})")
+
+    oldest = oldest_due(job_model, now, priorities)
     jobs = job_model.objects.all()
-    # Overdue: the claim index's due rows plus the limited types' (not in it), each index-only. With the
-    # status list alone no partial index matches, and the planner walked the table until it had found
-    # 10,001 due rows (60-130 ms at 1M jobs over TDS on Babelfish, against 3 ms through the claim index).
+    # Overdue: the claim index's due rows plus the limited types' (not in it), each read through its own
+    # partial index, never the whole table. With the status list alone no partial index matches, and the
+    # planner walked the table until it had found 10,001 due rows (60-130 ms at 1M jobs over TDS on
+    # Babelfish, against 3 ms through the claim index).
     due = Q(scheduled_for__lte=now)
     overdue_count = sum(count_through(jobs.filter(rows & due).order_by(), index, COUNT_CAP)
                         for rows, index in ((claim_index_rows(jobs.db), CLAIM_INDEX),
-                                            (limited_index_rows(jobs.db) & overdue(jobs.db, now), LIMITED_INDEX)))
+                                            (limited_index_rows(jobs.db) & claimable(jobs.db), LIMITED_INDEX)))
     overdue_count, overdue_capped = min(overdue_count, COUNT_CAP), overdue_count > COUNT_CAP
     expired, expired_capped = _capped_count(jobs.filter(lease_expired(jobs.db, now)), PROCESSING_INDEX)
     return {
@@ -345,8 +352,9 @@ def workers(now: datetime, limit: int = WORKER_LIST_LIMIT) -> dict[str, Any]:
     held = dict(rows_through(Job.objects.filter(processing, lease_expires_at__isnull=False).order_by()
                              .values("worker").annotate(n=Count("*")).values_list("worker", "n"), PROCESSING_INDEX))
     running = Worker.objects.filter(stopped_at__isnull=True)
-    active = running.filter(last_heartbeat__gte=stale_before).count()
-    stale = running.filter(last_heartbeat__lt=stale_before).count()
+    counted = running.aggregate(active=Count("pk", filter=Q(last_heartbeat__gte=stale_before)),
+                                stale=Count("pk", filter=Q(last_heartbeat__lt=stale_before)))
+    active, stale = counted["active"], counted["stale"]
     holding_stopped = list(Worker.objects.filter(stopped_at__isnull=False, name__in=[n for n in held if n])
                            .order_by("-stopped_at")[:limit])
     rows = holding_stopped + list(running.order_by("last_heartbeat")[: max(0, limit - len(holding_stopped))])

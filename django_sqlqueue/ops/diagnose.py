@@ -300,7 +300,8 @@ class Unserved:
     type_id: int
     type_name: str
     jobs: int
-    #: ``jobs`` stopped at the caller's cap: there are more due jobs than that.
+    #: The due jobs were counted up to the caller's cap and there are more: ``jobs`` (the cap plus the
+    #: orphaned ones) is a floor.
     capped: bool = False
 
 
@@ -352,7 +353,8 @@ def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Wor
     if not candidates:
         return []
     claimable = index_predicate(using, "status", f"IN ({sql_list(CLAIMABLE)})") & Q(scheduled_for__lte=now)
-    counts = _due_counts(job_model, claimable, candidates, cap)  # one statement, a seek per pair
+    due = _due_counts(job_model, claimable, candidates, cap)  # one statement, a seek per pair
+    counts = {pair: min(n, cap) if cap is not None else n for pair, n in due.items()}
     # Their orphaned jobs: one GROUP BY over the Processing index's rows (a few per worker slot), the
     # pairs picked in Python. A UNION branch per pair cost a statement as long again to parse and plan.
     wanted = set(candidates)
@@ -366,7 +368,7 @@ def unserved_due_work(job_model: type[Job], now: datetime, workers: Iterable[Wor
     for queue, type_id in candidates:
         n = counts.get((queue, type_id), 0)
         if n:
-            capped = cap is not None and n > cap
-            out.append(Unserved(queue, type_id, types[type_id], min(n, cap) if capped else n, capped))
+            capped = cap is not None and due.get((queue, type_id), 0) > cap
+            out.append(Unserved(queue, type_id, types[type_id], n, capped))
     out.sort(key=lambda u: (-u.jobs, u.queue, u.type_name))
     return out

@@ -118,12 +118,12 @@ def status_counts(qs: QuerySet, *keys: str) -> list[tuple[Any, ...]]:
     Both the GROUP BY and an ORDER BY list the keys in the index's order. Without the ORDER BY a
     planner may hash every row instead: PostgreSQL's does under Babelfish's case-insensitive
     collation of the queue column (0.9 s for the whole table at 1M jobs, where the streamed groups
-    took 0.26 s), and before version 17 it never reorders GROUP BY keys itself. The index gives the
+    took 0.26 s, timed by the client), and before version 17 it never reorders GROUP BY keys itself. The index gives the
     order for free, so the ORDER BY costs no sort on any vendor. SQLite is told the index: with no
     statistics it counted the job types' list through the type foreign key's index instead, each job's
     table row read and the groups sorted.
     """
-    if keys != STATUS_INDEX_KEYS[:len(keys)]:
+    if not keys or keys != STATUS_INDEX_KEYS[:len(keys)]:
         raise ValueError(f"the keys must lead the (status, type, queue) index in its order, not {keys}")
     return rows_through(qs.order_by(*keys).values(*keys).annotate(n=Count("*")).values_list(*keys, "n"),
                         STATUS_INDEX)
@@ -206,14 +206,26 @@ def _pinned(qs: QuerySet, index: str | None) -> tuple[Any, str, Any] | None:
     return (compiler, f"{head} FROM {table}{hint} {tail}", params) if found else None
 
 
-def oldest_due(job_model: type[Job], now: datetime) -> datetime | None:
+#: Distinct priorities among claimable jobs that :func:`claim_priorities` lists at most.
+MAX_PRIORITIES = 100
+
+
+def claim_priorities(jobs: QuerySet, limit: int = MAX_PRIORITIES) -> list[int]:
+    """The distinct priorities of the claim index's rows, highest first as that index orders them: one
+    seek each (a loose index scan). The oldest due job and each queue's are both found per priority,
+    and a page that shows both lists them once (:func:`oldest_due`, :func:`oldest_due_by_queue`)."""
+    return distinct_values(jobs.filter(claim_index_rows(jobs.db)), "priority", limit=limit, index=CLAIM_INDEX)
+
+
+def oldest_due(job_model: type[Job], now: datetime, priorities: list[int] | None = None) -> datetime | None:
     """The scheduled time of the oldest due Pending job, in a few index seeks however long the backlog.
 
     ``MIN(scheduled_for) WHERE status = Pending`` reads every Pending row. The partial claim index is
     ordered by (-priority, scheduled_for): list its few distinct priorities (loose index scan), then
     take the first due Pending row of each priority, which is where that index starts. Jobs of limited
     types are not in that index; they are few (they wait for a permit, in sqlqueue_job_limited, which
-    holds their due time) and are read with one MIN.
+    holds their due time) and are read with one MIN. ``priorities``: :func:`claim_priorities`, when the
+    caller has listed them.
     """
     # The index's own predicate as literals: a parameter never matches a partial index on SQLite or a
     # filtered one on SQL Server, and without ``limited`` PostgreSQL cannot use it either (a walk of
@@ -221,7 +233,9 @@ def oldest_due(job_model: type[Job], now: datetime) -> datetime | None:
     using = job_model.objects.db
     unlimited = job_model.objects.filter(claim_index_rows(using))
     oldest = _oldest_limited_due(job_model)
-    for priority in distinct_values(unlimited, "priority", limit=100, index=CLAIM_INDEX):
+    if priorities is None:
+        priorities = claim_priorities(job_model.objects.all())
+    for priority in priorities:
         rows = rows_through(unlimited.filter(status_id=Status.PENDING, priority=priority, scheduled_for__lte=now)
                             .order_by("scheduled_for").values_list("scheduled_for")[:1], CLAIM_INDEX)
         if rows and (oldest is None or rows[0][0] < oldest):
@@ -266,7 +280,8 @@ QUEUE_WALK_STEP = 250
 QUEUE_WALK_PRIORITIES = 20
 
 
-def oldest_due_by_queue(jobs: QuerySet, now: datetime, queues: Iterable[str] | None = None) -> dict[str, datetime]:
+def oldest_due_by_queue(jobs: QuerySet, now: datetime, queues: Iterable[str] | None = None,
+                        priorities: list[int] | None = None) -> dict[str, datetime]:
     """Each queue's oldest due Pending/Error job's scheduled time, for the queues that have one.
 
     ``queues``: the queues that hold claimable jobs (the caller's status counts know them); without them
@@ -280,7 +295,8 @@ def oldest_due_by_queue(jobs: QuerySet, now: datetime, queues: Iterable[str] | N
     queues is a few rows' read (the GROUP BY read all 150,000: 0.16 s at 1M jobs). Only the queues left
     unsettled (say, one whose jobs are all scheduled ahead, or a rare queue behind a large one) are
     counted by the GROUP BY, over their own rows, and limited types' jobs (not in the claim index) by one
-    ``GROUP BY`` over ``sqlqueue_job_limited``'s rows.
+    ``GROUP BY`` over ``sqlqueue_job_limited``'s rows. ``priorities``: :func:`claim_priorities`, when the
+    caller has listed them.
 
     A step continues after the last row read as the database holds it (a subquery by its id), not as
     Python read it back: SQLite keeps a time its own clock wrote as ``...:58.684``, which sorts before
@@ -298,7 +314,8 @@ def oldest_due_by_queue(jobs: QuerySet, now: datetime, queues: Iterable[str] | N
     if not wanted:
         return {}
     unlimited = jobs.filter(claim_index_rows(jobs.db))
-    priorities = distinct_values(unlimited, "priority", limit=QUEUE_WALK_PRIORITIES + 1, index=CLAIM_INDEX)
+    if priorities is None:
+        priorities = claim_priorities(jobs, limit=QUEUE_WALK_PRIORITIES + 1)
     if len(priorities) > QUEUE_WALK_PRIORITIES:
         return grouped(claimable)
     share = max(QUEUE_WALK_STEP, QUEUE_WALK_ROWS // max(1, len(priorities)))

@@ -96,6 +96,7 @@ class QueueCollector:
         from .diagnose import unserved_due_work
         from .health import (
             STATUS_INDEX_KEYS,
+            claim_priorities,
             count_through,
             dead_q,
             live_q,
@@ -125,7 +126,8 @@ class QueueCollector:
                 claimable_queues.add(queue)
         yield depth
 
-        oldest = oldest_due(Job, now) if not self.using else None
+        priorities = claim_priorities(jobs)  # listed once for the oldest due job and each queue's
+        oldest = oldest_due(Job, now, priorities) if not self.using else None
         age = GaugeMetricFamily("sqlqueue_oldest_due_age_seconds",
                                 "Age of the oldest due Pending job (0 when none is due)")
         age.add_metric([], (now - oldest).total_seconds() if oldest else 0.0)
@@ -134,7 +136,7 @@ class QueueCollector:
         latency = GaugeMetricFamily("sqlqueue_queue_oldest_due_age_seconds",
                                     "Age of each queue's oldest due Pending or Error job (queues with one)",
                                     labels=["queue"])
-        for queue, due in sorted(oldest_due_by_queue(jobs, now, claimable_queues).items()):
+        for queue, due in sorted(oldest_due_by_queue(jobs, now, claimable_queues, priorities).items()):
             latency.add_metric([queue], max(0.0, (now - due).total_seconds()))
         yield latency
 
