@@ -40,12 +40,16 @@ def status_badge(status_id: int | None) -> SafeString:
 def counts_by_status(type_ids: list[int]) -> dict[int, dict[int, int]]:
     """{type id: {status id: jobs}} in one GROUP BY over the (status, type, queue) index.
 
-    Every status, as a literal list, bounds the index's first column, so each (status, type) is a seek
-    (one type's page reads that type's entries; the list reads every listed type's)."""
+    One type (its page): every status, as a literal list, bounds the index's first column, so each
+    (status, type) is a seek of that type's entries (11 ms at 1M jobs on PostgreSQL, against 35 ms for
+    a walk of the whole index; on SQLite with no statistics, the walk). A page of types reads most of
+    the index anyway, and there the list is a test per entry (163 ms against 97 ms), so it is left out.
+    """
     counts: dict[int, dict[int, int]] = defaultdict(dict)
-    every_status = index_predicate(Job.objects.db, "status", f"IN ({sql_list(Status)})")
-    for status_id, type_id, n in status_counts(Job.objects.filter(every_status, job_type_id__in=type_ids),
-                                               "status_id", "job_type_id"):
+    rows = Job.objects.filter(job_type_id__in=type_ids)
+    if len(type_ids) == 1:
+        rows = rows.filter(index_predicate(Job.objects.db, "status", f"IN ({sql_list(Status)})"))
+    for status_id, type_id, n in status_counts(rows, "status_id", "job_type_id"):
         counts[type_id][status_id] = n
     return counts
 
