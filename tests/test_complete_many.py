@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from django_sqlqueue import InvalidArgument, Status, enqueue
-from django_sqlqueue.conf import get_settings
+from django_sqlqueue.conf import SqlQueueConfigError, get_settings
 from django_sqlqueue.models import Job, JobAttempt, JobType
 from django_sqlqueue.queue import JobSpec
 
@@ -90,6 +90,17 @@ def test_settings_cache_follows_changes(settings) -> None:
     settings.SQLQUEUE = {"MAX_ATTEMPTS": 9}
     assert get_settings().MAX_ATTEMPTS == 9
     assert get_settings() is get_settings()
+    # A nested value edited in place is seen too (the cache compares a copy of the items, not them).
+    settings.SQLQUEUE = {"SCHEDULES": {"tick": {"task": "Noop", "every": 60}}}
+    first = get_settings()
+    assert get_settings() is first
+    settings.SQLQUEUE["SCHEDULES"]["tick"]["every"] = 120
+    assert get_settings() is not first
+    assert get_settings() is get_settings()
+    # Not a dict: a clear error, not an AttributeError from reading it.
+    settings.SQLQUEUE = ["MAX_ATTEMPTS", 3]
+    with pytest.raises(SqlQueueConfigError, match="must be a dict"):
+        get_settings()
 
 
 def test_a_late_completion_after_a_reclaim_changes_nothing(noop_type: JobType) -> None:
