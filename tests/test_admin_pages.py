@@ -364,6 +364,7 @@ def test_the_status_counts_group_and_order_by_the_status_index_in_its_order() ->
         by_type = counts_by_status([JobType.objects.get(name="AdminTest").pk])
     assert {r["label"]: r["total"] for r in tables["queue_rows"]} == {"a": 2, "b": 1}
     assert list(by_type.values()) == [{int(Status.PENDING): 1, int(Status.FAILED): 2}]
+    assert counts_by_status([]) == {}  # an empty page of types: no statement, no error (it was a 500)
     grouped = [q["sql"] for q in ctx.captured_queries if "GROUP BY" in q["sql"]]
     assert len(grouped) == 2, grouped
     for sql in grouped:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connections
 from django.db.models import Count, Min, Q, QuerySet, Subquery
 from django.db.models.expressions import Col
@@ -192,7 +193,8 @@ def count_through(qs: QuerySet, index: str | None, cap: int | None = None) -> in
 
 def _pinned(qs: QuerySet, index: str | None) -> tuple[Any, str, Any] | None:
     """``(compiler, sql, params)`` of ``qs`` with the dialect's hint for ``index`` after the job table,
-    or None where the dialect pins no index (PostgreSQL and SQL Server match a filtered index by cost).
+    or None where the dialect pins no index (PostgreSQL and SQL Server match a filtered index by cost)
+    or the query can match no row (``pk__in=[]``: the ORM answers it without a statement).
     The hint goes after the first ``FROM`` of the job table, which must be the statement's own (no
     subquery of the job table in its select list; one in its WHERE, after that FROM, is fine)."""
     connection = connections[qs.db]
@@ -200,7 +202,10 @@ def _pinned(qs: QuerySet, index: str | None) -> tuple[Any, str, Any] | None:
     if not hint:
         return None
     compiler = qs.query.get_compiler(qs.db)
-    sql, params = compiler.as_sql()
+    try:
+        sql, params = compiler.as_sql()
+    except EmptyResultSet:
+        return None
     table = connection.ops.quote_name(qs.model._meta.db_table)
     head, found, tail = sql.partition(f" FROM {table} ")
     return (compiler, f"{head} FROM {table}{hint} {tail}", params) if found else None
