@@ -155,13 +155,23 @@ def test_a_restarted_slot_that_dies_does_not_hand_back_its_predecessors_job(work
             raise AssertionError(f"{exc}\n{second.output()}") from None
         if connection.vendor == "postgresql":
             # The new slot is set up: it registered the name under its own incarnation (its claims
-            # then skip the held row).
-            wu.wait_until(lambda: Worker.objects.filter(name=held.worker).exclude(incarnation=held.incarnation)
-                          .exists(), 60, what="the new slot to register")
-        # (SQLite: the new slot waits for the write lock from its first write on; what is tested is the
-        # supervisor's clean-up after its death, whatever it had got to.)
-        os.kill(slots[0], signal.SIGKILL)
-        wu.wait_until(lambda: "slot_died" in second.stderr(), 10, what="the supervisor to see the slot die")
+            # then skip the held row). Its row names its process: that one is killed. (The first pid
+            # seen above may have been a short-lived child of the supervisor, caught between its fork
+            # and its exec while it still had the supervisor's command line.)
+            registered = wu.wait_until(lambda: Worker.objects.filter(name=held.worker)
+                                       .exclude(incarnation=held.incarnation).first(), 60,
+                                       what="the new slot to register")
+            victim = registered.pid
+        else:
+            # (SQLite: the new slot waits for the write lock from its first write on; what is tested is
+            # the supervisor's clean-up after its death, whatever it had got to.)
+            victim = wu.wait_until(lambda: slot_pids(second.pid), 30, what="the new slot, still there")[0]
+        os.kill(victim, signal.SIGKILL)
+        try:
+            wu.wait_until(lambda: "slot_died" in second.stderr(), 10, what="the supervisor to see the slot die")
+        except AssertionError as exc:  # which process was killed, and what the worker said meanwhile
+            raise AssertionError(f"{exc}\nkilled {victim} (first seen: {slots}); slots now "
+                                 f"{slot_pids(second.pid)}\n{second.output()}") from None
     # Up to its 60 s lease and a claim after it on a loaded machine: a bound for a hang, not a speed.
     try:
         wu.wait_until(lambda: Job.objects.get(pk=job.pk).state == Status.COMPLETED, 180, what="the job to complete")
