@@ -129,8 +129,8 @@ def get_settings() -> QueueSettings:
     it, nested values included), otherwise served from a one-entry cache: building and validating
     costs more than a query's worth of Python, and the worker asks several times per job. The items
     are compared with a deep copy taken when the settings were built, by ``==`` (C-level): they were
-    compared as a key with each dict turned into JSON text, which cost 59 us a call with five
-    SCHEDULES (four calls per enqueue), against 15 us now.
+    compared as a key with each dict turned into JSON text, which cost 42-59 us a call with five
+    SCHEDULES (four calls per enqueue), against 5 us now (6-7 us against 2.3 us without schedules).
     """
     global _cache
     user = getattr(django_settings, "SQLQUEUE", {}) or {}

@@ -116,7 +116,7 @@ class QueueCollector:
         depth = GaugeMetricFamily("sqlqueue_jobs", "Unfinished jobs by queue, type and status",
                                   labels=["queue", "type", "status"])
         rows = status_counts(jobs.filter(index_predicate(db, "status", f"IN ({sql_list(UNFINISHED)})")),
-                                *STATUS_INDEX_KEYS)
+                             *STATUS_INDEX_KEYS)
         waiting, claimable_queues = set(), set()
         for status_id, type_id, queue, n in rows:
             depth.add_metric([queue, names.get(type_id, str(type_id)), Status(status_id).label], n)
