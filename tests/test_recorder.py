@@ -101,3 +101,43 @@ def test_slot_channel_keeps_unrecorded_ids() -> None:
     assert channel.unrecorded_ids() == [5, 9, 11]
     channel.set_unrecorded([9])
     assert channel.unrecorded_ids() == [9]
+    # The recorder's add appends one id; a flush writes the rest whole.
+    channel.add_unrecorded(12)
+    channel.add_unrecorded(14)
+    assert channel.unrecorded_ids() == [9, 12, 14]
+    channel.set_unrecorded([])
+    assert channel.unrecorded_ids() == []
+
+
+def test_slot_channel_add_unrecorded_stops_at_capacity(monkeypatch: pytest.MonkeyPatch) -> None:
+    from django_sqlqueue.worker.slots import SlotChannel
+
+    monkeypatch.setattr(SlotChannel, "unrecorded_capacity", 2)
+    ctx = multiprocessing.get_context("spawn")
+    channel = SlotChannel(ctx, ctx.Event(), ctx.RawArray("q", 5), None)
+    for job_id in (3, 4, 5):
+        channel.add_unrecorded(job_id)
+    assert channel.unrecorded_ids() == [3, 4]
+
+
+def test_slot_channel_current_and_safe_values() -> None:
+    """What the supervisor reads: the running job, its deadline and timeout, the cancel mark, and until
+    when the slot's heartbeat says the job is safe (written whole under each array's lock)."""
+    from django_sqlqueue.worker.slots import SlotChannel
+
+    ctx = multiprocessing.get_context("spawn")
+    channel = SlotChannel(ctx, ctx.Event(), ctx.RawArray("q", 5), None)
+    before = time.monotonic()
+    channel.set_current(41, 30.0)
+    job_id, deadline, timeout, cancelled = list(channel.current)
+    assert (job_id, timeout, cancelled) == (41, 30.0, 0) and before + 30.0 <= deadline <= time.monotonic() + 30.0
+    assert channel.request_cancel(41, 5.0) and channel.current[3] == 1 and channel.current[1] <= deadline
+    channel.set_safe_until(41, time.monotonic() - 1, True)
+    assert channel.running_job_at_risk(41) and not channel.running_job_at_risk(42)
+    channel.set_safe_until(41, time.monotonic() + 60, True)
+    assert not channel.running_job_at_risk(41)
+    channel.handler_returned()
+    assert channel.current[0] == 41 and channel.current[1] == float("inf")
+    assert not channel.request_cancel(41, 5.0)  # returned already: its outcome stands
+    channel.clear_current()
+    assert list(channel.current) == [0, 0, 0, 0]

@@ -295,12 +295,24 @@ class SlotChannel:
     #: Most run-but-unrecorded jobs a slot keeps (it records at once when this is reached).
     unrecorded_capacity = 1000
 
+    # The writes below go through the raw array under its lock, taken once: a synchronized array's
+    # item assignment takes the (recursive) lock again for every item, which made these few stores per
+    # job about a sixth of a slot's overhead over an in-process worker's (docs/performance.md).
     def set_unrecorded(self, job_ids: list[int]) -> None:
         with self.unrecorded.get_lock():
             raw = self.unrecorded.get_obj()
             n = min(len(job_ids), self.unrecorded_capacity)
             raw[1:1 + n] = job_ids[:n]
             raw[0] = n
+
+    def add_unrecorded(self, job_id: int) -> None:
+        """One more run-but-unrecorded job (the recorder's ``add``): appended, not the list rewritten."""
+        with self.unrecorded.get_lock():
+            raw = self.unrecorded.get_obj()
+            n = int(raw[0])
+            if n < self.unrecorded_capacity:
+                raw[1 + n] = job_id
+                raw[0] = n + 1
 
     def unrecorded_ids(self) -> list[int]:
         """Read by the supervisor after the slot died (a lock it held then is not waited for long)."""
@@ -315,7 +327,7 @@ class SlotChannel:
 
     def set_safe_until(self, job_id: int, when: float, known: bool) -> None:
         with self.safe.get_lock():
-            self.safe[0], self.safe[1], self.safe[2] = job_id, when, float(known)
+            self.safe.get_obj()[:] = (job_id, when, float(known))
 
     def running_job_at_risk(self, job_id: int) -> bool:
         """Read by the supervisor (holding ``current``'s lock): the slot's heartbeat says its running job
@@ -326,8 +338,7 @@ class SlotChannel:
 
     def set_current(self, job_id: int, timeout: float) -> None:
         with self.current.get_lock():
-            self.current[0], self.current[1], self.current[2] = job_id, time.monotonic() + timeout, timeout
-            self.current[3] = 0
+            self.current.get_obj()[:] = (job_id, time.monotonic() + timeout, timeout, 0)
 
     def request_cancel(self, job_id: int, grace: float) -> bool:
         """The running job ``job_id`` was cancelled: the supervisor kills the slot ``grace`` seconds from
@@ -344,11 +355,11 @@ class SlotChannel:
         """The handler is done (no deadline any more), but its outcome is not recorded yet: if the slot
         dies now, the job was started and must not be handed back as unstarted."""
         with self.current.get_lock():
-            self.current[1] = float("inf")
+            self.current.get_obj()[1] = float("inf")
 
     def clear_current(self) -> None:
         with self.current.get_lock():
-            self.current[0] = self.current[1] = self.current[2] = self.current[3] = 0
+            self.current.get_obj()[:] = (0, 0, 0, 0)
 
     def reserve(self, n: int) -> int:
         lock = self.budget.get_lock()

@@ -86,7 +86,8 @@ class Recorder:
             if first:
                 self._since = time.monotonic()
             self._pending.append(outcome)
-            self._publish()
+            if self.worker.channel is not None:
+                self.worker.channel.add_unrecorded(outcome.job.pk)
             full = len(self._pending) >= self._capacity()
         if full:
             self.flush()
