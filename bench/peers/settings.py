@@ -44,9 +44,15 @@ PROCRASTINATE_IMPORT_PATHS = ["bench.peers.pro_tasks"] if IS_POSTGRES else []
 # django-sqlqueue: its production defaults (nothing tightened).
 SQLQUEUE: dict = {}
 
+# The root handler has no level of its own, so records that loggers with a lower level pass up to it are
+# printed: Django's "django" logger is at INFO, and django.tasks' receivers of task_started/task_finished
+# log an INFO line for every task run, printed here for every system (as with DEBUG = True in a default
+# project). BENCH_QUIET_TASK_LOGS=1 gives the handler WARNING, which leaves those lines unprinted, as with
+# Django's default LOGGING and DEBUG = False (bench/compare.py: ``--quiet-task-logs``; docs/performance.md).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "handlers": {"console": {"class": "logging.StreamHandler",
+                             **({"level": "WARNING"} if os.environ.get("BENCH_QUIET_TASK_LOGS") == "1" else {})}},
     "root": {"handlers": ["console"], "level": "WARNING"},
 }
