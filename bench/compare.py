@@ -950,7 +950,7 @@ def main() -> int:
                    help="only the one-per-transaction enqueue and its drain (no bulk enqueue, no second drain)")
     p.add_argument("--baseline-tasks-only", action="store_true",
                    help="with --baseline and --tasks: run only the @task system from the baseline tree")
-    p.add_argument("--quiet-task-logs", action="store_true",
+    p.add_argument("--quiet-tasks-log", action="store_true",
                    help="leave Django's per-task INFO log lines unprinted in every system (bench/peers/settings.py)")
     p.add_argument("--output", help="JSON file (default bench/results/compare-<time>.json)")
     # inner (one measurement, in its own process)
@@ -974,8 +974,9 @@ def main() -> int:
         ours = [x for o in ours for x in (
             (o + "@baseline", o) if o == OURS_TASK or not (args.tasks and args.baseline_tasks_only) else (o,))]
     only = set(filter(None, args.systems.split(",")))
-    if args.quiet_task_logs:
+    if args.quiet_tasks_log:
         os.environ["BENCH_QUIET_TASK_LOGS"] = "1"  # inherited by every process the bench starts
+    quiet_tasks_log = os.environ.get("BENCH_QUIET_TASK_LOGS") == "1"  # the flag, or the caller's environment
     _site_dir()  # before any process starts: PYTHONPATH, not an editable install, picks the code
     # Bytecode cached as an installed package has it (pip compiles at install): without this, a
     # PYTHONDONTWRITEBYTECODE environment recompiles the source trees in every process start, which
@@ -1034,7 +1035,7 @@ def main() -> int:
           f"drain after the one-per-transaction and the bulk enqueue); latency: {args.latency_jobs} jobs, one "
           f"every {args.gap_min}-{args.gap_max} s to idle forever-mode workers; peers' poll interval "
           f"{args.peer_interval} s (procrastinate >= 0.001 s, LISTEN/NOTIFY on); ours: production defaults; "
-          f"Django's per-task INFO log lines {'not printed (--quiet-task-logs)' if args.quiet_task_logs else 'printed'}.")
+          f"Django's per-task INFO log lines {'not printed (--quiet-tasks-log)' if quiet_tasks_log else 'printed'}.")
     for r in results:
         if r.get("interleaved_run"):
             iv = r["interleaved"]

@@ -91,6 +91,54 @@ def test_a_stale_success_is_refused_not_written() -> None:
     assert Job.objects.get(pk=job.pk).state == Status.TERMINATED and worker.counters[0] == 0
 
 
+def test_a_slots_recorder_publishes_each_success_until_it_is_recorded() -> None:
+    """What the supervisor would hand back if the slot died: every success added and not yet recorded
+    is published at once (one id appended per add), and none once they are recorded."""
+    from django_sqlqueue.worker.loop import Worker as SlotWorker
+    from django_sqlqueue.worker.loop import WorkerConfig
+    from django_sqlqueue.worker.recorder import Recorder
+    from django_sqlqueue.worker.runner import Kind, Outcome
+    from django_sqlqueue.worker.slots import SlotChannel
+
+    Job.objects.enqueue_many([JobSpec("test.Noop") for _ in range(3)])
+    claimed = Job.objects.claim("rec", 3)
+    ctx = multiprocessing.get_context("spawn")
+    channel = SlotChannel(ctx, ctx.Event(), ctx.RawArray("q", 5), None)
+    recorder = Recorder(SlotWorker(WorkerConfig(name="rec"), channel))
+    for i, job in enumerate(claimed):
+        recorder.add(Outcome(Kind.SUCCESS, job, response=None))
+        assert channel.unrecorded_ids() == [j.pk for j in claimed[:i + 1]]
+    assert recorder.flush() == []
+    assert channel.unrecorded_ids() == []
+    assert Job.objects.filter(pk__in=[j.pk for j in claimed], status_id=Status.COMPLETED).count() == 3
+
+
+def test_a_dead_slots_job_is_read_without_waiting_for_its_lock() -> None:
+    """A slot killed while it held the lock of the array naming its job (inside ``set_current``) never
+    releases it: the supervisor reads the job of a dead slot without that lock (it hung before)."""
+    from django_sqlqueue.worker.slots import SlotChannel
+
+    ctx = multiprocessing.get_context("fork")
+    channel = SlotChannel(ctx, ctx.Event(), ctx.RawArray("q", 5), None)
+    channel.set_current(77, 30.0)
+    held = ctx.Event()
+
+    def die_holding_the_lock() -> None:
+        channel.current.get_lock().acquire()
+        channel.safe.get_lock().acquire()
+        held.set()
+        time.sleep(60)
+
+    proc = ctx.Process(target=die_holding_the_lock)
+    proc.start()
+    assert held.wait(30)
+    proc.kill()
+    proc.join()
+    assert channel.current.get_lock().acquire(timeout=0.1) is False  # still held by the dead process
+    assert channel.job_of_dead_slot() == 77
+    assert channel.running_job_at_risk(77) is False  # not known: the slot's death is seen next round
+
+
 def test_slot_channel_keeps_unrecorded_ids() -> None:
     from django_sqlqueue.worker.slots import SlotChannel
 

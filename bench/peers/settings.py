@@ -48,7 +48,7 @@ SQLQUEUE: dict = {}
 # printed: Django's "django" logger is at INFO, and django.tasks' receivers of task_started/task_finished
 # log an INFO line for every task run, printed here for every system (as with DEBUG = True in a default
 # project). BENCH_QUIET_TASK_LOGS=1 gives the handler WARNING, which leaves those lines unprinted, as with
-# Django's default LOGGING and DEBUG = False (bench/compare.py: ``--quiet-task-logs``; docs/performance.md).
+# Django's default LOGGING and DEBUG = False (bench/compare.py: ``--quiet-tasks-log``; docs/performance.md).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

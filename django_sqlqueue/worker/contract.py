@@ -295,9 +295,8 @@ class SlotChannel:
     #: Most run-but-unrecorded jobs a slot keeps (it records at once when this is reached).
     unrecorded_capacity = 1000
 
-    # The writes below go through the raw array under its lock, taken once: a synchronized array's
-    # item assignment takes the (recursive) lock again for every item, which made these few stores per
-    # job about a sixth of a slot's overhead over an in-process worker's (docs/performance.md).
+    # The per-job writes below go through the raw array under its lock, taken once: a synchronized
+    # array's item assignment takes the (recursive) lock again for every item, twelve times a job.
     def set_unrecorded(self, job_ids: list[int]) -> None:
         with self.unrecorded.get_lock():
             raw = self.unrecorded.get_obj()
@@ -306,7 +305,12 @@ class SlotChannel:
             raw[0] = n
 
     def add_unrecorded(self, job_id: int) -> None:
-        """One more run-but-unrecorded job (the recorder's ``add``): appended, not the list rewritten."""
+        """One more run-but-unrecorded job (the recorder's ``add``): appended, not the list rewritten.
+
+        The array holds the first ``unrecorded_capacity`` of the recorder's pending successes, as
+        :meth:`set_unrecorded` writes them; the recorder records at once when it reaches that many, so
+        an id is dropped here only after such a recording failed (and the job is also ``current``'s
+        until the next one starts)."""
         with self.unrecorded.get_lock():
             raw = self.unrecorded.get_obj()
             n = int(raw[0])
@@ -332,9 +336,14 @@ class SlotChannel:
     def running_job_at_risk(self, job_id: int) -> bool:
         """Read by the supervisor (holding ``current``'s lock): the slot's heartbeat says its running job
         ``job_id`` may be someone else's now. A value published for another job is not believed."""
-        with self.safe.get_lock():
-            published, when, known = int(self.safe[0]), self.safe[1], self.safe[2]
-        return published == job_id and bool(known) and time.monotonic() >= when
+        lock = self.safe.get_lock()
+        if not lock.acquire(timeout=0.05):  # the slot died holding it: its death is seen next round
+            return False
+        try:
+            published, when, known = self.safe.get_obj()[:]
+        finally:
+            lock.release()
+        return int(published) == job_id and bool(known) and time.monotonic() >= when
 
     def set_current(self, job_id: int, timeout: float) -> None:
         with self.current.get_lock():
@@ -345,11 +354,18 @@ class SlotChannel:
         now (or at its timeout, if sooner) unless the handler returns first. False (nothing changed) when
         the slot has moved on, or the handler has returned already (deadline inf: its outcome stands)."""
         with self.current.get_lock():
-            if int(self.current[0]) != job_id or self.current[1] == float("inf"):
+            raw = self.current.get_obj()
+            if int(raw[0]) != job_id or raw[1] == float("inf"):
                 return False
-            self.current[1] = min(self.current[1], time.monotonic() + grace)
-            self.current[3] = 1
+            raw[1] = min(raw[1], time.monotonic() + grace)
+            raw[3] = 1
             return True
+
+    def job_of_dead_slot(self) -> int:
+        """The job a slot that has exited (or was killed) was running, 0 if none. Read without the
+        array's lock: a slot killed inside :meth:`set_current` or :meth:`clear_current` died holding it,
+        and would never release it; with the writer gone, nothing can change the value."""
+        return int(self.current.get_obj()[0])
 
     def handler_returned(self) -> None:
         """The handler is done (no deadline any more), but its outcome is not recorded yet: if the slot

@@ -482,7 +482,7 @@ class Supervisor:
         if self._board is not None:
             self._board.slot_gone(slot.index)  # not idle any more; its poller role goes to an idle slot
         code = slot.proc.exitcode
-        running = int(slot.channel.current[0]) if slot.channel is not None else 0
+        running = slot.channel.job_of_dead_slot() if slot.channel is not None else 0
         declared = slot.channel.declared.value if slot.channel is not None else code
         slot.proc = None
         if running or code != declared:
@@ -522,7 +522,8 @@ class Supervisor:
         if not lock.acquire(timeout=0.05):
             return
         try:
-            job_id, deadline, timeout, cancelled = int(current[0]), current[1], current[2], bool(current[3])
+            raw_id, deadline, timeout, raw_cancelled = current.get_obj()[:]  # under the lock taken above
+            job_id, cancelled = int(raw_id), bool(raw_cancelled)
             if not job_id:
                 return
             # Once its handler has returned (deadline inf) nothing can run twice any more: let it record.
@@ -555,7 +556,7 @@ class Supervisor:
         slot.proc.kill()
         slot.proc.join()
         slot.proc = None
-        return int(slot.channel.current[0])
+        return slot.channel.job_of_dead_slot()
 
     # ----- database work: on the database thread, every error logged, none fatal --------------------
     def _db_failed(self, event: str, exc: BaseException, *, quiet: bool = False, **fields: Any) -> None:
