@@ -7,6 +7,7 @@ environment variable ``SQLQUEUE_DATABASE_URL`` tells them which database the tes
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager
 from typing import Any
 
@@ -96,6 +97,13 @@ def claim_until_empty(barrier: Any, out: Any, worker: str, batch: int) -> None:
 def board_waiter(board: Any, index: int, seconds: float, out: Any) -> None:
     """A stand-in slot idling on a WakeBoard (contract.py) in a process of its own; puts (index, woken)."""
     out.put((index, board.wait(index, seconds, lambda: False)))
+
+
+def hold_board_lock(board: Any, ready: Any) -> None:
+    """A stand-in slot that takes the WakeBoard's lock and stays inside (to be killed there)."""
+    board.idle.get_lock().acquire()
+    ready.set()
+    time.sleep(300)
 
 
 @contextmanager

@@ -234,6 +234,36 @@ def test_a_dead_slot_leaves_the_board_and_a_leaving_slot_wakes_the_idle_ones() -
         proc.join(30)
 
 
+def test_a_slot_killed_holding_the_boards_lock_leaves_the_others_polling(caplog) -> None:
+    """A slot killed inside one of the board's critical sections never releases its lock: the supervisor
+    and the other slots must go on without the board (a waiting slot polls on its own interval, a
+    wake-up is not counted on), not wait on that lock for ever; and say so, once."""
+    import logging
+    import multiprocessing
+
+    from django_sqlqueue.worker.contract import WakeBoard
+    from tests.procutil import hold_board_lock
+
+    ctx = multiprocessing.get_context("spawn")
+    board = WakeBoard(ctx, 3)
+    ready = ctx.Event()
+    holder = ctx.Process(target=hold_board_lock, args=(board, ready), daemon=True)
+    holder.start()
+    assert ready.wait(60)
+    holder.kill()
+    holder.join(30)
+    with caplog.at_level(logging.WARNING, logger="django_sqlqueue.worker"):
+        assert board.wake_one() is False  # nobody is known idle: the slots' own polls find the job
+        board.slot_gone(0)
+        board.pass_poll(1)
+        assert board.wait(1, 0.01, lambda: False) is False  # its own poll interval, then it claims
+        board.ring_all()
+        assert board.wait(2, 300.0, lambda: False) is True  # a bell still wakes it
+        board.wake_idle()  # rings every bell: each slot claims once more
+        assert board.wait(0, 300.0, lambda: False) is True
+    assert [r.getMessage().split()[0] for r in caplog.records] == ["wake_board_lock_timeout"]
+
+
 def test_one_notification_wakes_one_of_four_idle_slots(worker_procs) -> None:
     """Four idle slots, a trickle of jobs: each enqueue's notification wakes one slot (issue 28: it used to
     wake all four, which raced to claim the one job)."""

@@ -7,13 +7,18 @@ module above it. This module imports nothing of the package.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import secrets
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger("django_sqlqueue.worker")
 
 #: Counter slots (shared with the supervisor when there is one).
 SUCCEEDED, RETRIED, FAILED, CANCELLED, RELEASED = range(5)
@@ -21,6 +26,10 @@ N_COUNTERS = 5
 #: Seconds an idle slot that is not its worker's poller waits for a bell before it looks by itself (a
 #: backstop: the poller, a notification or a busy slot's hand-over wakes it first).
 IDLE_BACKSTOP_SECONDS = 30.0
+#: Longest wait for the wake-up board's lock. The board lives as long as the worker, and a slot killed
+#: inside one of its few short critical sections (SIGKILL, the kernel's OOM killer) leaves that lock held
+#: for ever: past this wait, the caller goes on without the board (see WakeBoard._locked).
+BOARD_LOCK_SECONDS = 1.0
 #: The fleet's look (PostgreSQL: the maintenance holder's notification every FLEET_LOOK_SECONDS) counts as
 #: running while one arrived this many look intervals ago or less; otherwise the worker's poller polls.
 LOOK_FRESH_INTERVALS = 3.0
@@ -138,6 +147,27 @@ class WakeBoard:
         #: until when (seconds after it) that counts as the look running.
         self.looked_at = ctx.Value("d", 0.0, lock=False)
         self.look_fresh = ctx.Value("d", 0.0, lock=False)
+        self._lock_lost = False
+
+    @contextmanager
+    def _locked(self) -> Iterator[bool]:
+        """The board's lock, waited for at most :data:`BOARD_LOCK_SECONDS`: yields whether it is held.
+
+        Not held means a process died holding it (nothing else holds it for more than a few stores), and
+        it will not be released. Each caller then does what is safe without the board: a waiting slot
+        polls on its own interval, a wake-up is not counted on (the slots' polls find the job), a dead
+        slot's idle mark stays. The worker degrades to polling instead of hanging."""
+        lock = self.idle.get_lock()
+        held = lock.acquire(timeout=BOARD_LOCK_SECONDS)
+        if not held and not self._lock_lost:
+            self._lock_lost = True  # said once per process: every wait would say it again
+            log.warning("wake_board_lock_timeout pid=%s (a slot died holding the wake-up board's lock: its "
+                        "slots poll on their own interval from now on)", os.getpid())
+        try:
+            yield held
+        finally:
+            if held:
+                lock.release()
 
     def looked(self, interval: float) -> None:
         """The fleet's look arrived (the supervisor's listener): while it keeps arriving about every
@@ -151,7 +181,9 @@ class WakeBoard:
 
     def wake_one(self, *, keep: bool = True) -> bool:
         """Wake one idle slot; True if one was. Else, with ``keep``, remember it for the next to idle."""
-        with self.idle.get_lock():
+        with self._locked() as held:
+            if not held:
+                return False
             poller = self.poller.value
             # The poller last: it looks on its own timer anyway, and woken it would hand its role on.
             for index in [i for i in range(len(self.bells)) if i != poller] + ([poller] if poller >= 0 else []):
@@ -182,8 +214,8 @@ class WakeBoard:
         it, so that the worker keeps looking while this one runs its jobs. The woken slot is the poller
         from then on: if its claim gets work too, it hands the role on in turn, so a backlog wakes the
         idle slots one after the other (a batch of one per claim included)."""
-        with self.idle.get_lock():
-            if self.poller.value != index:
+        with self._locked() as held:
+            if not held or self.poller.value != index:
                 return
             self.poller.value = -1
             for other in range(len(self.bells)):
@@ -196,7 +228,10 @@ class WakeBoard:
     def wake_idle(self) -> None:
         """Wake every idle slot (one leaves for good: a --burst run drained, a --max-jobs budget spent;
         the others find out at their next claim, not at their backstop)."""
-        with self.idle.get_lock():
+        with self._locked() as held:
+            if not held:
+                self.ring_all()  # every slot claims once more: as safe as waking only the idle ones
+                return
             for index in range(len(self.bells)):
                 if self.idle[index]:
                     self.idle[index] = 0
@@ -205,7 +240,9 @@ class WakeBoard:
     def slot_gone(self, index: int) -> None:
         """Slot ``index``'s process is gone (it died, or was killed while idle): it is no longer idle, and
         if it was the poller another idle slot takes the role."""
-        with self.idle.get_lock():
+        with self._locked() as held:
+            if not held:
+                return
             self.idle[index] = 0
             while self.bells[index].acquire(False):  # a wake-up rung for the dead process: not lost
                 self.pending.value = min(len(self.bells), self.pending.value + 1)
@@ -222,7 +259,9 @@ class WakeBoard:
         poller polls on its interval again and the others wait out their usual backstop (one that has
         waited longer ends at a random point of the backstop after the last look)."""
         bell = self.bells[index]
-        with self.idle.get_lock():
+        with self._locked() as held:
+            if not held:  # no board any more: wait for a bell on this slot's own interval, like a poller
+                return bell.acquire(timeout=max(seconds, 0.0))
             if self.pending.value > 0:
                 self.pending.value -= 1
                 return True
@@ -256,8 +295,9 @@ class WakeBoard:
                     return True
             return False
         finally:
-            with self.idle.get_lock():
-                self.idle[index] = 0
+            with self._locked() as held:
+                if held:
+                    self.idle[index] = 0
             while bell.acquire(False):  # a wake-up that came after the wait ended: the claim that follows
                 pass  # serves it
 
