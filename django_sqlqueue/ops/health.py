@@ -120,9 +120,9 @@ def status_counts(qs: QuerySet, *keys: str) -> list[tuple[Any, ...]]:
     planner may hash every row instead: PostgreSQL's does under Babelfish's case-insensitive
     collation of the queue column (0.9 s for the whole table at 1M jobs, where the streamed groups
     took 0.26 s, timed by the client), and before version 17 it never reorders GROUP BY keys itself.
-    The index gives the order for free, so the ORDER BY costs no sort on any vendor. SQLite is told the index: with no
-    statistics it counted the job types' list through the type foreign key's index instead, each job's
-    table row read and the groups sorted.
+    The index gives the order for free, so the ORDER BY costs no sort on any vendor. SQLite is told the
+    index: with no statistics it counted the job types' list through the type foreign key's index
+    instead, each job's table row read and the groups sorted.
     """
     if not keys or keys != STATUS_INDEX_KEYS[:len(keys)]:
         raise ValueError(f"the keys must lead the (status, type, queue) index in its order, not {keys}")

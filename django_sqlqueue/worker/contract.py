@@ -158,7 +158,9 @@ class WakeBoard:
         polls on its own interval, a wake-up is not counted on (the slots' polls find the job), a dead
         slot's idle mark stays. The worker degrades to polling instead of hanging."""
         lock = self.idle.get_lock()
-        held = lock.acquire(timeout=BOARD_LOCK_SECONDS)
+        # Once lost, for good (a dead process holds it): not waited for again, which would stall every
+        # later call of this process (the supervisor's wake-ups, each slot's waits) by the full wait.
+        held = lock.acquire(False) if self._lock_lost else lock.acquire(timeout=BOARD_LOCK_SECONDS)
         if not held and not self._lock_lost:
             self._lock_lost = True  # said once per process: every wait would say it again
             log.warning("wake_board_lock_timeout pid=%s (a slot died holding the wake-up board's lock: its "
